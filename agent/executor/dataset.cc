@@ -1,0 +1,112 @@
+#include "agent/executor/dataset.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+
+namespace hydra::executor {
+
+uint64_t SplitMix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+StatusOr<std::shared_ptr<const TokenDataset>> TokenDataset::Open(const DatasetSpec& spec,
+                                                                 int64_t window) {
+  const std::string& path = spec.resolved_path;
+  const std::string where = "spec.dataset.path: " + path;
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoError(where, errno);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    int e = errno;
+    ::close(fd);
+    return ErrnoError(where, e);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return InvalidArgumentError(where + ": not a regular file");
+  }
+  auto ds = std::shared_ptr<TokenDataset>(new TokenDataset());
+  ds->path_ = path;
+  ds->bytes_per_token_ = spec.format == "tokens-u16" ? 2 : 1;
+  if (st.st_size == 0) {
+    ::close(fd);
+    return InvalidArgumentError(where + ": file is empty");
+  }
+  if (st.st_size % ds->bytes_per_token_ != 0) {
+    ::close(fd);
+    return InvalidArgumentError(where + ": size " + std::to_string(st.st_size) +
+                                " is not a multiple of 2 bytes, so it is not a tokens-u16 file");
+  }
+  void* p = ::mmap(nullptr, st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+  int e = errno;
+  ::close(fd);
+  if (p == MAP_FAILED) return ErrnoError(where + ": mmap", e);
+  ds->data_ = static_cast<const uint8_t*>(p);
+  ds->mapped_bytes_ = st.st_size;
+  ds->num_tokens_ = st.st_size / ds->bytes_per_token_;
+  ds->train_tokens_ =
+      static_cast<int64_t>(static_cast<double>(ds->num_tokens_) * (1.0 - spec.validation_fraction));
+  if (ds->train_tokens_ <= window || ds->validation_tokens() < window) {
+    return InvalidArgumentError(
+        where + ": " + std::to_string(ds->num_tokens_) + " tokens split into " +
+        std::to_string(ds->train_tokens_) + " training and " +
+        std::to_string(ds->validation_tokens()) +
+        " validation tokens, but each split needs at least contextLength + 1 = " +
+        std::to_string(window) + " tokens");
+  }
+  if (ds->bytes_per_token_ == 1) {
+    ds->max_token_ = *std::max_element(ds->data_, ds->data_ + ds->mapped_bytes_);
+  } else {
+    int64_t mx = 0;
+    for (int64_t i = 0; i < ds->num_tokens_; ++i) {
+      mx = std::max<int64_t>(mx, ds->data_[2 * i] | (ds->data_[2 * i + 1] << 8));
+    }
+    ds->max_token_ = mx;
+  }
+  return std::shared_ptr<const TokenDataset>(std::move(ds));
+}
+
+TokenDataset::~TokenDataset() {
+  if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), mapped_bytes_);
+}
+
+void TokenDataset::Read(int64_t offset, int64_t count, int64_t* out) const {
+  if (bytes_per_token_ == 1) {
+    for (int64_t i = 0; i < count; ++i) out[i] = data_[offset + i];
+  } else {
+    const uint8_t* p = data_ + 2 * offset;
+    for (int64_t i = 0; i < count; ++i) out[i] = p[2 * i] | (p[2 * i + 1] << 8);
+  }
+}
+
+std::vector<int64_t> TrainWindowOffsets(const TokenDataset& data, int64_t seed, int64_t step,
+                                        int64_t batch, int64_t window) {
+  const uint64_t range = static_cast<uint64_t>(data.train_tokens() - window + 1);
+  const uint64_t base =
+      SplitMix64(SplitMix64(static_cast<uint64_t>(seed)) ^ static_cast<uint64_t>(step));
+  std::vector<int64_t> offsets(batch);
+  for (int64_t i = 0; i < batch; ++i) {
+    offsets[i] = static_cast<int64_t>(SplitMix64(base ^ static_cast<uint64_t>(i)) % range);
+  }
+  return offsets;
+}
+
+std::vector<int64_t> ValidationWindowOffsets(const TokenDataset& data, int64_t count,
+                                             int64_t window) {
+  const int64_t begin = data.train_tokens();
+  const int64_t span = data.validation_tokens() - window;  // last valid start - begin
+  const int64_t n = std::min<int64_t>(count, span + 1);
+  std::vector<int64_t> offsets(n);
+  for (int64_t i = 0; i < n; ++i) offsets[i] = begin + (n == 1 ? 0 : span * i / (n - 1));
+  return offsets;
+}
+
+}  // namespace hydra::executor

@@ -1,0 +1,67 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "agent/executor/dataset.h"
+#include "common/job.h"
+#include "common/status.h"
+
+namespace hydra::executor {
+
+/// A tensor as bytes: what checkpoints and tiers move. `data` is the tensor's contiguous
+/// little-endian storage.
+struct NamedBuffer {
+  std::string name;   ///< "block0.attn.qkv.weight", "block0.attn.qkv.weight.exp_avg", ...
+  std::string dtype;  ///< "float32", "int64"
+  std::vector<int64_t> shape;
+  std::vector<char> data;
+};
+
+struct StepMetrics {
+  double loss = 0;       ///< mean training loss over the step's micro-batches
+  int64_t tokens = 0;    ///< tokens trained on in this step
+  double seconds = 0;    ///< wall time of the step
+  double grad_norm = 0;  ///< global gradient L2 norm before clipping
+  double learning_rate = 0;
+};
+
+struct ExecutorStats {
+  int64_t shards = 1;  ///< shards the trial's model is cut into
+  int64_t parameters = 0;
+  int64_t peak_device_bytes = 0;  ///< accounted device-tier peak (state + activations)
+};
+
+/// Trains one trial. Not thread-safe: one thread drives an executor at a time.
+class TrialExecutorInterface {
+ public:
+  virtual ~TrialExecutorInterface() = default;
+  /// Runs optimizer step `step()` (all micro-batches) on that step's batch; step() advances.
+  virtual StatusOr<StepMetrics> TrainStep() = 0;
+  /// Mean loss over the fixed validation windows. Changes no state.
+  virtual StatusOr<double> Evaluate() = 0;
+  /// Optimizer steps taken so far.
+  virtual int64_t step() const = 0;
+  /// Everything needed to continue bit-exactly: weights and optimizer state.
+  virtual StatusOr<std::vector<NamedBuffer>> ExportState() = 0;
+  /// Restores ExportState's buffers (every one, with matching shape and dtype) and the step.
+  virtual Status ImportState(int64_t step, const std::vector<NamedBuffer>& state) = 0;
+  virtual ExecutorStats stats() const = 0;
+};
+
+/// Makes executors; the local runner and the agent receive one through their constructors.
+class ExecutorFactoryInterface {
+ public:
+  virtual ~ExecutorFactoryInterface() = default;
+  /// Cheap admission check, run before any training starts: RESOURCE_EXHAUSTED when the trial
+  /// cannot fit the device budget, INVALID_ARGUMENT when the model family is unsupported or the
+  /// dataset holds tokens outside the model's vocabulary.
+  virtual Status Check(const Trial& trial, const TokenDataset& data) = 0;
+  /// Builds the trial's model and optimizer, initialised from training.seed; fails as Check.
+  virtual StatusOr<std::unique_ptr<TrialExecutorInterface>> Create(
+      const Trial& trial, std::shared_ptr<const TokenDataset> data) = 0;
+};
+
+}  // namespace hydra::executor

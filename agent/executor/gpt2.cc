@@ -1,0 +1,102 @@
+#include "agent/executor/gpt2.h"
+
+#include <cmath>
+
+namespace hydra::executor {
+namespace {
+
+class Gpt2Embedding : public SequentialLayer {
+ public:
+  Gpt2Embedding(int64_t vocab, int64_t context, int64_t width) {
+    wte = register_parameter("wte", torch::empty({vocab, width}));
+    wpe = register_parameter("wpe", torch::empty({context, width}));
+  }
+  torch::Tensor forward(const torch::Tensor& idx) override {
+    const int64_t t = idx.size(1);
+    return torch::embedding(wte, idx) + wpe.narrow(0, 0, t);
+  }
+  torch::Tensor wte, wpe;
+};
+
+class Gpt2Block : public SequentialLayer {
+ public:
+  Gpt2Block(int64_t width, int64_t heads, int64_t context) : heads_(heads) {
+    ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({width})));
+    qkv = register_module("qkv", torch::nn::Linear(width, 3 * width));
+    proj = register_module("proj", torch::nn::Linear(width, width));
+    ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({width})));
+    fc = register_module("fc", torch::nn::Linear(width, 4 * width));
+    fc_proj = register_module("fc_proj", torch::nn::Linear(4 * width, width));
+    // Additive causal mask: 0 on and below the diagonal, -inf above.
+    mask_ = register_buffer("mask", torch::full({context, context}, -INFINITY).triu(1));
+  }
+
+  torch::Tensor forward(const torch::Tensor& x) override {
+    const int64_t B = x.size(0), T = x.size(1), C = x.size(2), D = C / heads_;
+    auto parts = qkv->forward(ln1->forward(x)).split(C, /*dim=*/2);
+    // [B*H, T, D]: heads folded into the batch for the batched GEMMs.
+    auto heads = [&](const torch::Tensor& t) {
+      return t.view({B, T, heads_, D}).transpose(1, 2).reshape({B * heads_, T, D});
+    };
+    auto q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);
+    // One GEMM computes mask + scale * q k^T: no separate passes for scaling and masking.
+    auto att = torch::softmax(torch::baddbmm(mask_.narrow(0, 0, T).narrow(1, 0, T).unsqueeze(0), q,
+                                             k.transpose(1, 2), /*beta=*/1.0,
+                                             /*alpha=*/1.0 / std::sqrt(static_cast<double>(D))),
+                              -1);
+    auto y = torch::bmm(att, v).view({B, heads_, T, D}).transpose(1, 2).reshape({B, T, C});
+    auto h = x + proj->forward(y);
+    return h + fc_proj->forward(torch::gelu(fc->forward(ln2->forward(h)), "tanh"));
+  }
+
+  torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
+  torch::nn::Linear qkv{nullptr}, proj{nullptr}, fc{nullptr}, fc_proj{nullptr};
+
+ private:
+  int64_t heads_;
+  torch::Tensor mask_;
+};
+
+class Gpt2Head : public SequentialLayer {
+ public:
+  Gpt2Head(int64_t width, torch::Tensor tied_wte) : wte_(std::move(tied_wte)) {
+    ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({width})));
+  }
+  torch::Tensor forward(const torch::Tensor& x) override {
+    return torch::matmul(ln_f->forward(x), wte_.t());
+  }
+  torch::nn::LayerNorm ln_f{nullptr};
+
+ private:
+  torch::Tensor wte_;  // owned (registered) by the embedding layer
+};
+
+}  // namespace
+
+LayerSequence BuildGpt2(const ModelSpec& spec, uint64_t seed) {
+  torch::NoGradGuard no_grad;
+  auto gen = at::detail::createCPUGenerator(seed);
+  const double std_dev = 0.02;
+  const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(spec.n_layer));
+  LayerSequence seq;
+  auto embed = std::make_shared<Gpt2Embedding>(spec.vocab_size, spec.context_length, spec.n_embd);
+  embed->wte.normal_(0.0, std_dev, gen);
+  embed->wpe.normal_(0.0, std_dev, gen);
+  seq.names.push_back("embed");
+  seq.layers.push_back(embed);
+  for (int64_t i = 0; i < spec.n_layer; ++i) {
+    auto block = std::make_shared<Gpt2Block>(spec.n_embd, spec.n_head, spec.context_length);
+    for (auto* lin : {&block->qkv, &block->proj, &block->fc, &block->fc_proj}) {
+      const bool residual = lin == &block->proj || lin == &block->fc_proj;
+      (*lin)->weight.normal_(0.0, residual ? proj_std : std_dev, gen);
+      (*lin)->bias.zero_();
+    }
+    seq.names.push_back("block" + std::to_string(i));
+    seq.layers.push_back(block);
+  }
+  seq.names.push_back("head");
+  seq.layers.push_back(std::make_shared<Gpt2Head>(spec.n_embd, embed->wte));
+  return seq;
+}
+
+}  // namespace hydra::executor

@@ -1,0 +1,181 @@
+#include "agent/executor/inmemory_executor.h"
+
+#include <chrono>
+#include <cstring>
+
+#include "agent/executor/cpu_threads.h"
+#include "agent/executor/gpt2.h"
+#include "agent/executor/optimizer.h"
+#include "agent/executor/tensor_buffers.h"
+#include "common/cost_model.h"
+#include "common/units.h"
+
+namespace hydra::executor {
+namespace {
+
+class InMemoryExecutor : public TrialExecutorInterface {
+ public:
+  InMemoryExecutor(const Trial& trial, std::shared_ptr<const TokenDataset> data)
+      : trial_(trial),
+        data_(std::move(data)),
+        model_(BuildGpt2(trial.model, static_cast<uint64_t>(trial.training.seed))),
+        params_(model_.NamedParameters()),
+        optimizer_(params_, trial.training) {
+    for (const auto& [name, p] : params_) stats_.parameters += p.numel();
+    stats_.shards = 1;
+    stats_.peak_device_bytes = EstimateTrialFootprint(trial).total_bytes();
+  }
+
+  StatusOr<StepMetrics> TrainStep() override {
+    const auto start = std::chrono::steady_clock::now();
+    const auto& tr = trial_.training;
+    const int64_t T = trial_.model.context_length;
+    const int64_t micro = tr.batch_size / tr.gradient_accumulation_steps;
+    StepMetrics m;
+    try {
+      torch::Tensor tokens =
+          Windows(TrainWindowOffsets(*data_, tr.seed, step_, tr.batch_size, T + 1), T + 1);
+      double loss_sum = 0;
+      for (int64_t a = 0; a < tr.gradient_accumulation_steps; ++a) {
+        auto chunk = tokens.narrow(0, a * micro, micro);
+        auto loss = Loss(chunk);
+        (tr.gradient_accumulation_steps == 1 ? loss : loss / tr.gradient_accumulation_steps)
+            .backward();
+        loss_sum += loss.item<double>();
+      }
+      // The global norm costs a pass over every gradient: only when clipping.
+      if (tr.grad_clip_norm > 0) m.grad_norm = optimizer_.ClipGradNorm(tr.grad_clip_norm);
+      m.learning_rate = LearningRateAt(tr, step_);
+      optimizer_.Step(m.learning_rate, step_ + 1);
+      optimizer_.ZeroGrad();
+      m.loss = loss_sum / static_cast<double>(tr.gradient_accumulation_steps);
+    } catch (const c10::Error& e) {
+      return InternalError("training step " + std::to_string(step_) + " of " + trial_.name + ": " +
+                           e.what_without_backtrace());
+    }
+    ++step_;
+    m.tokens = tr.batch_size * T;
+    m.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return m;
+  }
+
+  StatusOr<double> Evaluate() override {
+    const int64_t T = trial_.model.context_length;
+    const int64_t micro = trial_.training.batch_size / trial_.training.gradient_accumulation_steps;
+    auto offsets = ValidationWindowOffsets(*data_, trial_.dataset.eval_sequences, T + 1);
+    try {
+      torch::NoGradGuard no_grad;
+      double total = 0;
+      for (size_t begin = 0; begin < offsets.size(); begin += micro) {
+        const size_t end = std::min(offsets.size(), begin + static_cast<size_t>(micro));
+        std::vector<int64_t> chunk(offsets.begin() + begin, offsets.begin() + end);
+        total += Loss(Windows(chunk, T + 1)).item<double>() * static_cast<double>(chunk.size());
+      }
+      return total / static_cast<double>(offsets.size());
+    } catch (const c10::Error& e) {
+      return InternalError("evaluating " + trial_.name + ": " + e.what_without_backtrace());
+    }
+  }
+
+  int64_t step() const override { return step_; }
+
+  StatusOr<std::vector<NamedBuffer>> ExportState() override {
+    std::vector<NamedBuffer> out;
+    for (const auto& [name, p] : params_) out.push_back(TensorToBuffer(name, p));
+    for (const auto& [name, s] : optimizer_.NamedState()) out.push_back(TensorToBuffer(name, s));
+    return out;
+  }
+
+  Status ImportState(int64_t step, const std::vector<NamedBuffer>& state) override {
+    std::vector<std::pair<std::string, torch::Tensor>> targets = params_;
+    for (const auto& entry : optimizer_.NamedState()) targets.push_back(entry);
+    RETURN_IF_ERROR(CopyBuffersInto(state, targets));
+    step_ = step;
+    return OkStatus();
+  }
+
+  ExecutorStats stats() const override { return stats_; }
+
+ private:
+  /// [n, window] int64 tensor of the token windows starting at `offsets`.
+  torch::Tensor Windows(const std::vector<int64_t>& offsets, int64_t window) const {
+    auto t = torch::empty({static_cast<int64_t>(offsets.size()), window}, torch::kLong);
+    int64_t* p = t.data_ptr<int64_t>();
+    for (size_t i = 0; i < offsets.size(); ++i) data_->Read(offsets[i], window, p + i * window);
+    return t;
+  }
+
+  torch::Tensor Loss(const torch::Tensor& windows) {
+    const int64_t T = windows.size(1) - 1;
+    auto x = windows.narrow(1, 0, T);
+    auto y = windows.narrow(1, 1, T);
+    auto logits = model_.Forward(x);
+    return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}),
+                                                y.reshape({-1}));
+  }
+
+  Trial trial_;
+  std::shared_ptr<const TokenDataset> data_;
+  LayerSequence model_;
+  std::vector<std::pair<std::string, torch::Tensor>> params_;
+  Optimizer optimizer_;
+  ExecutorStats stats_;
+  int64_t step_ = 0;
+};
+
+class InMemoryExecutorFactory : public ExecutorFactoryInterface {
+ public:
+  explicit InMemoryExecutorFactory(InMemoryExecutorOptions options) : options_(options) {
+    if (options_.threads > 0) threading_ = ConfigureCpuThreads(options_.threads);
+  }
+
+  Status Check(const Trial& trial, const TokenDataset& data) override {
+    if (trial.model.family != "gpt2") {
+      return InvalidArgumentError("spec.model.family: unsupported family '" + trial.model.family +
+                                  "'");
+    }
+    if (data.max_token() >= trial.model.vocab_size) {
+      return InvalidArgumentError("spec.dataset.path: " + data.path() + " holds token id " +
+                                  std::to_string(data.max_token()) +
+                                  ", outside the model's vocabulary (spec.model.vocabSize = " +
+                                  std::to_string(trial.model.vocab_size) + ")");
+    }
+    const TrialFootprint fp = EstimateTrialFootprint(trial);
+    if (trial.resources.device_memory_budget &&
+        fp.total_bytes() > *trial.resources.device_memory_budget) {
+      return ResourceExhaustedError(
+          "trial " + trial.name + " needs " + FormatBytes(fp.total_bytes()) +
+          " of device memory (" + FormatBytes(fp.parameter_bytes) + " parameters, " +
+          FormatBytes(fp.gradient_bytes) + " gradients, " + FormatBytes(fp.optimizer_bytes) +
+          " optimizer state, " + FormatBytes(fp.activation_bytes) +
+          " activations) but spec.resources.deviceMemoryBudget is " +
+          FormatBytes(*trial.resources.device_memory_budget) +
+          "; the in-memory executor does not spill");
+    }
+    return OkStatus();
+  }
+
+  StatusOr<std::unique_ptr<TrialExecutorInterface>> Create(
+      const Trial& trial, std::shared_ptr<const TokenDataset> data) override {
+    RETURN_IF_ERROR(Check(trial, *data));
+    try {
+      return std::unique_ptr<TrialExecutorInterface>(
+          std::make_unique<InMemoryExecutor>(trial, std::move(data)));
+    } catch (const c10::Error& e) {
+      return InternalError("building " + trial.name + ": " + e.what_without_backtrace());
+    }
+  }
+
+ private:
+  InMemoryExecutorOptions options_;
+  std::string threading_;
+};
+
+}  // namespace
+
+std::unique_ptr<ExecutorFactoryInterface> MakeInMemoryExecutorFactory(
+    InMemoryExecutorOptions options) {
+  return std::make_unique<InMemoryExecutorFactory>(options);
+}
+
+}  // namespace hydra::executor

@@ -1,0 +1,43 @@
+#pragma once
+// Torch-facing: include only from executor translation units.
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace hydra::executor {
+
+/// One stage of a sequential model: a module with one tensor in and one tensor out. Shards are
+/// contiguous ranges of these.
+class SequentialLayer : public torch::nn::Module {
+ public:
+  virtual torch::Tensor forward(const torch::Tensor& input) = 0;
+};
+
+/// A model as an ordered list of named layers. Parameters shared between layers (GPT-2's tied
+/// embedding / LM head) are registered by exactly one layer, the first to use them.
+struct LayerSequence {
+  std::vector<std::string> names;
+  std::vector<std::shared_ptr<SequentialLayer>> layers;
+
+  torch::Tensor Forward(torch::Tensor x) const {
+    for (const auto& layer : layers) x = layer->forward(x);
+    return x;
+  }
+
+  /// Every parameter once, named "<layer>.<module path>", in layer order.
+  std::vector<std::pair<std::string, torch::Tensor>> NamedParameters() const {
+    std::vector<std::pair<std::string, torch::Tensor>> out;
+    for (size_t i = 0; i < layers.size(); ++i) {
+      for (const auto& p : layers[i]->named_parameters(/*recurse=*/true)) {
+        out.emplace_back(names[i] + "." + p.key(), p.value());
+      }
+    }
+    return out;
+  }
+};
+
+}  // namespace hydra::executor

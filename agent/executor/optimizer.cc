@@ -1,0 +1,141 @@
+#include "agent/executor/optimizer.h"
+
+#include <ATen/Parallel.h>
+
+#include <cmath>
+
+namespace hydra::executor {
+namespace {
+
+bool FusableOnCpu(const torch::Tensor& t) {
+  return t.device().is_cpu() && t.scalar_type() == torch::kFloat && t.is_contiguous();
+}
+
+/// One pass over parameter, gradient and both moments (DeepSpeed's CPU Adam idea) instead of
+/// the eight tensor-wide passes and three temporaries of the unfused update. Same operations in
+/// the same order as torch.optim.AdamW; the build does not contract them into FMAs.
+void FusedAdamWCpu(float* p, const float* g, float* m, float* v, int64_t n, float decay_factor,
+                   float beta1, float beta2, float step_size, float bc2_sqrt, float eps) {
+  const float one_minus_beta1 = 1.0f - beta1;
+  const float one_minus_beta2 = 1.0f - beta2;
+  at::parallel_for(0, n, 1 << 15, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float gi = g[i];
+      float mi = m[i] * beta1;
+      mi = mi + one_minus_beta1 * gi;
+      float vi = v[i] * beta2;
+      vi = vi + one_minus_beta2 * gi * gi;
+      const float denom = std::sqrt(vi) / bc2_sqrt + eps;
+      m[i] = mi;
+      v[i] = vi;
+      p[i] = p[i] * decay_factor + (-step_size) * mi / denom;
+    }
+  });
+}
+
+}  // namespace
+
+Optimizer::Optimizer(std::vector<std::pair<std::string, torch::Tensor>> params,
+                     const TrainingSpec& training)
+    : training_(training), adamw_(training.optimizer == "adamw") {
+  for (auto& [name, p] : params) {
+    Slot s{name, p, {}, {}, p.dim() >= 2};
+    if (adamw_) {
+      s.m = torch::zeros_like(p);
+      s.v = torch::zeros_like(p);
+    } else if (training.momentum > 0) {
+      s.m = torch::zeros_like(p);
+    }
+    slots_.push_back(std::move(s));
+  }
+}
+
+void Optimizer::Step(double lr, int64_t step) {
+  torch::NoGradGuard no_grad;
+  const auto& t = training_;
+  if (adamw_) {
+    const double bc1 = 1.0 - std::pow(t.beta1, static_cast<double>(step));
+    const double bc2_sqrt = std::sqrt(1.0 - std::pow(t.beta2, static_cast<double>(step)));
+    const double step_size = lr / bc1;
+    for (auto& s : slots_) {
+      const auto& g = s.param.grad();
+      if (!g.defined()) continue;
+      const double decay_factor = s.decay && t.weight_decay > 0 ? 1.0 - lr * t.weight_decay : 1.0;
+      if (FusableOnCpu(s.param) && FusableOnCpu(g) && FusableOnCpu(s.m) && FusableOnCpu(s.v)) {
+        FusedAdamWCpu(s.param.data_ptr<float>(), g.data_ptr<float>(), s.m.data_ptr<float>(),
+                      s.v.data_ptr<float>(), s.param.numel(), static_cast<float>(decay_factor),
+                      static_cast<float>(t.beta1), static_cast<float>(t.beta2),
+                      static_cast<float>(step_size), static_cast<float>(bc2_sqrt),
+                      static_cast<float>(t.epsilon));
+        continue;
+      }
+      if (decay_factor != 1.0) s.param.mul_(decay_factor);
+      s.m.mul_(t.beta1).add_(g, 1.0 - t.beta1);
+      s.v.mul_(t.beta2).addcmul_(g, g, 1.0 - t.beta2);
+      auto denom = (s.v.sqrt() / bc2_sqrt).add_(t.epsilon);
+      s.param.addcdiv_(s.m, denom, -step_size);
+    }
+    return;
+  }
+  for (auto& s : slots_) {
+    auto g = s.param.grad();
+    if (!g.defined()) continue;
+    if (s.decay && t.weight_decay > 0) g = g.add(s.param, t.weight_decay);
+    if (s.m.defined()) {
+      // torch.optim.SGD: the first step copies the gradient into the buffer.
+      if (step == 1) {
+        s.m.copy_(g);
+      } else {
+        s.m.mul_(t.momentum).add_(g);
+      }
+      s.param.add_(s.m, -lr);
+    } else {
+      s.param.add_(g, -lr);
+    }
+  }
+}
+
+void Optimizer::ZeroGrad() {
+  for (auto& s : slots_) {
+    auto& g = s.param.mutable_grad();
+    if (g.defined()) g.zero_();
+  }
+}
+
+double Optimizer::ClipGradNorm(double max_norm) {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> norms;
+  for (auto& s : slots_) {
+    if (s.param.grad().defined()) norms.push_back(s.param.grad().norm());
+  }
+  if (norms.empty()) return 0.0;
+  const double total = torch::stack(norms).norm().item<double>();
+  if (max_norm > 0 && total > max_norm) {
+    const double scale = max_norm / (total + 1e-6);
+    for (auto& s : slots_) {
+      if (s.param.grad().defined()) s.param.mutable_grad().mul_(scale);
+    }
+  }
+  return total;
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> Optimizer::NamedState() const {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const auto& s : slots_) {
+    if (adamw_) {
+      out.emplace_back(s.name + ".exp_avg", s.m);
+      out.emplace_back(s.name + ".exp_avg_sq", s.v);
+    } else if (s.m.defined()) {
+      out.emplace_back(s.name + ".momentum_buffer", s.m);
+    }
+  }
+  return out;
+}
+
+int64_t Optimizer::StateBytes() const {
+  int64_t bytes = 0;
+  for (const auto& [name, t] : NamedState()) bytes += t.numel() * t.element_size();
+  return bytes;
+}
+
+}  // namespace hydra::executor

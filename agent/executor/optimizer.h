@@ -1,0 +1,54 @@
+#pragma once
+// Torch-facing: include only from executor translation units.
+
+#include <torch/torch.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/job.h"
+
+namespace hydra::executor {
+
+/// AdamW (Loshchilov & Hutter) or SGD with momentum over a list of named parameters, with the
+/// optimizer state as plain named tensors so it can be checkpointed and (later) move with the
+/// parameters' shard. Same arithmetic as torch.optim's single-tensor implementations.
+/// Weight decay applies to parameters with two or more dimensions only.
+class Optimizer {
+ public:
+  Optimizer(std::vector<std::pair<std::string, torch::Tensor>> params,
+            const TrainingSpec& training);
+
+  /// Applies one update from the parameters' .grad() with learning rate `lr`.
+  /// `step` is the 1-based count of updates including this one (AdamW bias correction).
+  void Step(double lr, int64_t step);
+
+  /// Sets every gradient to zero (keeping its storage).
+  void ZeroGrad();
+
+  /// Global L2 norm of all gradients; if `max_norm` > 0 and the norm exceeds it, scales the
+  /// gradients by max_norm / (norm + 1e-6) as torch.nn.utils.clip_grad_norm_. Returns the norm
+  /// before clipping.
+  double ClipGradNorm(double max_norm);
+
+  /// State tensors named "<param>.<slot>" (slots: exp_avg, exp_avg_sq, momentum_buffer).
+  std::vector<std::pair<std::string, torch::Tensor>> NamedState() const;
+
+  /// Bytes of optimizer state.
+  int64_t StateBytes() const;
+
+ private:
+  struct Slot {
+    std::string name;
+    torch::Tensor param;
+    torch::Tensor m;  // exp_avg or momentum buffer
+    torch::Tensor v;  // exp_avg_sq (AdamW)
+    bool decay;
+  };
+  TrainingSpec training_;
+  bool adamw_;
+  std::vector<Slot> slots_;
+};
+
+}  // namespace hydra::executor

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Runs every benchmark: `--smoke` (CI: tiny sizes, checks they work) or full size (by hand;
+# copy the tables into bench/RESULTS.md).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ARGS=("$@")
+echo "== bench/train_throughput"
+bash bench/train_throughput.sh "${ARGS[@]}"

@@ -1,0 +1,57 @@
+#include "common/cost_model.h"
+
+namespace hydra {
+
+std::vector<LayerCost> ModelLayerCosts(const ModelSpec& m, int64_t micro_batch) {
+  const int64_t B = micro_batch, T = m.context_length, C = m.n_embd, H = m.n_head, V = m.vocab_size;
+  const int64_t tokens = B * T;
+  const int64_t f = 4;  // fp32
+  std::vector<LayerCost> layers;
+  LayerCost embed;
+  embed.name = "embed";
+  embed.parameters = V * C + T * C;
+  embed.activation_bytes = tokens * 8;  // token ids
+  embed.output_bytes = tokens * C * f;
+  embed.forward_flops = static_cast<double>(tokens) * C;
+  layers.push_back(embed);
+  for (int64_t i = 0; i < m.n_layer; ++i) {
+    LayerCost b;
+    b.name = "block" + std::to_string(i);
+    b.parameters = 12 * C * C + 13 * C;
+    // Saved for backward per token: layer-norm inputs/outputs, qkv, attention output,
+    // projections, the MLP's 4C hidden twice (pre/post GELU), plus attention probabilities
+    // and scores (H x T each).
+    b.activation_bytes = tokens * (16 * C + 2 * H * T) * f;
+    b.output_bytes = tokens * C * f;
+    b.forward_flops = static_cast<double>(tokens) * (2.0 * 12 * C * C + 4.0 * T * C);
+    layers.push_back(b);
+  }
+  LayerCost head;
+  head.name = "head";
+  head.parameters = 2 * C;  // final LayerNorm; the LM head is tied to the token embedding
+  head.activation_bytes = tokens * (2 * C + 2 * V) * f;
+  head.output_bytes = tokens * V * f;
+  head.forward_flops = static_cast<double>(tokens) * 2.0 * C * V;
+  layers.push_back(head);
+  return layers;
+}
+
+int64_t OptimizerBytesPerParameter(const TrainingSpec& training) {
+  if (training.optimizer == "adamw") return 8;
+  return training.momentum > 0 ? 4 : 0;
+}
+
+TrialFootprint EstimateTrialFootprint(const Trial& trial) {
+  TrialFootprint fp;
+  int64_t micro = trial.training.batch_size / trial.training.gradient_accumulation_steps;
+  for (const auto& l : ModelLayerCosts(trial.model, micro)) {
+    fp.parameters += l.parameters;
+    fp.activation_bytes += l.activation_bytes;
+  }
+  fp.parameter_bytes = fp.parameters * 4;
+  fp.gradient_bytes = fp.parameters * 4;
+  fp.optimizer_bytes = fp.parameters * OptimizerBytesPerParameter(trial.training);
+  return fp;
+}
+
+}  // namespace hydra

@@ -1,0 +1,42 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/job.h"
+
+namespace hydra {
+
+/// Analytic size and cost of one layer of a layer-sequence model at a given micro-batch.
+/// Used to check budgets, to report the footprint of unsharded trials, and (later) by the
+/// partitioner and the simulator. All byte counts are fp32.
+struct LayerCost {
+  std::string name;              ///< "embed", "block3", "head"
+  int64_t parameters = 0;        ///< parameters owned by this layer (tied ones counted once)
+  int64_t activation_bytes = 0;  ///< bytes autograd keeps for backward, per micro-batch
+  int64_t output_bytes = 0;      ///< bytes of the layer's output, per micro-batch
+  double forward_flops = 0;      ///< per micro-batch
+};
+
+/// Per-layer costs of the trial's model, in execution order.
+std::vector<LayerCost> ModelLayerCosts(const ModelSpec& model, int64_t micro_batch);
+
+/// Bytes of optimizer state per parameter: 8 for AdamW (two moments), 4 for SGD with momentum.
+int64_t OptimizerBytesPerParameter(const TrainingSpec& training);
+
+/// Memory a trial needs when trained unsharded on one device.
+struct TrialFootprint {
+  int64_t parameters = 0;
+  int64_t parameter_bytes = 0;
+  int64_t gradient_bytes = 0;
+  int64_t optimizer_bytes = 0;
+  int64_t activation_bytes = 0;  ///< of one micro-batch, whole model
+  int64_t total_bytes() const {
+    return parameter_bytes + gradient_bytes + optimizer_bytes + activation_bytes;
+  }
+};
+
+TrialFootprint EstimateTrialFootprint(const Trial& trial);
+
+}  // namespace hydra

@@ -1,0 +1,640 @@
+#include "common/job.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <set>
+#include <sstream>
+
+#include "common/units.h"
+
+namespace hydra {
+namespace {
+
+namespace fs = std::filesystem;
+
+/// The model and training settings one trial runs with: what grid values override.
+struct TrialConfig {
+  ModelSpec model;
+  TrainingSpec training;
+};
+
+enum class Kind { kInt, kFloat, kEnum };
+
+constexpr size_t kMaxTrials = 100000;
+
+std::vector<Trial> ExpandInto(const MultiModelJob& job, std::vector<FieldError>* errors);
+
+/// One searchable field of spec.model or spec.training: its rule and where it lives.
+struct FieldDef {
+  const char* section;  // "model" | "training"
+  const char* name;
+  const char* abbrev;  // used in trial names
+  Kind kind;
+  double min = -INFINITY;
+  bool min_exclusive = false;
+  double max = INFINITY;
+  std::vector<std::string> enums;
+  std::function<void(TrialConfig&, const ParamValue&)> set;
+  std::function<ParamValue(const TrialConfig&)> get;
+};
+
+#define HYDRA_INT_FIELD(sec, name, abbrev, member, lo, hi)                              \
+  FieldDef {                                                                            \
+#sec, name, abbrev, Kind::kInt, lo, false, hi, {},                                    \
+        [](TrialConfig& c, const ParamValue& v) { c.sec.member = std::get<int64_t>(v); }, \
+        [](const TrialConfig& c) { return ParamValue(c.sec.member); } \
+  }
+#define HYDRA_FLOAT_FIELD(sec, name, abbrev, member, lo, excl, hi)                     \
+  FieldDef {                                                                           \
+#sec, name, abbrev, Kind::kFloat, lo, excl, hi, {},                                  \
+        [](TrialConfig& c, const ParamValue& v) { c.sec.member = std::get<double>(v); }, \
+        [](const TrialConfig& c) { return ParamValue(c.sec.member); } \
+  }
+#define HYDRA_ENUM_FIELD(sec, name, abbrev, member, ...)                                    \
+  FieldDef {                                                                                \
+#sec, name, abbrev, Kind::kEnum, -INFINITY, false, INFINITY, {__VA_ARGS__},               \
+        [](TrialConfig& c, const ParamValue& v) { c.sec.member = std::get<std::string>(v); }, \
+        [](const TrialConfig& c) { return ParamValue(c.sec.member); } \
+  }
+
+const std::vector<FieldDef>& Fields() {
+  static const std::vector<FieldDef> kFields = {
+      HYDRA_ENUM_FIELD(model, "family", "f", family, "gpt2"),
+      HYDRA_INT_FIELD(model, "nLayer", "l", n_layer, 1, 1024),
+      HYDRA_INT_FIELD(model, "nEmbd", "d", n_embd, 1, 65536),
+      HYDRA_INT_FIELD(model, "nHead", "h", n_head, 1, 1024),
+      HYDRA_INT_FIELD(model, "contextLength", "ctx", context_length, 2, 1 << 20),
+      HYDRA_INT_FIELD(model, "vocabSize", "v", vocab_size, 2, 1 << 24),
+      HYDRA_ENUM_FIELD(training, "optimizer", "opt", optimizer, "adamw", "sgd"),
+      HYDRA_FLOAT_FIELD(training, "learningRate", "lr", learning_rate, 0, true, 10),
+      HYDRA_INT_FIELD(training, "batchSize", "bs", batch_size, 1, 1 << 20),
+      HYDRA_INT_FIELD(training, "steps", "steps", steps, 1, 1e12),
+      HYDRA_INT_FIELD(training, "seed", "seed", seed, 0, 9.2e18),
+      HYDRA_INT_FIELD(training, "evalEverySteps", "eval", eval_every_steps, 0, 1e12),
+      HYDRA_INT_FIELD(training, "checkpointEverySteps", "ckpt", checkpoint_every_steps, 0, 1e12),
+      HYDRA_INT_FIELD(training, "gradientAccumulationSteps", "ga", gradient_accumulation_steps, 1,
+                      1 << 20),
+      HYDRA_FLOAT_FIELD(training, "weightDecay", "wd", weight_decay, 0, false, 10),
+      HYDRA_FLOAT_FIELD(training, "momentum", "mom", momentum, 0, false, 1),
+      HYDRA_FLOAT_FIELD(training, "beta1", "b1", beta1, 0, false, 1),
+      HYDRA_FLOAT_FIELD(training, "beta2", "b2", beta2, 0, false, 1),
+      HYDRA_FLOAT_FIELD(training, "epsilon", "eps", epsilon, 0, true, 1),
+      HYDRA_FLOAT_FIELD(training, "gradClipNorm", "clip", grad_clip_norm, 0, false, 1e9),
+      HYDRA_ENUM_FIELD(training, "lrSchedule", "sched", lr_schedule, "constant", "cosine"),
+      HYDRA_INT_FIELD(training, "warmupSteps", "warm", warmup_steps, 0, 1e12),
+  };
+  return kFields;
+}
+
+const FieldDef* FindField(const std::string& section, const std::string& name) {
+  for (const auto& f : Fields()) {
+    if ((section.empty() || section == f.section) && name == f.name) return &f;
+  }
+  return nullptr;
+}
+
+std::string Join(const std::vector<std::string>& parts, const std::string& sep) {
+  std::string out;
+  for (size_t i = 0; i < parts.size(); ++i) out += (i ? sep : "") + parts[i];
+  return out;
+}
+
+std::string FormatNumber(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.17g", v);
+  // Shortest text that reads back as the same double.
+  for (int precision = 1; precision <= 17; ++precision) {
+    std::snprintf(buf, sizeof(buf), "%.*g", precision, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
+  return buf;
+}
+
+/// Collects errors while walking the YAML tree.
+class Checker {
+ public:
+  explicit Checker(std::vector<FieldError>* errors) : errors_(errors) {}
+
+  void Error(const std::string& path, const YAML::Node& node, const std::string& message) {
+    int line = node.IsDefined() ? node.Mark().line + 1 : -1;
+    if (line <= 0) line = -1;
+    errors_->push_back(FieldError{path, message, line});
+  }
+
+  /// Requires a mapping; reports keys outside `known` as unknown fields.
+  bool Map(const YAML::Node& node, const std::string& path, const std::vector<std::string>& known) {
+    if (!node.IsMap()) {
+      Error(path, node, "must be a mapping");
+      return false;
+    }
+    for (const auto& kv : node) {
+      std::string key = kv.first.Scalar();
+      bool found = false;
+      for (const auto& k : known) found = found || k == key;
+      if (!found) {
+        Error(Child(path, key), kv.first,
+              "unknown field (known fields: " + Join(known, ", ") + ")");
+      }
+    }
+    return true;
+  }
+
+  static std::string Child(const std::string& path, const std::string& key) {
+    return path.empty() ? key : path + "." + key;
+  }
+
+  /// Converts a scalar to the field's kind and checks its rule.
+  std::optional<ParamValue> Value(const FieldDef& f, const YAML::Node& node,
+                                  const std::string& path) {
+    if (!node.IsScalar()) {
+      Error(path, node, "must be a scalar");
+      return std::nullopt;
+    }
+    const std::string& text = node.Scalar();
+    switch (f.kind) {
+      case Kind::kEnum: {
+        for (const auto& e : f.enums) {
+          if (text == e) return ParamValue(text);
+        }
+        Error(path, node, "must be one of: " + Join(f.enums, ", ") + " (got '" + text + "')");
+        return std::nullopt;
+      }
+      case Kind::kInt: {
+        int64_t v = 0;
+        try {
+          size_t pos = 0;
+          v = std::stoll(text, &pos, 10);
+          if (pos != text.size()) throw std::invalid_argument(text);
+        } catch (...) {
+          Error(path, node, "must be an integer (got '" + text + "')");
+          return std::nullopt;
+        }
+        if (!CheckRange(f, static_cast<double>(v), node, path)) return std::nullopt;
+        return ParamValue(v);
+      }
+      case Kind::kFloat: {
+        double v = 0;
+        try {
+          v = node.as<double>();
+        } catch (...) {
+          Error(path, node, "must be a number (got '" + text + "')");
+          return std::nullopt;
+        }
+        if (!std::isfinite(v)) {
+          Error(path, node, "must be a finite number");
+          return std::nullopt;
+        }
+        if (!CheckRange(f, v, node, path)) return std::nullopt;
+        return ParamValue(v);
+      }
+    }
+    return std::nullopt;
+  }
+
+  std::vector<FieldError>* errors() { return errors_; }
+
+ private:
+  bool CheckRange(const FieldDef& f, double v, const YAML::Node& node, const std::string& path) {
+    if (f.min_exclusive ? !(v > f.min) : !(v >= f.min)) {
+      Error(path, node,
+            std::string("must be ") + (f.min_exclusive ? "> " : ">= ") + FormatNumber(f.min));
+      return false;
+    }
+    if (!(v <= f.max)) {
+      Error(path, node, "must be <= " + FormatNumber(f.max));
+      return false;
+    }
+    return true;
+  }
+
+  std::vector<FieldError>* errors_;
+};
+
+void ParseSection(Checker& c, const YAML::Node& node, const std::string& section,
+                  const std::string& path, TrialConfig* config,
+                  const std::vector<std::string>& required) {
+  std::vector<std::string> known;
+  for (const auto& f : Fields()) {
+    if (section == f.section) known.push_back(f.name);
+  }
+  if (!c.Map(node, path, known)) return;
+  for (const auto& r : required) {
+    if (!node[r]) c.Error(Checker::Child(path, r), node, "required field is missing");
+  }
+  for (const auto& kv : node) {
+    const FieldDef* f = FindField(section, kv.first.Scalar());
+    if (f == nullptr) continue;  // reported as unknown by Map
+    auto v = c.Value(*f, kv.second, Checker::Child(path, f->name));
+    if (v) f->set(*config, *v);
+  }
+}
+
+void ParseStringMap(Checker& c, const YAML::Node& node, const std::string& path,
+                    std::map<std::string, std::string>* out) {
+  if (!node.IsMap()) {
+    c.Error(path, node, "must be a mapping of strings");
+    return;
+  }
+  for (const auto& kv : node) {
+    if (!kv.second.IsScalar()) {
+      c.Error(Checker::Child(path, kv.first.Scalar()), kv.second, "must be a string");
+      continue;
+    }
+    (*out)[kv.first.Scalar()] = kv.second.Scalar();
+  }
+}
+
+bool IsDnsSubdomain(const std::string& s) {
+  if (s.empty() || s.size() > 253) return false;
+  for (char ch : s) {
+    if (!(std::islower(static_cast<unsigned char>(ch)) ||
+          std::isdigit(static_cast<unsigned char>(ch)) || ch == '-' || ch == '.')) {
+      return false;
+    }
+  }
+  auto alnum = [](char ch) {
+    return std::islower(static_cast<unsigned char>(ch)) ||
+           std::isdigit(static_cast<unsigned char>(ch));
+  };
+  return alnum(s.front()) && alnum(s.back());
+}
+
+void ParseMetadata(Checker& c, const YAML::Node& node, JobMetadata* md) {
+  if (!c.Map(node, "metadata", {"name", "namespace", "labels", "annotations"})) return;
+  if (!node["name"]) {
+    c.Error("metadata.name", node, "required field is missing");
+  } else if (!node["name"].IsScalar() || !IsDnsSubdomain(node["name"].Scalar())) {
+    c.Error("metadata.name", node["name"],
+            "must be a DNS-1123 subdomain: lowercase letters, digits, '-' and '.', starting and "
+            "ending with a letter or digit, at most 253 characters");
+  } else {
+    md->name = node["name"].Scalar();
+  }
+  if (node["namespace"]) {
+    if (!node["namespace"].IsScalar()) {
+      c.Error("metadata.namespace", node["namespace"], "must be a string");
+    } else {
+      md->namespace_ = node["namespace"].Scalar();
+    }
+  }
+  if (node["labels"]) ParseStringMap(c, node["labels"], "metadata.labels", &md->labels);
+  if (node["annotations"]) {
+    ParseStringMap(c, node["annotations"], "metadata.annotations", &md->annotations);
+  }
+}
+
+void ParseDataset(Checker& c, const YAML::Node& node, const std::string& base_dir,
+                  DatasetSpec* ds) {
+  const std::string p = "spec.dataset";
+  if (!c.Map(node, p, {"format", "path", "validationFraction", "evalSequences"})) return;
+  if (node["format"]) {
+    const auto& n = node["format"];
+    if (!n.IsScalar() || (n.Scalar() != "text" && n.Scalar() != "tokens-u16")) {
+      c.Error(p + ".format", n, "must be one of: text, tokens-u16");
+    } else {
+      ds->format = n.Scalar();
+    }
+  }
+  if (!node["path"]) {
+    c.Error(p + ".path", node, "required field is missing");
+  } else if (!node["path"].IsScalar() || node["path"].Scalar().empty()) {
+    c.Error(p + ".path", node["path"], "must be a non-empty path");
+  } else {
+    ds->path = node["path"].Scalar();
+    fs::path resolved(ds->path);
+    if (resolved.is_relative()) resolved = fs::path(base_dir) / resolved;
+    ds->resolved_path = resolved.lexically_normal().string();
+  }
+  if (node["validationFraction"]) {
+    const auto& n = node["validationFraction"];
+    double v = -1;
+    try {
+      v = n.as<double>();
+    } catch (...) {
+    }
+    if (!(v > 0 && v < 1)) {
+      c.Error(p + ".validationFraction", n, "must be a number > 0 and < 1");
+    } else {
+      ds->validation_fraction = v;
+    }
+  }
+  if (node["evalSequences"]) {
+    const auto& n = node["evalSequences"];
+    int64_t v = 0;
+    try {
+      v = n.as<int64_t>();
+    } catch (...) {
+    }
+    if (v < 1) {
+      c.Error(p + ".evalSequences", n, "must be an integer >= 1");
+    } else {
+      ds->eval_sequences = v;
+    }
+  }
+}
+
+void ParseResources(Checker& c, const YAML::Node& node, ResourcesSpec* res) {
+  if (!c.Map(node, "spec.resources", {"deviceMemoryBudget"})) return;
+  if (node["deviceMemoryBudget"]) {
+    const auto& n = node["deviceMemoryBudget"];
+    auto bytes = n.IsScalar() ? ParseByteQuantity(n.Scalar())
+                              : StatusOr<int64_t>(InvalidArgumentError("not a scalar"));
+    if (!bytes.ok()) {
+      c.Error("spec.resources.deviceMemoryBudget", n,
+              "must be a byte quantity such as 512Mi or 4Gi: " + bytes.status().message());
+    } else if (*bytes <= 0) {
+      c.Error("spec.resources.deviceMemoryBudget", n, "must be > 0");
+    } else {
+      res->device_memory_budget = *bytes;
+    }
+  }
+}
+
+void ParseGrid(Checker& c, const YAML::Node& node, std::vector<GridAxis>* grid) {
+  const std::string p = "spec.search.grid";
+  if (!node.IsMap()) {
+    c.Error(p, node, "must be a mapping from field name to a list of values");
+    return;
+  }
+  for (const auto& kv : node) {
+    const std::string key = kv.first.Scalar();
+    const std::string path = p + "." + key;
+    const FieldDef* f = FindField("", key);
+    if (f == nullptr) {
+      c.Error(path, kv.first,
+              "unknown field: the grid may search any spec.model or spec.training field (" +
+                  Join(SearchableFields(), ", ") + ")");
+      continue;
+    }
+    if (!kv.second.IsSequence() || kv.second.size() == 0) {
+      c.Error(path, kv.second, "must be a non-empty list of values");
+      continue;
+    }
+    GridAxis axis{key, {}};
+    for (size_t i = 0; i < kv.second.size(); ++i) {
+      std::string item_path = path + "[" + std::to_string(i) + "]";
+      auto v = c.Value(*f, kv.second[i], item_path);
+      if (!v) continue;
+      bool dup = false;
+      for (const auto& prev : axis.values) dup = dup || prev == *v;
+      if (dup) {
+        c.Error(item_path, kv.second[i], "duplicate value " + FormatParamValue(*v));
+        continue;
+      }
+      axis.values.push_back(*v);
+    }
+    grid->push_back(std::move(axis));
+  }
+}
+
+/// Cross-field rules of one trial's configuration; `where` prefixes the messages.
+void CheckTrialRules(const TrialConfig& t, const DatasetSpec& ds, const std::string& where,
+                     std::vector<FieldError>* errors) {
+  auto err = [&](const std::string& path, const std::string& msg) {
+    errors->push_back(FieldError{path, where + msg, -1});
+  };
+  if (t.model.n_embd % t.model.n_head != 0) {
+    err("spec.model.nHead", "nHead (" + std::to_string(t.model.n_head) + ") must divide nEmbd (" +
+                                std::to_string(t.model.n_embd) + ")");
+  }
+  if (t.training.batch_size % t.training.gradient_accumulation_steps != 0) {
+    err("spec.training.gradientAccumulationSteps",
+        "gradientAccumulationSteps (" + std::to_string(t.training.gradient_accumulation_steps) +
+            ") must divide batchSize (" + std::to_string(t.training.batch_size) + ")");
+  }
+  if (ds.format == "text" && t.model.vocab_size < 256) {
+    err("spec.model.vocabSize", "must be >= 256 for the text format (one token per byte), got " +
+                                    std::to_string(t.model.vocab_size));
+  }
+  if (ds.format == "tokens-u16" && t.model.vocab_size > 65536) {
+    err("spec.model.vocabSize", "must be <= 65536 for the tokens-u16 format");
+  }
+  if (t.training.warmup_steps > t.training.steps) {
+    err("spec.training.warmupSteps", "must be <= steps (" + std::to_string(t.training.steps) + ")");
+  }
+}
+
+std::string TrialSuffix(const std::vector<Hyperparameter>& hps) {
+  std::vector<std::string> parts;
+  for (const auto& hp : hps) {
+    const FieldDef* f = FindField("", hp.field);
+    std::string value;
+    if (std::holds_alternative<double>(hp.value)) {
+      double v = std::get<double>(hp.value);
+      char buf[64];
+      double a = std::fabs(v);
+      if (a != 0 && (a < 0.01 || a >= 1e5)) {
+        // Compact scientific notation: 3e-4, 2.5e-5, 1e6.
+        for (int prec = 0; prec < 17; ++prec) {
+          std::snprintf(buf, sizeof(buf), "%.*e", prec, v);
+          if (std::strtod(buf, nullptr) == v) break;
+        }
+        std::string s = buf;
+        auto e = s.find('e');
+        std::string mant = s.substr(0, e), exp = s.substr(e + 1);
+        bool neg = exp[0] == '-';
+        exp = exp.substr(1);
+        while (exp.size() > 1 && exp[0] == '0') exp = exp.substr(1);
+        value = mant + "e" + (neg ? "-" : "") + exp;
+      } else {
+        value = FormatNumber(v);
+      }
+    } else {
+      value = FormatParamValue(hp.value);
+    }
+    for (char& ch : value) {
+      if (ch == '.') ch = 'p';
+      if (ch == '+') ch = 'p';
+      ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    }
+    parts.push_back(std::string(f ? f->abbrev : hp.field) + value);
+  }
+  return Join(parts, "-");
+}
+
+}  // namespace
+
+std::string FieldError::ToString() const {
+  std::string out = path + ": " + message;
+  if (line > 0) out += " (line " + std::to_string(line) + ")";
+  return out;
+}
+
+std::string FormatParamValue(const ParamValue& value) {
+  if (std::holds_alternative<int64_t>(value)) return std::to_string(std::get<int64_t>(value));
+  if (std::holds_alternative<double>(value)) return FormatNumber(std::get<double>(value));
+  return std::get<std::string>(value);
+}
+
+double LearningRateAt(const TrainingSpec& t, int64_t step) {
+  if (step < t.warmup_steps) {
+    return t.learning_rate * static_cast<double>(step + 1) / static_cast<double>(t.warmup_steps);
+  }
+  if (t.lr_schedule != "cosine") return t.learning_rate;
+  const double span = static_cast<double>(std::max<int64_t>(1, t.steps - 1 - t.warmup_steps));
+  const double progress = std::min(1.0, static_cast<double>(step - t.warmup_steps) / span);
+  const double min_lr = 0.1 * t.learning_rate;
+  return min_lr + 0.5 * (1.0 + std::cos(M_PI * progress)) * (t.learning_rate - min_lr);
+}
+
+std::vector<std::string> SearchableFields() {
+  std::vector<std::string> names;
+  for (const auto& f : Fields()) names.push_back(f.name);
+  return names;
+}
+
+StatusOr<MultiModelJob> ParseJobYaml(const std::string& yaml_text, const std::string& base_dir,
+                                     std::vector<FieldError>* errors_out) {
+  std::vector<FieldError> errors;
+  Checker c(&errors);
+  MultiModelJob job;
+  std::vector<YAML::Node> docs;
+  try {
+    docs = YAML::LoadAll(yaml_text);
+  } catch (const YAML::Exception& e) {
+    errors.push_back(FieldError{"", "malformed YAML: " + e.msg, e.mark.line + 1});
+  }
+  if (errors.empty()) {
+    if (docs.size() != 1) {
+      errors.push_back(FieldError{
+          "", "expected exactly one YAML document, found " + std::to_string(docs.size()), -1});
+    } else {
+      const YAML::Node& root = docs[0];
+      if (c.Map(root, "", {"apiVersion", "kind", "metadata", "spec"})) {
+        if (!root["apiVersion"] || !root["apiVersion"].IsScalar() ||
+            root["apiVersion"].Scalar() != kApiVersion) {
+          c.Error("apiVersion", root["apiVersion"] ? root["apiVersion"] : root,
+                  std::string("must be ") + kApiVersion);
+        }
+        if (!root["kind"] || !root["kind"].IsScalar() || root["kind"].Scalar() != kKind) {
+          c.Error("kind", root["kind"] ? root["kind"] : root, std::string("must be ") + kKind);
+        }
+        if (!root["metadata"]) {
+          c.Error("metadata", root, "required field is missing");
+        } else {
+          ParseMetadata(c, root["metadata"], &job.metadata);
+        }
+        const YAML::Node spec = root["spec"];
+        if (!spec) {
+          c.Error("spec", root, "required field is missing");
+        } else if (c.Map(spec, "spec", {"model", "dataset", "search", "training", "resources"})) {
+          TrialConfig base;
+          if (!spec["model"]) {
+            c.Error("spec.model", spec, "required field is missing");
+          } else {
+            ParseSection(c, spec["model"], "model", "spec.model", &base, {"family"});
+          }
+          if (!spec["training"]) {
+            c.Error("spec.training", spec, "required field is missing");
+          } else {
+            ParseSection(c, spec["training"], "training", "spec.training", &base, {"steps"});
+          }
+          job.spec.model = base.model;
+          job.spec.training = base.training;
+          if (!spec["dataset"]) {
+            c.Error("spec.dataset", spec, "required field is missing");
+          } else {
+            ParseDataset(c, spec["dataset"], base_dir, &job.spec.dataset);
+          }
+          if (spec["search"] && c.Map(spec["search"], "spec.search", {"grid"})) {
+            if (spec["search"]["grid"]) ParseGrid(c, spec["search"]["grid"], &job.spec.grid);
+          }
+          if (spec["resources"]) ParseResources(c, spec["resources"], &job.spec.resources);
+        }
+      }
+    }
+  }
+  if (errors.empty()) ExpandInto(job, &errors);
+  if (!errors.empty()) {
+    std::string msg = "invalid MultiModelJob manifest:";
+    for (const auto& e : errors) msg += "\n  " + e.ToString();
+    if (errors_out) errors_out->insert(errors_out->end(), errors.begin(), errors.end());
+    return InvalidArgumentError(msg);
+  }
+  return job;
+}
+
+StatusOr<MultiModelJob> LoadJobFile(const std::string& path, std::vector<FieldError>* errors) {
+  std::ifstream in(path);
+  if (!in) return ErrnoError("cannot read manifest " + path, errno);
+  std::stringstream buf;
+  buf << in.rdbuf();
+  fs::path dir = fs::absolute(fs::path(path)).parent_path();
+  auto job = ParseJobYaml(buf.str(), dir.string(), errors);
+  if (!job.ok()) return job.status().WithContext(path);
+  return job;
+}
+
+namespace {
+
+/// Expands the grid, appending rule violations to `errors`.
+std::vector<Trial> ExpandInto(const MultiModelJob& job, std::vector<FieldError>* errors) {
+  std::vector<Trial> trials;
+  size_t total = 1;
+  for (const auto& axis : job.spec.grid) total *= axis.values.size();
+  if (total > kMaxTrials) {
+    errors->push_back(FieldError{"spec.search.grid",
+                                 "expands to " + std::to_string(total) +
+                                     " trials, more than the limit of " +
+                                     std::to_string(kMaxTrials),
+                                 -1});
+    return trials;
+  }
+  std::set<std::string> names;
+  std::vector<size_t> idx(job.spec.grid.size(), 0);
+  for (size_t n = 0; n < total; ++n) {
+    // Mixed-radix counter: the last axis varies fastest.
+    size_t rem = n;
+    for (size_t a = job.spec.grid.size(); a-- > 0;) {
+      idx[a] = rem % job.spec.grid[a].values.size();
+      rem /= job.spec.grid[a].values.size();
+    }
+    TrialConfig config{job.spec.model, job.spec.training};
+    Trial t;
+    t.index = static_cast<int>(n);
+    for (size_t a = 0; a < job.spec.grid.size(); ++a) {
+      const auto& axis = job.spec.grid[a];
+      FindField("", axis.field)->set(config, axis.values[idx[a]]);
+      t.hyperparameters.push_back({axis.field, axis.values[idx[a]]});
+    }
+    std::string suffix = TrialSuffix(t.hyperparameters);
+    t.name = job.metadata.name + "-" + (suffix.empty() ? std::string("base") : suffix);
+    if (!names.insert(t.name).second) {
+      t.name += "-" + std::to_string(n);
+      names.insert(t.name);
+    }
+    t.model = config.model;
+    t.training = config.training;
+    t.dataset = job.spec.dataset;
+    t.resources = job.spec.resources;
+    CheckTrialRules(config, job.spec.dataset,
+                    job.spec.grid.empty() ? "" : "in trial " + t.name + ": ", errors);
+    trials.push_back(std::move(t));
+  }
+  return trials;
+}
+
+}  // namespace
+
+StatusOr<std::vector<Trial>> ExpandTrials(const MultiModelJob& job) {
+  std::vector<FieldError> errors;
+  std::vector<Trial> trials = ExpandInto(job, &errors);
+  if (!errors.empty()) {
+    std::string msg;
+    std::set<std::string> seen;
+    for (const auto& e : errors) {
+      std::string line = e.ToString();
+      if (seen.insert(line).second) msg += (msg.empty() ? "" : "\n  ") + line;
+    }
+    return InvalidArgumentError(msg);
+  }
+  return trials;
+}
+
+}  // namespace hydra

@@ -1,0 +1,138 @@
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "common/status.h"
+
+namespace hydra {
+
+/// API group/version and kind of the MultiModelJob resource.
+inline constexpr const char* kApiVersion = "hydra.dev/v1alpha1";
+inline constexpr const char* kKind = "MultiModelJob";
+
+/// spec.model: the architecture. Field names are the manifest's (camelCase there).
+struct ModelSpec {
+  std::string family = "gpt2";   ///< gpt2
+  int64_t n_layer = 4;           ///< nLayer: transformer blocks
+  int64_t n_embd = 128;          ///< nEmbd: hidden width
+  int64_t n_head = 4;            ///< nHead: attention heads; must divide nEmbd
+  int64_t context_length = 128;  ///< contextLength: tokens per sequence
+  int64_t vocab_size = 256;      ///< vocabSize
+};
+
+/// spec.dataset: where the tokens come from.
+struct DatasetSpec {
+  std::string format = "text";  ///< text (bytes are tokens) | tokens-u16 (little-endian uint16)
+  std::string path;             ///< as written in the manifest
+  std::string resolved_path;    ///< absolute, resolved against the manifest's directory
+  double validation_fraction = 0.05;  ///< tail of the token stream held out for validation
+  int64_t eval_sequences = 64;        ///< evalSequences: validation windows scored per evaluation
+};
+
+/// spec.training: the optimisation settings of one trial.
+struct TrainingSpec {
+  std::string optimizer = "adamw";  ///< adamw | sgd
+  double learning_rate = 1e-3;
+  int64_t batch_size = 8;                ///< sequences per optimizer step (over all micro-batches)
+  int64_t steps = 200;                   ///< optimizer steps
+  int64_t seed = 1;                      ///< initialisation and data order
+  int64_t eval_every_steps = 50;         ///< 0: only at the end
+  int64_t checkpoint_every_steps = 100;  ///< 0: only at the end
+  int64_t gradient_accumulation_steps = 1;  ///< micro-batches per step; divides batchSize
+  double weight_decay = 0.01;               ///< decoupled (AdamW) or L2 (SGD), on matrices only
+  double momentum = 0.9;                    ///< SGD only
+  double beta1 = 0.9;                       ///< AdamW only
+  double beta2 = 0.999;                     ///< AdamW only
+  double epsilon = 1e-8;                    ///< AdamW only
+  double grad_clip_norm = 0;                ///< global L2 norm clip; 0 disables
+  std::string lr_schedule = "constant";     ///< constant | cosine (to 10% of learningRate)
+  int64_t warmup_steps = 0;                 ///< linear warm-up steps
+};
+
+/// spec.resources.
+struct ResourcesSpec {
+  std::optional<int64_t> device_memory_budget;  ///< bytes; unset: all the device has
+};
+
+struct JobMetadata {
+  std::string name;
+  std::string namespace_;
+  std::map<std::string, std::string> labels;
+  std::map<std::string, std::string> annotations;
+};
+
+/// A searched value: integers, floating point numbers or enum strings.
+using ParamValue = std::variant<int64_t, double, std::string>;
+
+/// One axis of spec.search.grid: a spec.model or spec.training field and its values.
+struct GridAxis {
+  std::string field;  ///< manifest name, e.g. "learningRate"
+  std::vector<ParamValue> values;
+};
+
+struct MultiModelJobSpec {
+  ModelSpec model;
+  DatasetSpec dataset;
+  std::vector<GridAxis> grid;  ///< in manifest order; the first axis varies slowest
+  TrainingSpec training;
+  ResourcesSpec resources;
+};
+
+struct MultiModelJob {
+  JobMetadata metadata;
+  MultiModelJobSpec spec;
+};
+
+struct Hyperparameter {
+  std::string field;
+  ParamValue value;
+};
+
+/// One point of the grid: a model to train.
+struct Trial {
+  std::string name;  ///< "<job>-<abbreviated hyperparameters>", DNS-1123 safe
+  int index = 0;     ///< position in the grid's expansion order
+  std::vector<Hyperparameter> hyperparameters;  ///< the grid's values for this trial
+  ModelSpec model;
+  TrainingSpec training;
+  DatasetSpec dataset;
+  ResourcesSpec resources;
+};
+
+/// A manifest problem: the field path ("spec.search.grid.batchSize[1]") and the rule broken.
+struct FieldError {
+  std::string path;
+  std::string message;
+  int line = -1;  ///< 1-based line in the manifest, -1 if unknown
+  std::string ToString() const;
+};
+
+/// Parses and validates a manifest. On failure returns INVALID_ARGUMENT listing every problem,
+/// and appends them to `errors` when given. `base_dir` resolves spec.dataset.path.
+StatusOr<MultiModelJob> ParseJobYaml(const std::string& yaml_text, const std::string& base_dir,
+                                     std::vector<FieldError>* errors = nullptr);
+
+/// Reads and parses a manifest file; relative dataset paths resolve against its directory.
+StatusOr<MultiModelJob> LoadJobFile(const std::string& path,
+                                    std::vector<FieldError>* errors = nullptr);
+
+/// Expands the grid into trials (cartesian product, first axis outermost). Every trial is
+/// checked against the cross-field rules (e.g. nHead divides nEmbd).
+StatusOr<std::vector<Trial>> ExpandTrials(const MultiModelJob& job);
+
+/// Learning rate of optimizer step `step` (0-based): linear warm-up over warmupSteps, then
+/// constant or cosine decay to 10% of learningRate at the last step.
+double LearningRateAt(const TrainingSpec& training, int64_t step);
+
+/// "0.001", "8", "adamw".
+std::string FormatParamValue(const ParamValue& value);
+
+/// Manifest names of the fields that spec.search.grid may name.
+std::vector<std::string> SearchableFields();
+
+}  // namespace hydra

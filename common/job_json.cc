@@ -1,0 +1,64 @@
+#include "common/job_json.h"
+
+#include <cstdio>
+
+namespace hydra {
+
+nlohmann::json ParamValueJson(const ParamValue& value) {
+  if (std::holds_alternative<int64_t>(value)) return std::get<int64_t>(value);
+  if (std::holds_alternative<double>(value)) return std::get<double>(value);
+  return std::get<std::string>(value);
+}
+
+nlohmann::ordered_json HyperparametersJson(const Trial& trial) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::object();
+  for (const auto& hp : trial.hyperparameters) out[hp.field] = ParamValueJson(hp.value);
+  return out;
+}
+
+nlohmann::json TrialConfigJson(const Trial& t) {
+  const auto& m = t.model;
+  const auto& tr = t.training;
+  nlohmann::json j;
+  j["model"] = {{"family", m.family},
+                {"nLayer", m.n_layer},
+                {"nEmbd", m.n_embd},
+                {"nHead", m.n_head},
+                {"contextLength", m.context_length},
+                {"vocabSize", m.vocab_size}};
+  j["training"] = {{"optimizer", tr.optimizer},
+                   {"learningRate", tr.learning_rate},
+                   {"batchSize", tr.batch_size},
+                   {"steps", tr.steps},
+                   {"seed", tr.seed},
+                   {"gradientAccumulationSteps", tr.gradient_accumulation_steps},
+                   {"weightDecay", tr.weight_decay},
+                   {"momentum", tr.momentum},
+                   {"beta1", tr.beta1},
+                   {"beta2", tr.beta2},
+                   {"epsilon", tr.epsilon},
+                   {"gradClipNorm", tr.grad_clip_norm},
+                   {"lrSchedule", tr.lr_schedule},
+                   {"warmupSteps", tr.warmup_steps}};
+  j["dataset"] = {{"format", t.dataset.format},
+                  {"path", t.dataset.resolved_path},
+                  {"validationFraction", t.dataset.validation_fraction},
+                  {"evalSequences", t.dataset.eval_sequences}};
+  return j;
+}
+
+std::string TrialFingerprint(const Trial& trial) {
+  // FNV-1a over the canonical (key-sorted) JSON text. evalEverySteps and
+  // checkpointEverySteps are left out on purpose: changing them does not change the result.
+  std::string text = TrialConfigJson(trial).dump();
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : text) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+}  // namespace hydra

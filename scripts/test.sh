@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# README command 2: set up, build, and run the whole test suite:
+#   1. every unit and integration test (ctest) in build/,
+#   2. the torch-free libraries and their tests under ASan + UBSan in build-asan/,
+#   3. every benchmark at smoke size.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+bash scripts/build.sh
+
+echo "== tests"
+(cd build && ctest --output-on-failure --timeout 900 -j1)
+
+echo "== sanitizers (ASan + UBSan, torch-free libraries)"
+HYDRA_BUILD_DIR=build-asan bash scripts/build.sh -DHYDRA_WITH_TORCH=OFF \
+  -DHYDRA_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=Debug
+(cd build-asan && ctest --output-on-failure --timeout 900 -j2)
+
+echo "== benchmarks (smoke size)"
+bash bench/run_all.sh --smoke

@@ -1,0 +1,77 @@
+#pragma once
+
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "agent/executor/executor.h"
+
+namespace hydra::fakes {
+
+/// A torch-free executor whose "model" is one double that decays towards a floor set by the
+/// learning rate; the loss of a step is a pure function of the state, so interrupted and
+/// resumed runs can be compared exactly.
+class FakeExecutor : public executor::TrialExecutorInterface {
+ public:
+  FakeExecutor(const Trial& trial, std::function<void(const std::string&, int64_t)> on_step,
+               int64_t fail_at_step)
+      : trial_(trial), on_step_(std::move(on_step)), fail_at_step_(fail_at_step) {}
+
+  StatusOr<executor::StepMetrics> TrainStep() override {
+    if (step_ == fail_at_step_)
+      return InternalError("injected failure at step " + std::to_string(step_));
+    weight_ = weight_ * (1.0 - trial_.training.learning_rate * 100) + 0.01 * (step_ % 3);
+    ++step_;
+    if (on_step_) on_step_(trial_.name, step_);
+    executor::StepMetrics m;
+    m.loss = 1.0 + weight_;
+    m.tokens = trial_.training.batch_size * trial_.model.context_length;
+    m.seconds = 1e-3;
+    return m;
+  }
+  StatusOr<double> Evaluate() override { return 1.1 + weight_; }
+  int64_t step() const override { return step_; }
+  StatusOr<std::vector<executor::NamedBuffer>> ExportState() override {
+    executor::NamedBuffer b{"w", "float64", {1}, std::vector<char>(sizeof(double))};
+    std::memcpy(b.data.data(), &weight_, sizeof(double));
+    return std::vector<executor::NamedBuffer>{b};
+  }
+  Status ImportState(int64_t step, const std::vector<executor::NamedBuffer>& state) override {
+    if (state.size() != 1 || state[0].name != "w") return InvalidArgumentError("bad state");
+    std::memcpy(&weight_, state[0].data.data(), sizeof(double));
+    step_ = step;
+    return OkStatus();
+  }
+  executor::ExecutorStats stats() const override { return {1, 3, 1000}; }
+
+ private:
+  Trial trial_;
+  std::function<void(const std::string&, int64_t)> on_step_;
+  int64_t fail_at_step_;
+  double weight_ = 4.0;
+  int64_t step_ = 0;
+};
+
+class FakeExecutorFactory : public executor::ExecutorFactoryInterface {
+ public:
+  Status Check(const Trial& trial, const executor::TokenDataset&) override {
+    if (refuse.count(trial.name)) return ResourceExhaustedError("refused " + trial.name);
+    return OkStatus();
+  }
+  StatusOr<std::unique_ptr<executor::TrialExecutorInterface>> Create(
+      const Trial& trial, std::shared_ptr<const executor::TokenDataset>) override {
+    ++created;
+    auto it = fail_at.find(trial.name);
+    return std::unique_ptr<executor::TrialExecutorInterface>(
+        std::make_unique<FakeExecutor>(trial, on_step, it == fail_at.end() ? -1 : it->second));
+  }
+
+  int created = 0;
+  std::map<std::string, int64_t> fail_at;  ///< trial name -> step whose TrainStep fails
+  std::map<std::string, bool> refuse;      ///< trial names Check refuses
+  std::function<void(const std::string&, int64_t)> on_step;  ///< after every step
+};
+
+}  // namespace hydra::fakes

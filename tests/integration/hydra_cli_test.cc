@@ -1,0 +1,163 @@
+// Runs the real `hydra` binary as a user would: validate, run, interrupt with SIGINT, resume.
+#include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+extern char** environ;
+
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+const std::string kHydra = std::string(HYDRA_BINARY_DIR) + "/cli/hydra";
+
+struct Proc {
+  pid_t pid = -1;
+  std::string out_path;
+};
+
+Proc Start(const std::vector<std::string>& args, const std::string& out_path) {
+  std::vector<char*> argv;
+  argv.push_back(const_cast<char*>(kHydra.c_str()));
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  Proc p;
+  p.out_path = out_path;
+  EXPECT_EQ(posix_spawn(&p.pid, kHydra.c_str(), &fa, nullptr, argv.data(), environ), 0);
+  posix_spawn_file_actions_destroy(&fa);
+  return p;
+}
+
+int Wait(const Proc& p) {
+  int status = 0;
+  EXPECT_EQ(waitpid(p.pid, &status, 0), p.pid);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+std::string Slurp(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+class HydraCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("hydra_cli_test_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    fs::copy_file(std::string(HYDRA_SOURCE_DIR) + "/examples/data/corpus.txt", dir_ / "corpus.txt");
+    std::ofstream(dir_ / "job.yaml") << R"(apiVersion: hydra.dev/v1alpha1
+kind: MultiModelJob
+metadata:
+  name: tiny
+spec:
+  model: {family: gpt2, nLayer: 2, nEmbd: 32, nHead: 2, contextLength: 32, vocabSize: 256}
+  dataset: {format: text, path: corpus.txt, validationFraction: 0.05}
+  search:
+    grid:
+      learningRate: [1.0e-3, 3.0e-3]
+  training: {steps: 60, batchSize: 8, seed: 3, evalEverySteps: 20, checkpointEverySteps: 10}
+)";
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  int RunHydra(const std::vector<std::string>& args, std::string* output) {
+    Proc p = Start(args, (dir_ / "stdout.txt").string());
+    int rc = Wait(p);
+    *output = Slurp(p.out_path);
+    return rc;
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(HydraCliTest, HelpOnEveryVerb) {
+  std::string out;
+  EXPECT_EQ(RunHydra({"--help"}, &out), 0);
+  EXPECT_THAT(out, HasSubstr("run"));
+  EXPECT_THAT(out, HasSubstr("validate"));
+  EXPECT_EQ(RunHydra({"run", "--help"}, &out), 0);
+  EXPECT_THAT(out, HasSubstr("--output"));
+  EXPECT_THAT(out, HasSubstr("--restart"));
+  EXPECT_EQ(RunHydra({"validate", "--help"}, &out), 0);
+  EXPECT_NE(RunHydra({"bogus"}, &out), 0);
+}
+
+TEST_F(HydraCliTest, ValidateNamesTheBadField) {
+  std::string out;
+  EXPECT_EQ(RunHydra({"validate", (dir_ / "job.yaml").string()}, &out), 0);
+  EXPECT_THAT(out, HasSubstr("2 trials"));
+  EXPECT_THAT(out, HasSubstr("tiny-lr3e-3"));
+  std::string bad = Slurp((dir_ / "job.yaml").string());
+  bad.replace(bad.find("nHead: 2"), 8, "nHeads: 2");
+  std::ofstream(dir_ / "bad.yaml") << bad;
+  EXPECT_EQ(RunHydra({"validate", (dir_ / "bad.yaml").string()}, &out), 2);
+  EXPECT_THAT(out, HasSubstr("spec.model.nHeads: unknown field"));
+  EXPECT_EQ(RunHydra({"run", (dir_ / "bad.yaml").string()}, &out), 2);
+}
+
+TEST_F(HydraCliTest, MissingDatasetIsAClearError) {
+  fs::remove(dir_ / "corpus.txt");
+  std::string out;
+  EXPECT_EQ(RunHydra({"run", (dir_ / "job.yaml").string(), "-o", (dir_ / "o").string()}, &out), 1);
+  EXPECT_THAT(out, HasSubstr("spec.dataset.path"));
+  EXPECT_THAT(out, HasSubstr("No such file"));
+}
+
+TEST_F(HydraCliTest, InterruptedRunResumesToExactlyTheUninterruptedResults) {
+  const std::string job = (dir_ / "job.yaml").string();
+  std::string out;
+  ASSERT_EQ(RunHydra({"run", job, "-o", (dir_ / "straight").string(), "--threads", "1"}, &out), 0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("rank"));
+  EXPECT_THAT(out, HasSubstr("val loss"));
+  for (const char* f : {"results.json", "results.csv", "loss.png"}) {
+    EXPECT_TRUE(fs::exists(dir_ / "straight" / f)) << f;
+  }
+
+  // Interrupt the second run once the second trial has written a checkpoint.
+  const fs::path out_dir = dir_ / "interrupted";
+  Proc p = Start({"run", job, "-o", out_dir.string(), "--threads", "1"},
+                 (dir_ / "interrupted.txt").string());
+  const fs::path ckpt = out_dir / "trials/tiny-lr3e-3/checkpoints/ckpt-0000000010.hck";
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(5);
+  while (!fs::exists(ckpt) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_TRUE(fs::exists(ckpt));
+  kill(p.pid, SIGINT);
+  EXPECT_EQ(Wait(p), 130) << Slurp(p.out_path);
+  EXPECT_THAT(Slurp(p.out_path), HasSubstr("run the same command again to resume"));
+  EXPECT_FALSE(fs::exists(out_dir / "trials/tiny-lr3e-3/result.json"));
+
+  ASSERT_EQ(RunHydra({"run", job, "-o", out_dir.string(), "--threads", "1"}, &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("resumed from the checkpoint of step"));
+  auto a = nlohmann::json::parse(Slurp((dir_ / "straight/results.json").string()));
+  auto b = nlohmann::json::parse(Slurp((out_dir / "results.json").string()));
+  ASSERT_EQ(a["trials"].size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(a["trials"][i]["name"], b["trials"][i]["name"]);
+    EXPECT_EQ(a["trials"][i]["trainLoss"], b["trials"][i]["trainLoss"]);  // bit-exact curves
+    EXPECT_EQ(a["trials"][i]["finalValLoss"], b["trials"][i]["finalValLoss"]);
+    EXPECT_LT(b["trials"][i]["finalValLoss"].get<double>(), std::log(256.0));
+  }
+}
+
+}  // namespace

@@ -1,0 +1,270 @@
+#include "common/job.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "common/job_json.h"
+
+namespace hydra {
+namespace {
+
+using ::testing::HasSubstr;
+
+const char* kGood = R"(apiVersion: hydra.dev/v1alpha1
+kind: MultiModelJob
+metadata:
+  name: gpt2-sweep
+  labels: {team: research}
+spec:
+  model:
+    family: gpt2
+    nLayer: 4
+    nEmbd: 128
+    nHead: 4
+    contextLength: 128
+    vocabSize: 256
+  dataset:
+    format: text
+    path: data/corpus.txt
+    validationFraction: 0.05
+  search:
+    grid:
+      learningRate: [1.0e-3, 3.0e-4]
+      batchSize: [8, 16]
+  training:
+    optimizer: adamw
+    learningRate: 1.0e-3
+    batchSize: 8
+    steps: 200
+    seed: 1
+    evalEverySteps: 50
+    checkpointEverySteps: 100
+  resources:
+    deviceMemoryBudget: 512Mi
+)";
+
+TEST(JobTest, ParsesTheIssueManifest) {
+  auto job = ParseJobYaml(kGood, "/base");
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->metadata.name, "gpt2-sweep");
+  EXPECT_EQ(job->metadata.labels.at("team"), "research");
+  EXPECT_EQ(job->spec.model.n_layer, 4);
+  EXPECT_EQ(job->spec.model.n_embd, 128);
+  EXPECT_EQ(job->spec.dataset.format, "text");
+  EXPECT_EQ(job->spec.dataset.resolved_path, "/base/data/corpus.txt");
+  EXPECT_DOUBLE_EQ(job->spec.dataset.validation_fraction, 0.05);
+  EXPECT_EQ(job->spec.training.steps, 200);
+  EXPECT_EQ(job->spec.training.checkpoint_every_steps, 100);
+  ASSERT_TRUE(job->spec.resources.device_memory_budget.has_value());
+  EXPECT_EQ(*job->spec.resources.device_memory_budget, 512LL << 20);
+  ASSERT_EQ(job->spec.grid.size(), 2u);
+  EXPECT_EQ(job->spec.grid[0].field, "learningRate");
+  EXPECT_EQ(job->spec.grid[1].values.size(), 2u);
+}
+
+TEST(JobTest, AbsoluteDatasetPathIsKept) {
+  std::string yaml = kGood;
+  yaml.replace(yaml.find("data/corpus.txt"), 15, "/data/x.txt");
+  auto job = ParseJobYaml(yaml, "/base");
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->spec.dataset.resolved_path, "/data/x.txt");
+}
+
+TEST(JobTest, GridExpandsToCartesianProductInOrder) {
+  auto job = ParseJobYaml(kGood, "/base");
+  ASSERT_TRUE(job.ok());
+  auto trials = ExpandTrials(*job);
+  ASSERT_TRUE(trials.ok()) << trials.status();
+  ASSERT_EQ(trials->size(), 4u);
+  EXPECT_EQ((*trials)[0].name, "gpt2-sweep-lr1e-3-bs8");
+  EXPECT_EQ((*trials)[1].name, "gpt2-sweep-lr1e-3-bs16");
+  EXPECT_EQ((*trials)[2].name, "gpt2-sweep-lr3e-4-bs8");
+  EXPECT_EQ((*trials)[3].name, "gpt2-sweep-lr3e-4-bs16");
+  EXPECT_DOUBLE_EQ((*trials)[2].training.learning_rate, 3e-4);
+  EXPECT_EQ((*trials)[3].training.batch_size, 16);
+  // Fields the grid does not name keep the base values.
+  EXPECT_EQ((*trials)[3].training.steps, 200);
+  EXPECT_EQ((*trials)[3].model.n_layer, 4);
+  EXPECT_EQ(HyperparametersJson((*trials)[1]).dump(), R"({"learningRate":0.001,"batchSize":16})");
+  for (int i = 0; i < 4; ++i) EXPECT_EQ((*trials)[i].index, i);
+}
+
+TEST(JobTest, ExpansionIsDeterministicAndFingerprintsDiffer) {
+  auto job = ParseJobYaml(kGood, "/base");
+  ASSERT_TRUE(job.ok());
+  auto a = ExpandTrials(*job), b = ExpandTrials(*job);
+  ASSERT_TRUE(a.ok() && b.ok());
+  for (size_t i = 0; i < a->size(); ++i) {
+    EXPECT_EQ((*a)[i].name, (*b)[i].name);
+    EXPECT_EQ(TrialFingerprint((*a)[i]), TrialFingerprint((*b)[i]));
+    for (size_t j = 0; j < i; ++j) EXPECT_NE(TrialFingerprint((*a)[i]), TrialFingerprint((*a)[j]));
+  }
+}
+
+TEST(JobTest, NoGridGivesOneTrial) {
+  std::string yaml = kGood;
+  auto start = yaml.find("  search:");
+  auto end = yaml.find("  training:");
+  yaml.erase(start, end - start);
+  auto job = ParseJobYaml(yaml, "/base");
+  ASSERT_TRUE(job.ok()) << job.status();
+  auto trials = ExpandTrials(*job);
+  ASSERT_TRUE(trials.ok());
+  ASSERT_EQ(trials->size(), 1u);
+  EXPECT_EQ((*trials)[0].name, "gpt2-sweep-base");
+}
+
+TEST(JobTest, ModelAndEnumFieldsCanBeSearched) {
+  std::string yaml = kGood;
+  yaml.replace(
+      yaml.find("      learningRate: [1.0e-3, 3.0e-4]\n      batchSize: [8, 16]\n"),
+      std::string("      learningRate: [1.0e-3, 3.0e-4]\n      batchSize: [8, 16]\n").size(),
+      "      nLayer: [2, 4, 6]\n      optimizer: [adamw, sgd]\n      weightDecay: [0.1]\n");
+  auto job = ParseJobYaml(yaml, "/base");
+  ASSERT_TRUE(job.ok()) << job.status();
+  auto trials = ExpandTrials(*job);
+  ASSERT_TRUE(trials.ok());
+  ASSERT_EQ(trials->size(), 6u);
+  EXPECT_EQ((*trials)[5].name, "gpt2-sweep-l6-optsgd-wd0p1");
+  EXPECT_EQ((*trials)[5].model.n_layer, 6);
+  EXPECT_EQ((*trials)[5].training.optimizer, "sgd");
+}
+
+struct BadCase {
+  const char* what;
+  std::string from;  // text in kGood to replace (first occurrence)
+  std::string to;
+  std::string path;  // expected field path
+  std::string rule;  // expected words of the message
+};
+
+class BadManifestTest : public ::testing::TestWithParam<BadCase> {};
+
+TEST_P(BadManifestTest, RejectedWithFieldPath) {
+  const BadCase& c = GetParam();
+  std::string yaml = kGood;
+  auto pos = yaml.find(c.from);
+  ASSERT_NE(pos, std::string::npos) << c.from;
+  yaml.replace(pos, c.from.size(), c.to);
+  std::vector<FieldError> errors;
+  auto job = ParseJobYaml(yaml, "/base", &errors);
+  ASSERT_FALSE(job.ok()) << c.what;
+  EXPECT_EQ(job.status().code(), StatusCode::kInvalidArgument);
+  bool found = false;
+  for (const auto& e : errors)
+    found = found || (e.path == c.path && e.message.find(c.rule) != std::string::npos);
+  EXPECT_TRUE(found) << c.what << ": want " << c.path << " / " << c.rule << ", got:\n"
+                     << job.status().message();
+  EXPECT_THAT(job.status().message(), HasSubstr(c.path + ": "));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Table, BadManifestTest,
+    ::testing::Values(
+        BadCase{"negative grid batch", "batchSize: [8, 16]", "batchSize: [8, -16]",
+                "spec.search.grid.batchSize[1]", "must be >= 1"},
+        BadCase{"zero grid batch", "batchSize: [8, 16]", "batchSize: [8, 0]",
+                "spec.search.grid.batchSize[1]", "must be >= 1"},
+        BadCase{"wrong apiVersion", "hydra.dev/v1alpha1", "hydra.dev/v2", "apiVersion",
+                "must be hydra.dev/v1alpha1"},
+        BadCase{"wrong kind", "kind: MultiModelJob", "kind: Job", "kind", "must be MultiModelJob"},
+        BadCase{"unknown model field", "    nHead: 4\n", "    nHead: 4\n    nHeads: 4\n",
+                "spec.model.nHeads", "unknown field"},
+        BadCase{"unknown top-level spec field", "  resources:", "  resource:", "spec.resource",
+                "unknown field"},
+        BadCase{"unknown grid field", "batchSize: [8, 16]", "dropout: [0.1]",
+                "spec.search.grid.dropout", "unknown field"},
+        BadCase{"missing name", "  name: gpt2-sweep\n", "", "metadata.name", "required"},
+        BadCase{"uppercase name", "name: gpt2-sweep", "name: GPT2_Sweep", "metadata.name",
+                "DNS-1123"},
+        BadCase{"bad optimizer", "optimizer: adamw", "optimizer: adam", "spec.training.optimizer",
+                "must be one of: adamw, sgd"},
+        BadCase{"zero learning rate", "    learningRate: 1.0e-3\n", "    learningRate: 0\n",
+                "spec.training.learningRate", "must be > 0"},
+        BadCase{"non-integer steps", "steps: 200", "steps: 2.5", "spec.training.steps",
+                "must be an integer"},
+        BadCase{"string steps", "steps: 200", "steps: many", "spec.training.steps",
+                "must be an integer"},
+        BadCase{"bad dataset format", "format: text", "format: csv", "spec.dataset.format",
+                "must be one of"},
+        BadCase{"missing dataset path", "    path: data/corpus.txt\n", "", "spec.dataset.path",
+                "required"},
+        BadCase{"validation fraction 1", "validationFraction: 0.05", "validationFraction: 1",
+                "spec.dataset.validationFraction", "> 0 and < 1"},
+        BadCase{"bad budget", "512Mi", "512Mb", "spec.resources.deviceMemoryBudget",
+                "byte quantity"},
+        BadCase{"empty grid list", "batchSize: [8, 16]", "batchSize: []",
+                "spec.search.grid.batchSize", "non-empty list"},
+        BadCase{"duplicate grid value", "batchSize: [8, 16]", "batchSize: [8, 8]",
+                "spec.search.grid.batchSize[1]", "duplicate"},
+        BadCase{"grid value of wrong type", "learningRate: [1.0e-3, 3.0e-4]",
+                "learningRate: [1.0e-3, fast]", "spec.search.grid.learningRate[1]",
+                "must be a number"},
+        BadCase{"nHead does not divide nEmbd", "nHead: 4", "nHead: 5", "spec.model.nHead",
+                "must divide nEmbd"},
+        BadCase{"text format needs 256 vocab", "vocabSize: 256", "vocabSize: 100",
+                "spec.model.vocabSize", ">= 256"},
+        BadCase{"accumulation must divide batch", "    seed: 1\n",
+                "    seed: 1\n    gradientAccumulationSteps: 3\n",
+                "spec.training.gradientAccumulationSteps", "must divide batchSize"},
+        BadCase{"model is not a mapping", "  model:\n    family: gpt2\n",
+                "  model: gpt2\n  modelx:\n    family: gpt2\n", "spec.model", "must be a mapping"},
+        BadCase{"missing steps", "    steps: 200\n", "", "spec.training.steps", "required"},
+        BadCase{"malformed YAML", "  search:\n", "  search: [\n", "", "malformed YAML"}),
+    [](const ::testing::TestParamInfo<BadCase>& info) {
+      std::string name = info.param.what;
+      for (char& ch : name) {
+        if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+      }
+      return name;
+    });
+
+TEST(JobTest, ReportsEveryProblemWithLineNumbers) {
+  std::string yaml = kGood;
+  yaml.replace(yaml.find("steps: 200"), 10, "steps: -1");
+  yaml.replace(yaml.find("nLayer: 4"), 9, "nLayer: 0");
+  std::vector<FieldError> errors;
+  auto job = ParseJobYaml(yaml, "/base", &errors);
+  ASSERT_FALSE(job.ok());
+  ASSERT_EQ(errors.size(), 2u) << job.status();
+  EXPECT_EQ(errors[0].path, "spec.model.nLayer");
+  EXPECT_EQ(errors[0].line, 9);
+  EXPECT_EQ(errors[1].path, "spec.training.steps");
+  EXPECT_THAT(job.status().message(), HasSubstr("spec.training.steps: must be >= 1 (line"));
+}
+
+TEST(JobTest, GridRuleViolationNamesTheTrial) {
+  std::string yaml = kGood;
+  yaml.replace(yaml.find("batchSize: [8, 16]"), 18, "nHead: [4, 3]");
+  std::vector<FieldError> errors;
+  auto job = ParseJobYaml(yaml, "/base", &errors);
+  ASSERT_FALSE(job.ok());
+  EXPECT_THAT(job.status().message(), HasSubstr("gpt2-sweep-lr1e-3-h3"));
+  EXPECT_THAT(job.status().message(), HasSubstr("nHead (3) must divide nEmbd (128)"));
+}
+
+TEST(JobTest, LoadJobFileReportsMissingFile) {
+  auto job = LoadJobFile("/nonexistent/job.yaml");
+  ASSERT_FALSE(job.ok());
+  EXPECT_EQ(job.status().code(), StatusCode::kNotFound);
+  EXPECT_THAT(job.status().message(), HasSubstr("/nonexistent/job.yaml"));
+}
+
+TEST(JobTest, LearningRateSchedules) {
+  TrainingSpec t;
+  t.learning_rate = 1.0;
+  t.steps = 11;
+  EXPECT_DOUBLE_EQ(LearningRateAt(t, 0), 1.0);
+  EXPECT_DOUBLE_EQ(LearningRateAt(t, 10), 1.0);
+  t.warmup_steps = 4;
+  EXPECT_DOUBLE_EQ(LearningRateAt(t, 0), 0.25);
+  EXPECT_DOUBLE_EQ(LearningRateAt(t, 3), 1.0);
+  t.lr_schedule = "cosine";
+  t.warmup_steps = 0;
+  EXPECT_DOUBLE_EQ(LearningRateAt(t, 0), 1.0);
+  EXPECT_NEAR(LearningRateAt(t, 5), 0.55, 1e-12);
+  EXPECT_NEAR(LearningRateAt(t, 10), 0.1, 1e-12);
+}
+
+}  // namespace
+}  // namespace hydra

@@ -1,0 +1,88 @@
+#include "agent/executor/gpt2.h"
+
+#include <gtest/gtest.h>
+
+#include "common/cost_model.h"
+
+namespace hydra::executor {
+namespace {
+
+ModelSpec Small() {
+  ModelSpec m;
+  m.n_layer = 2;
+  m.n_embd = 32;
+  m.n_head = 4;
+  m.context_length = 16;
+  m.vocab_size = 256;
+  return m;
+}
+
+TEST(Gpt2Test, LayersAreEmbedBlocksHead) {
+  auto seq = BuildGpt2(Small(), 1);
+  EXPECT_EQ(seq.names, (std::vector<std::string>{"embed", "block0", "block1", "head"}));
+  auto x = torch::randint(0, 256, {3, 16}, torch::kLong);
+  auto logits = seq.Forward(x);
+  EXPECT_EQ(logits.sizes().vec(), (std::vector<int64_t>{3, 16, 256}));
+  // Shorter sequences than the context work too.
+  EXPECT_EQ(seq.Forward(x.narrow(1, 0, 5)).size(1), 5);
+}
+
+TEST(Gpt2Test, ParameterCountMatchesCostModelAndHeadIsTied) {
+  auto seq = BuildGpt2(Small(), 1);
+  int64_t n = 0;
+  for (const auto& [name, p] : seq.NamedParameters()) n += p.numel();
+  int64_t expected = 0;
+  for (const auto& l : ModelLayerCosts(Small(), 1)) expected += l.parameters;
+  EXPECT_EQ(n, expected);
+  // The head has only its LayerNorm; the projection is the embedding's wte.
+  int64_t head = 0;
+  for (const auto& p : seq.layers.back()->parameters()) head += p.numel();
+  EXPECT_EQ(head, 2 * 32);
+}
+
+TEST(Gpt2Test, CausalFutureTokensDoNotChangeEarlierLogits) {
+  auto seq = BuildGpt2(Small(), 7);
+  torch::NoGradGuard g;
+  auto x = torch::randint(0, 256, {2, 16}, torch::kLong);
+  auto base = seq.Forward(x);
+  for (int64_t pos : {0, 5, 15}) {
+    auto y = x.clone();
+    y.index_put_({torch::indexing::Slice(), pos},
+                 (y.index({torch::indexing::Slice(), pos}) + 1) % 256);
+    auto out = seq.Forward(y);
+    // Positions before `pos` are identical; position `pos` itself changes.
+    if (pos > 0) {
+      EXPECT_TRUE(torch::equal(out.narrow(1, 0, pos), base.narrow(1, 0, pos))) << pos;
+    }
+    EXPECT_FALSE(torch::allclose(out.narrow(1, pos, 1), base.narrow(1, pos, 1))) << pos;
+  }
+}
+
+TEST(Gpt2Test, InitIsDeterministicAndFollowsGpt2) {
+  ModelSpec m = Small();
+  m.n_layer = 8;
+  m.n_embd = 256;
+  auto a = BuildGpt2(m, 3), b = BuildGpt2(m, 3), c = BuildGpt2(m, 4);
+  auto pa = a.NamedParameters(), pb = b.NamedParameters(), pc = c.NamedParameters();
+  ASSERT_EQ(pa.size(), pb.size());
+  bool any_diff = false;
+  for (size_t i = 0; i < pa.size(); ++i) {
+    EXPECT_TRUE(torch::equal(pa[i].second, pb[i].second)) << pa[i].first;
+    any_diff = any_diff || !torch::equal(pa[i].second, pc[i].second);
+  }
+  EXPECT_TRUE(any_diff);
+  for (const auto& [name, p] : pa) {
+    if (name == "block0.qkv.weight" || name == "embed.wte") {
+      EXPECT_NEAR(p.std().item<double>(), 0.02, 0.001) << name;
+    }
+    if (name == "block0.fc_proj.weight") {
+      EXPECT_NEAR(p.std().item<double>(), 0.02 / std::sqrt(16.0), 0.0005) << name;
+    }
+    if (name == "block0.qkv.bias") {
+      EXPECT_EQ(p.abs().sum().item<double>(), 0.0);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace hydra::executor

@@ -230,6 +230,7 @@ Status LocalRunner::RunTrial(size_t index, std::shared_ptr<const executor::Token
   tick();
   r->state = "Succeeded";
   r->eta_seconds = 0;
+  r->peak_device_bytes = exec->stats().peak_device_bytes;
   RETURN_IF_ERROR(WriteTrialResultFile(result_path, *r, fingerprint));
   progress_->OnTrialUpdate(index, *r);
   return OkStatus();

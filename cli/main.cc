@@ -9,13 +9,14 @@
 #include <iostream>
 #include <thread>
 
-#include "agent/executor/inmemory_executor.h"
+#include "agent/executor/spilling_executor.h"
 #include "cli/local_runner.h"
 #include "cli/progress.h"
 #include "cli/results.h"
 #include "common/cost_model.h"
 #include "common/job.h"
 #include "common/job_json.h"
+#include "common/partitioner.h"
 #include "common/units.h"
 
 namespace {
@@ -61,8 +62,26 @@ int Validate(const std::string& path) {
   return 0;
 }
 
+int Plan(const std::string& path) {
+  hydra::MultiModelJob job;
+  std::vector<hydra::Trial> trials;
+  if (int rc = LoadOrExplain(path, &job, &trials)) return rc;
+  int rc = 0;
+  for (const auto& t : trials) {
+    auto plan = hydra::PlanShards(t, hydra::PartitionOptionsFor(t));
+    if (!plan.ok()) {
+      std::cout << t.name << ": cannot be planned: " << plan.status().message() << "\n";
+      rc = 1;
+      continue;
+    }
+    std::cout << hydra::FormatPlan(t, *plan) << "\n";
+  }
+  std::cout << "(est. s: forward + backward (+ recompute) seconds per step at 100 GFLOP/s)\n";
+  return rc;
+}
+
 int Run(const std::string& path, std::string output, int threads, bool restart,
-        const std::string& progress_mode) {
+        const std::string& progress_mode, std::string spill_dir) {
   hydra::MultiModelJob job;
   std::vector<hydra::Trial> trials;
   if (int rc = LoadOrExplain(path, &job, &trials)) return rc;
@@ -81,9 +100,11 @@ int Run(const std::string& path, std::string output, int threads, bool restart,
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
 
-  hydra::executor::InMemoryExecutorOptions exec_options;
+  hydra::executor::ExecutorOptions exec_options;
   exec_options.threads = threads;
-  auto factory = hydra::executor::MakeInMemoryExecutorFactory(exec_options);
+  exec_options.spill_dir =
+      spill_dir.empty() ? (std::filesystem::path(output) / "spill").string() : spill_dir;
+  auto factory = hydra::executor::MakeExecutorFactory(exec_options);
   hydra::cli::RunOptions options;
   options.output_dir = output;
   options.restart = restart;
@@ -128,7 +149,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("hydra ") + HYDRA_VERSION);
 
-  std::string manifest, output, progress = "auto";
+  std::string manifest, output, progress = "auto", spill_dir;
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   bool restart = false;
   auto* run = app.add_subcommand("run", "Train every trial of a manifest and rank them");
@@ -148,6 +169,17 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "tty", "log", "quiet"}))
       ->capture_default_str();
 
+  run->add_option("--spill-dir", spill_dir,
+                  "Directory for shards spilled to disk (spec.resources.offload: disk); "
+                  "default: <output>/spill");
+
+  std::string plan_manifest;
+  auto* plan = app.add_subcommand(
+      "plan", "Print each trial's shard plan: layer ranges, bytes per shard, policies, times");
+  plan->add_option("manifest", plan_manifest, "MultiModelJob YAML file")
+      ->required()
+      ->check(CLI::ExistingFile);
+
   std::string validate_manifest;
   auto* validate = app.add_subcommand("validate", "Check a manifest and list its trials");
   validate->add_option("manifest", validate_manifest, "MultiModelJob YAML file")
@@ -155,7 +187,8 @@ int main(int argc, char** argv) {
       ->check(CLI::ExistingFile);
 
   CLI11_PARSE(app, argc, argv);
-  if (run->parsed()) return Run(manifest, output, threads, restart, progress);
+  if (run->parsed()) return Run(manifest, output, threads, restart, progress, spill_dir);
+  if (plan->parsed()) return Plan(plan_manifest);
   if (validate->parsed()) return Validate(validate_manifest);
   return 2;
 }

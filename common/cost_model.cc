@@ -10,6 +10,7 @@ std::vector<LayerCost> ModelLayerCosts(const ModelSpec& m, int64_t micro_batch) 
   LayerCost embed;
   embed.name = "embed";
   embed.parameters = V * C + T * C;
+  embed.tied_parameters = V * C;
   embed.activation_bytes = tokens * 8;  // token ids
   embed.output_bytes = tokens * C * f;
   embed.forward_flops = static_cast<double>(tokens) * C;

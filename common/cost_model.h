@@ -12,8 +12,11 @@ namespace hydra {
 /// Used to check budgets, to report the footprint of unsharded trials, and (later) by the
 /// partitioner and the simulator. All byte counts are fp32.
 struct LayerCost {
-  std::string name;              ///< "embed", "block3", "head"
-  int64_t parameters = 0;        ///< parameters owned by this layer (tied ones counted once)
+  std::string name;        ///< "embed", "block3", "head"
+  int64_t parameters = 0;  ///< parameters owned by this layer (tied ones counted once)
+  /// Of `parameters`, those another layer also uses (GPT-2's token embedding, tied to the LM
+  /// head). When the model is sharded they stay resident on the device for the whole step.
+  int64_t tied_parameters = 0;
   int64_t activation_bytes = 0;  ///< bytes autograd keeps for backward, per micro-batch
   int64_t output_bytes = 0;      ///< bytes of the layer's output, per micro-batch
   double forward_flops = 0;      ///< per micro-batch

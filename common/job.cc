@@ -340,7 +340,44 @@ void ParseDataset(Checker& c, const YAML::Node& node, const std::string& base_di
 }
 
 void ParseResources(Checker& c, const YAML::Node& node, ResourcesSpec* res) {
-  if (!c.Map(node, "spec.resources", {"deviceMemoryBudget"})) return;
+  if (!c.Map(node, "spec.resources", {"deviceMemoryBudget", "offload", "shardBoundaries"})) {
+    return;
+  }
+  if (node["offload"]) {
+    const auto& n = node["offload"];
+    if (!n.IsScalar() || (n.Scalar() != "host" && n.Scalar() != "disk")) {
+      c.Error("spec.resources.offload", n, "must be one of: host, disk");
+    } else {
+      res->offload = n.Scalar();
+    }
+  }
+  if (node["shardBoundaries"]) {
+    const auto& n = node["shardBoundaries"];
+    if (!n.IsSequence()) {
+      c.Error("spec.resources.shardBoundaries", n, "must be a list of layer indices");
+    } else {
+      int64_t prev = 0;
+      for (size_t i = 0; i < n.size(); ++i) {
+        const std::string path = "spec.resources.shardBoundaries[" + std::to_string(i) + "]";
+        int64_t v = 0;
+        try {
+          v = n[i].as<int64_t>();
+        } catch (...) {
+          c.Error(path, n[i], "must be an integer");
+          continue;
+        }
+        if (v <= prev) {
+          c.Error(path, n[i],
+                  "must be > " + std::to_string(prev) +
+                      " (boundaries are increasing layer indices, layer 0 starts "
+                      "the first shard)");
+          continue;
+        }
+        prev = v;
+        res->shard_boundaries.push_back(v);
+      }
+    }
+  }
   if (node["deviceMemoryBudget"]) {
     const auto& n = node["deviceMemoryBudget"];
     auto bytes = n.IsScalar() ? ParseByteQuantity(n.Scalar())
@@ -394,8 +431,8 @@ void ParseGrid(Checker& c, const YAML::Node& node, std::vector<GridAxis>* grid) 
 }
 
 /// Cross-field rules of one trial's configuration; `where` prefixes the messages.
-void CheckTrialRules(const TrialConfig& t, const DatasetSpec& ds, const std::string& where,
-                     std::vector<FieldError>* errors) {
+void CheckTrialRules(const TrialConfig& t, const DatasetSpec& ds, const ResourcesSpec& res,
+                     const std::string& where, std::vector<FieldError>* errors) {
   auto err = [&](const std::string& path, const std::string& msg) {
     errors->push_back(FieldError{path, where + msg, -1});
   };
@@ -414,6 +451,12 @@ void CheckTrialRules(const TrialConfig& t, const DatasetSpec& ds, const std::str
   }
   if (ds.format == "tokens-u16" && t.model.vocab_size > 65536) {
     err("spec.model.vocabSize", "must be <= 65536 for the tokens-u16 format");
+  }
+  if (!res.shard_boundaries.empty() && res.shard_boundaries.back() > t.model.n_layer + 1) {
+    err("spec.resources.shardBoundaries",
+        "layer index " + std::to_string(res.shard_boundaries.back()) + " is past the last layer (" +
+            std::to_string(t.model.n_layer + 1) + ": the head) of a model with nLayer " +
+            std::to_string(t.model.n_layer));
   }
   if (t.training.warmup_steps > t.training.steps) {
     err("spec.training.warmupSteps", "must be <= steps (" + std::to_string(t.training.steps) + ")");
@@ -613,7 +656,7 @@ std::vector<Trial> ExpandInto(const MultiModelJob& job, std::vector<FieldError>*
     t.training = config.training;
     t.dataset = job.spec.dataset;
     t.resources = job.spec.resources;
-    CheckTrialRules(config, job.spec.dataset,
+    CheckTrialRules(config, job.spec.dataset, job.spec.resources,
                     job.spec.grid.empty() ? "" : "in trial " + t.name + ": ", errors);
     trials.push_back(std::move(t));
   }

@@ -65,6 +65,7 @@ class Gpt2Head : public SequentialLayer {
   torch::Tensor forward(const torch::Tensor& x) override {
     return torch::matmul(ln_f->forward(x), wte_.t());
   }
+  std::vector<torch::Tensor> borrowed_parameters() const override { return {wte_}; }
   torch::nn::LayerNorm ln_f{nullptr};
 
  private:

@@ -15,6 +15,8 @@ namespace hydra::executor {
 class SequentialLayer : public torch::nn::Module {
  public:
   virtual torch::Tensor forward(const torch::Tensor& input) = 0;
+  /// Parameters this layer uses but another layer registers (tied weights).
+  virtual std::vector<torch::Tensor> borrowed_parameters() const { return {}; }
 };
 
 /// A model as an ordered list of named layers. Parameters shared between layers (GPT-2's tied

@@ -102,22 +102,40 @@ void Optimizer::ZeroGrad() {
   }
 }
 
-double Optimizer::ClipGradNorm(double max_norm) {
+void Optimizer::ReleaseGrads() {
+  for (auto& s : slots_) s.param.mutable_grad() = torch::Tensor();
+}
+
+std::vector<torch::Tensor> Optimizer::GradNorms() const {
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> norms;
-  for (auto& s : slots_) {
+  for (const auto& s : slots_) {
     if (s.param.grad().defined()) norms.push_back(s.param.grad().norm());
   }
-  if (norms.empty()) return 0.0;
-  const double total = torch::stack(norms).norm().item<double>();
-  if (max_norm > 0 && total > max_norm) {
-    const double scale = max_norm / (total + 1e-6);
-    for (auto& s : slots_) {
-      if (s.param.grad().defined()) s.param.mutable_grad().mul_(scale);
-    }
+  return norms;
+}
+
+void Optimizer::ScaleGrads(double scale) {
+  torch::NoGradGuard no_grad;
+  for (auto& s : slots_) {
+    if (s.param.grad().defined()) s.param.mutable_grad().mul_(scale);
   }
+}
+
+double Optimizer::ClipGradNorm(double max_norm) {
+  auto norms = GradNorms();
+  if (norms.empty()) return 0.0;
+  const double total = GlobalNorm(norms);
+  if (max_norm > 0 && total > max_norm) ScaleGrads(ClipScale(max_norm, total));
   return total;
 }
+
+double GlobalNorm(const std::vector<torch::Tensor>& per_parameter_norms) {
+  torch::NoGradGuard no_grad;
+  return torch::stack(per_parameter_norms).norm().item<double>();
+}
+
+double ClipScale(double max_norm, double total_norm) { return max_norm / (total_norm + 1e-6); }
 
 std::vector<std::pair<std::string, torch::Tensor>> Optimizer::NamedState() const {
   std::vector<std::pair<std::string, torch::Tensor>> out;

@@ -27,6 +27,15 @@ class Optimizer {
   /// Sets every gradient to zero (keeping its storage).
   void ZeroGrad();
 
+  /// Frees every gradient (the next backward allocates fresh ones).
+  void ReleaseGrads();
+
+  /// L2 norm of each parameter's gradient, in parameter order (undefined gradients skipped).
+  std::vector<torch::Tensor> GradNorms() const;
+
+  /// Multiplies every gradient by `scale`.
+  void ScaleGrads(double scale);
+
   /// Global L2 norm of all gradients; if `max_norm` > 0 and the norm exceeds it, scales the
   /// gradients by max_norm / (norm + 1e-6) as torch.nn.utils.clip_grad_norm_. Returns the norm
   /// before clipping.
@@ -50,5 +59,12 @@ class Optimizer {
   bool adamw_;
   std::vector<Slot> slots_;
 };
+
+/// The global L2 norm from per-parameter norms, computed as torch.nn.utils.clip_grad_norm_ does
+/// (so sharded and unsharded training clip identically).
+double GlobalNorm(const std::vector<torch::Tensor>& per_parameter_norms);
+
+/// The factor clip_grad_norm_ scales gradients by when `total_norm` exceeds `max_norm`.
+double ClipScale(double max_norm, double total_norm);
 
 }  // namespace hydra::executor

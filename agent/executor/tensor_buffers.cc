@@ -39,7 +39,8 @@ NamedBuffer TensorToBuffer(const std::string& name, const torch::Tensor& tensor)
 }
 
 Status CopyBuffersInto(const std::vector<NamedBuffer>& buffers,
-                       const std::vector<std::pair<std::string, torch::Tensor>>& targets) {
+                       const std::vector<std::pair<std::string, torch::Tensor>>& targets,
+                       bool allow_extra) {
   std::map<std::string, const NamedBuffer*> by_name;
   for (const auto& b : buffers) by_name[b.name] = &b;
   if (by_name.size() != buffers.size()) return InvalidArgumentError("state has duplicate names");
@@ -59,7 +60,7 @@ Status CopyBuffersInto(const std::vector<NamedBuffer>& buffers,
                                   std::to_string(t.numel() * t.element_size()));
     }
   }
-  if (targets.size() != buffers.size()) {
+  if (!allow_extra && targets.size() != buffers.size()) {
     for (const auto& b : buffers) {
       bool known = false;
       for (const auto& [name, t] : targets) known = known || name == b.name;

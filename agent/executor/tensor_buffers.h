@@ -16,9 +16,10 @@ namespace hydra::executor {
 NamedBuffer TensorToBuffer(const std::string& name, const torch::Tensor& tensor);
 
 /// Copies each target's buffer (matched by name) into the target tensor in place. Fails with
-/// INVALID_ARGUMENT naming the first missing buffer, unknown buffer, or shape/dtype mismatch;
-/// on failure no target has been modified.
+/// INVALID_ARGUMENT naming the first missing buffer, unknown buffer (unless `allow_extra`), or
+/// shape/dtype mismatch; on failure no target has been modified.
 Status CopyBuffersInto(const std::vector<NamedBuffer>& buffers,
-                       const std::vector<std::pair<std::string, torch::Tensor>>& targets);
+                       const std::vector<std::pair<std::string, torch::Tensor>>& targets,
+                       bool allow_extra = false);
 
 }  // namespace hydra::executor

@@ -1,0 +1,639 @@
+#include "agent/executor/spilling_executor.h"
+
+#include <malloc.h>
+
+#include <chrono>
+#include <filesystem>
+#include <map>
+
+#include "agent/executor/cpu_threads.h"
+#include "agent/executor/disk_tier.h"
+#include "agent/executor/gpt2.h"
+#include "agent/executor/inmemory_executor.h"
+#include "agent/executor/optimizer.h"
+#include "agent/executor/tensor_buffers.h"
+#include "agent/executor/tier_ledger.h"
+#include "common/partitioner.h"
+#include "common/units.h"
+
+namespace hydra::executor {
+namespace {
+
+using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
+
+int64_t Bytes(const NamedTensors& ts) {
+  int64_t b = 0;
+  for (const auto& [n, t] : ts) b += t.numel() * t.element_size();
+  return b;
+}
+
+/// One shard's parameters and optimizer state, and where they are.
+struct Shard {
+  ShardPlan plan;
+  NamedTensors params;  // movable parameters of the shard's layers (tied ones excluded)
+  std::unique_ptr<Optimizer> opt;
+  NamedTensors opt_state;
+  std::vector<std::vector<int64_t>> param_shapes, opt_shapes;
+  int64_t weight_bytes = 0, opt_bytes = 0, grad_bytes = 0;
+  // Disk tier: whether the tensors hold their data in RAM, and I/O in flight.
+  bool weights_in_ram = true, opt_in_ram = true;
+  std::future<Status> weight_read, opt_read, write;
+  bool weight_reading = false, opt_reading = false, writing = false;
+  // Device-tier accounting.
+  bool weights_on_device = false, opt_on_device = false;
+};
+
+class SpillingExecutor : public TrialExecutorInterface {
+ public:
+  SpillingExecutor(const Trial& trial, std::shared_ptr<const TokenDataset> data, PartitionPlan plan,
+                   const ExecutorOptions& options)
+      : trial_(trial),
+        data_(std::move(data)),
+        plan_(std::move(plan)),
+        ledger_(trial.resources.device_memory_budget.value_or(0)),
+        disk_(plan_.state_tier == StateTier::kDisk
+                  ? std::make_unique<DiskTier>(
+                        (std::filesystem::path(options.spill_dir) / trial.name).string())
+                  : nullptr),
+        model_(BuildGpt2(trial.model, static_cast<uint64_t>(trial.training.seed))) {}
+
+  ~SpillingExecutor() override {
+    for (auto& s : shards_) {
+      if (s.writing) s.write.wait();
+      if (s.weight_reading) s.weight_read.wait();
+      if (s.opt_reading) s.opt_read.wait();
+    }
+  }
+
+  Status Init() {
+    // Tied parameters (used by two layers) stay on the device all step; every other parameter
+    // belongs to the shard of the layer that registers it.
+    std::map<const void*, bool> borrowed;
+    for (const auto& layer : model_.layers) {
+      for (const auto& t : layer->borrowed_parameters()) borrowed[t.unsafeGetTensorImpl()] = true;
+    }
+    for (const auto& [name, p] : model_.NamedParameters())
+      global_order_[name] = global_order_.size();
+    NamedTensors pinned;
+    for (size_t k = 0; k < plan_.shards.size(); ++k) {
+      Shard s;
+      s.plan = plan_.shards[k];
+      for (int i = s.plan.first_layer; i <= s.plan.last_layer; ++i) {
+        for (const auto& p : model_.layers[i]->named_parameters(true)) {
+          auto entry = std::make_pair(model_.names[i] + "." + p.key(), p.value());
+          (borrowed.count(p.value().unsafeGetTensorImpl()) ? pinned : s.params).push_back(entry);
+        }
+      }
+      s.opt = std::make_unique<Optimizer>(s.params, trial_.training);
+      s.opt_state = s.opt->NamedState();
+      for (const auto& [n, t] : s.params) s.param_shapes.push_back(t.sizes().vec());
+      for (const auto& [n, t] : s.opt_state) s.opt_shapes.push_back(t.sizes().vec());
+      s.weight_bytes = Bytes(s.params);
+      s.opt_bytes = Bytes(s.opt_state);
+      s.grad_bytes = s.weight_bytes;
+      shards_.push_back(std::move(s));
+    }
+    pinned_ = pinned;
+    pinned_opt_ = std::make_unique<Optimizer>(pinned_, trial_.training);
+    const int64_t pinned_bytes = Bytes(pinned_) * 2 + Bytes(pinned_opt_->NamedState());
+    RETURN_IF_ERROR(ledger_.Acquire(Tier::kDevice, pinned_bytes, "tied parameters"));
+    for (auto& s : shards_) {
+      if (disk_) continue;
+      RETURN_IF_ERROR(ledger_.Acquire(Tier::kHost, s.weight_bytes + s.opt_bytes, "shard state"));
+    }
+    if (disk_) {
+      RETURN_IF_ERROR(disk_->Init());
+      for (size_t k = 0; k < shards_.size(); ++k) {
+        RETURN_IF_ERROR(WriteBack(k, /*wait=*/true));
+      }
+    }
+    return OkStatus();
+  }
+
+  StatusOr<StepMetrics> TrainStep() override {
+    const auto start = std::chrono::steady_clock::now();
+    StepMetrics m;
+    try {
+      auto s = Step(&m);
+      if (!s.ok()) return s.WithContext(trial_.name + " step " + std::to_string(step_));
+    } catch (const c10::Error& e) {
+      return InternalError("training step " + std::to_string(step_) + " of " + trial_.name + ": " +
+                           e.what_without_backtrace());
+    }
+    ++step_;
+    m.tokens = trial_.training.batch_size * trial_.model.context_length;
+    m.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return m;
+  }
+
+  StatusOr<double> Evaluate() override {
+    const int64_t T = trial_.model.context_length;
+    const int64_t micro = trial_.training.batch_size / trial_.training.gradient_accumulation_steps;
+    auto offsets = ValidationWindowOffsets(*data_, trial_.dataset.eval_sequences, T + 1);
+    try {
+      torch::NoGradGuard no_grad;
+      std::vector<torch::Tensor> acts, targets;
+      for (size_t b = 0; b < offsets.size(); b += micro) {
+        const size_t e = std::min(offsets.size(), b + static_cast<size_t>(micro));
+        auto w = Windows({offsets.begin() + b, offsets.begin() + e}, T + 1);
+        acts.push_back(w.narrow(1, 0, T));
+        targets.push_back(w.narrow(1, 1, T));
+      }
+      RETURN_IF_ERROR(Fetch(0, false));
+      for (size_t k = 0; k < shards_.size(); ++k) {
+        RETURN_IF_ERROR(Wait(k));
+        if (k + 1 < shards_.size()) RETURN_IF_ERROR(Fetch(k + 1, false));
+        for (auto& a : acts) a = ForwardShard(k, a);
+        RETURN_IF_ERROR(Evict(k, false));
+      }
+      double total = 0;
+      for (size_t i = 0; i < acts.size(); ++i) {
+        total += Loss(acts[i], targets[i]).item<double>() * static_cast<double>(acts[i].size(0));
+      }
+      return total / static_cast<double>(offsets.size());
+    } catch (const c10::Error& e) {
+      return InternalError("evaluating " + trial_.name + ": " + e.what_without_backtrace());
+    }
+  }
+
+  int64_t step() const override { return step_; }
+
+  StatusOr<std::vector<NamedBuffer>> ExportState() override {
+    std::vector<NamedBuffer> out;
+    try {
+      for (const auto& [n, t] : pinned_) out.push_back(TensorToBuffer(n, t));
+      for (const auto& [n, t] : pinned_opt_->NamedState()) out.push_back(TensorToBuffer(n, t));
+      for (size_t k = 0; k < shards_.size(); ++k) {
+        RETURN_IF_ERROR(Fetch(k, true, /*account=*/false));
+        RETURN_IF_ERROR(Wait(k));
+        for (const auto& [n, t] : shards_[k].params) out.push_back(TensorToBuffer(n, t));
+        for (const auto& [n, t] : shards_[k].opt_state) out.push_back(TensorToBuffer(n, t));
+        RETURN_IF_ERROR(Evict(k, false));
+      }
+    } catch (const c10::Error& e) {
+      return InternalError("exporting " + trial_.name + ": " + e.what_without_backtrace());
+    }
+    return out;
+  }
+
+  Status ImportState(int64_t step, const std::vector<NamedBuffer>& state) override {
+    size_t expected = pinned_.size() + pinned_opt_->NamedState().size();
+    for (const auto& s : shards_) expected += s.params.size() + s.opt_state.size();
+    if (expected != state.size()) {
+      return InvalidArgumentError("state has " + std::to_string(state.size()) +
+                                  " tensors, expected " + std::to_string(expected));
+    }
+    // Validate everything before changing anything: shapes are known without loading.
+    std::map<std::string, const NamedBuffer*> by_name;
+    for (const auto& b : state) by_name[b.name] = &b;
+    for (const auto& s : shards_) {
+      for (int part = 0; part < 2; ++part) {
+        const NamedTensors& ts = part == 0 ? s.params : s.opt_state;
+        const auto& shapes = part == 0 ? s.param_shapes : s.opt_shapes;
+        for (size_t i = 0; i < ts.size(); ++i) {
+          auto it = by_name.find(ts[i].first);
+          if (it == by_name.end())
+            return InvalidArgumentError("state lacks tensor '" + ts[i].first + "'");
+          int64_t numel = 1;
+          for (int64_t d : shapes[i]) numel *= d;
+          if (it->second->dtype != "float32" || it->second->shape != shapes[i] ||
+              it->second->data.size() != static_cast<size_t>(numel) * 4) {
+            return InvalidArgumentError("state tensor '" + ts[i].first +
+                                        "' does not match the model's shape or dtype");
+          }
+        }
+      }
+    }
+    NamedTensors pinned_all = pinned_;
+    for (const auto& e : pinned_opt_->NamedState()) pinned_all.push_back(e);
+    RETURN_IF_ERROR(CopyBuffersInto(state, pinned_all, /*allow_extra=*/true));
+    for (size_t k = 0; k < shards_.size(); ++k) {
+      RETURN_IF_ERROR(Fetch(k, true, /*account=*/false));
+      RETURN_IF_ERROR(Wait(k));
+      NamedTensors all = shards_[k].params;
+      for (const auto& e : shards_[k].opt_state) all.push_back(e);
+      RETURN_IF_ERROR(CopyBuffersInto(state, all, /*allow_extra=*/true));
+      RETURN_IF_ERROR(Evict(k, /*dirty=*/true));
+    }
+    RETURN_IF_ERROR(FinishWrites());
+    step_ = step;
+    return OkStatus();
+  }
+
+  ExecutorStats stats() const override {
+    ExecutorStats st;
+    st.shards = static_cast<int64_t>(shards_.size());
+    for (const auto& [n, p] : model_.NamedParameters()) st.parameters += p.numel();
+    st.peak_device_bytes = ledger_.peak(Tier::kDevice);
+    return st;
+  }
+
+ private:
+  // ---- residency ----------------------------------------------------------------------------
+
+  /// Makes shard k's weights (and optimizer state) available: device accounting at once, disk
+  /// reads started on I/O threads. Wait(k) completes them.
+  Status Fetch(size_t k, bool with_opt, bool account = true) {
+    Shard& s = shards_[k];
+    if (account && !s.weights_on_device) {
+      RETURN_IF_ERROR(
+          ledger_.Acquire(Tier::kDevice, s.weight_bytes, "weights of shard " + std::to_string(k)));
+      s.weights_on_device = true;
+    }
+    if (account && with_opt && !s.opt_on_device) {
+      RETURN_IF_ERROR(ledger_.Acquire(Tier::kDevice, s.opt_bytes,
+                                      "optimizer state of shard " + std::to_string(k)));
+      s.opt_on_device = true;
+    }
+    if (!disk_) return OkStatus();
+    if (!s.weights_in_ram && !s.weight_reading) {
+      s.weight_read = disk_->Read(Key(k, "w"), Materialize(s.params, s.param_shapes));
+      s.weight_reading = true;
+      s.weights_in_ram = true;
+    }
+    if (with_opt && !s.opt_in_ram && !s.opt_reading) {
+      s.opt_read = disk_->Read(Key(k, "o"), Materialize(s.opt_state, s.opt_shapes));
+      s.opt_reading = true;
+      s.opt_in_ram = true;
+    }
+    return OkStatus();
+  }
+
+  Status Wait(size_t k) {
+    Shard& s = shards_[k];
+    if (s.weight_reading) {
+      s.weight_reading = false;
+      RETURN_IF_ERROR(s.weight_read.get());
+    }
+    if (s.opt_reading) {
+      s.opt_reading = false;
+      RETURN_IF_ERROR(s.opt_read.get());
+    }
+    return OkStatus();
+  }
+
+  /// Shard k leaves the device. Dirty state (after an optimizer step) is written back on an I/O
+  /// thread and freed by FinishWrite; clean state is dropped at once (its file is current).
+  Status Evict(size_t k, bool dirty) {
+    Shard& s = shards_[k];
+    RETURN_IF_ERROR(Wait(k));
+    if (disk_) {
+      if (dirty) {
+        RETURN_IF_ERROR(WriteBack(k, /*wait=*/false));
+      } else if (!s.writing) {
+        Drop(k);
+      }
+    } else {
+      ReleaseDevice(k);
+    }
+    return OkStatus();
+  }
+
+  void ReleaseDevice(size_t k) {
+    Shard& s = shards_[k];
+    if (s.weights_on_device) ledger_.Release(Tier::kDevice, s.weight_bytes);
+    if (s.opt_on_device) ledger_.Release(Tier::kDevice, s.opt_bytes);
+    s.weights_on_device = s.opt_on_device = false;
+  }
+
+  Status WriteBack(size_t k, bool wait) {
+    Shard& s = shards_[k];
+    if (s.writing) RETURN_IF_ERROR(FinishWrite(k));
+    auto w = disk_->Write(Key(k, "w"), Spans(s.params));
+    auto o = disk_->Write(Key(k, "o"), Spans(s.opt_state));
+    // One future for both files.
+    s.write = std::async(std::launch::deferred, [w = std::move(w), o = std::move(o)]() mutable {
+      Status a = w.get(), b = o.get();
+      return a.ok() ? b : a;
+    });
+    s.writing = true;
+    if (wait) return FinishWrite(k);
+    return OkStatus();
+  }
+
+  Status FinishWrite(size_t k) {
+    Shard& s = shards_[k];
+    if (!s.writing) return OkStatus();
+    s.writing = false;
+    Status st = s.write.get();
+    Drop(k);
+    return st;
+  }
+
+  Status FinishWrites() {
+    Status first;
+    for (size_t k = 0; k < shards_.size(); ++k) {
+      Status s = FinishWrite(k);
+      if (first.ok()) first = s;
+    }
+    return first;
+  }
+
+  /// Frees shard k's tensors (disk tier): the RAM really goes back to the system.
+  void Drop(size_t k) {
+    Shard& s = shards_[k];
+    torch::NoGradGuard g;
+    for (auto& [n, t] : s.params) t.set_data(torch::empty({0}, t.options()));
+    for (auto& [n, t] : s.opt_state) t.set_data(torch::empty({0}, t.options()));
+    s.weights_in_ram = s.opt_in_ram = false;
+    ReleaseDevice(k);
+    malloc_trim(0);
+  }
+
+  std::vector<MutableBytes> Materialize(NamedTensors& ts,
+                                        const std::vector<std::vector<int64_t>>& shapes) {
+    std::vector<MutableBytes> parts;
+    torch::NoGradGuard g;
+    for (size_t i = 0; i < ts.size(); ++i) {
+      auto& t = ts[i].second;
+      t.set_data(torch::empty(shapes[i], t.options()));
+      parts.push_back({t.data_ptr(), static_cast<size_t>(t.numel() * t.element_size())});
+    }
+    return parts;
+  }
+
+  static std::vector<ConstBytes> Spans(const NamedTensors& ts) {
+    std::vector<ConstBytes> parts;
+    for (const auto& [n, t] : ts) {
+      parts.push_back({t.data_ptr(), static_cast<size_t>(t.numel() * t.element_size())});
+    }
+    return parts;
+  }
+
+  static std::string Key(size_t k, const char* part) {
+    return "shard" + std::to_string(k) + "." + part;
+  }
+
+  // ---- compute -----------------------------------------------------------------------------
+
+  torch::Tensor ForwardShard(size_t k, torch::Tensor x) {
+    for (int i = shards_[k].plan.first_layer; i <= shards_[k].plan.last_layer; ++i) {
+      x = model_.layers[i]->forward(x);
+    }
+    return x;
+  }
+
+  torch::Tensor Loss(const torch::Tensor& logits, const torch::Tensor& targets) {
+    return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}),
+                                                targets.reshape({-1}));
+  }
+
+  torch::Tensor Windows(const std::vector<int64_t>& offsets, int64_t window) const {
+    auto t = torch::empty({static_cast<int64_t>(offsets.size()), window}, torch::kLong);
+    int64_t* p = t.data_ptr<int64_t>();
+    for (size_t i = 0; i < offsets.size(); ++i) data_->Read(offsets[i], window, p + i * window);
+    return t;
+  }
+
+  /// Runs shard k's optimizer step right after its backward (unless clipping must first see
+  /// every shard's gradient norm), then frees its gradients.
+  Status AfterBackward(size_t k, bool clipping) {
+    Shard& s = shards_[k];
+    if (clipping) {
+      // The step waits for every shard's gradient norm: the gradients leave the device for the
+      // host tier, or for the disk with the rest of the shard's state.
+      NamedTensors grads;
+      for (auto& [n, t] : s.params) {
+        norms_[global_order_.at(n)] = t.grad().norm();
+        grads.emplace_back(n, t.grad());
+      }
+      ledger_.Release(Tier::kDevice, s.grad_bytes);
+      if (disk_) {
+        RETURN_IF_ERROR(disk_->WriteSync(Key(k, "g"), Spans(grads)));
+        s.opt->ReleaseGrads();
+      } else {
+        RETURN_IF_ERROR(ledger_.Acquire(Tier::kHost, s.grad_bytes, "gradients"));
+      }
+      return OkStatus();
+    }
+    s.opt->Step(LearningRateAt(trial_.training, step_), step_ + 1);
+    s.opt->ReleaseGrads();
+    ledger_.Release(Tier::kDevice, s.grad_bytes);
+    return OkStatus();
+  }
+
+  Status Step(StepMetrics* m) {
+    const auto& tr = trial_.training;
+    const int64_t T = trial_.model.context_length;
+    const int64_t A = tr.gradient_accumulation_steps;
+    const int64_t micro = tr.batch_size / A;
+    const size_t S = shards_.size();
+    const bool clipping = tr.grad_clip_norm > 0;
+    norms_.clear();
+    auto tokens = Windows(TrainWindowOffsets(*data_, tr.seed, step_, tr.batch_size, T + 1), T + 1);
+    // inputs[k][a]: the boundary activation entering shard k for micro-batch a.
+    std::vector<std::vector<torch::Tensor>> inputs(S, std::vector<torch::Tensor>(A));
+    std::vector<std::vector<torch::Tensor>> outputs(
+        S, std::vector<torch::Tensor>(A));  // stashed graphs
+    std::vector<torch::Tensor> grad_out(A), targets(A);
+    for (int64_t a = 0; a < A; ++a) {
+      auto w = tokens.narrow(0, a * micro, micro);
+      inputs[0][a] = w.narrow(1, 0, T);
+      targets[a] = w.narrow(1, 1, T);
+    }
+    auto leaf = [](const torch::Tensor& t, size_t k) {
+      return k == 0 ? t : t.detach().requires_grad_(true);
+    };
+
+    // Forward, shard by shard, over all micro-batches (weights move once per step).
+    RETURN_IF_ERROR(Fetch(0, S == 1));
+    int64_t stashed = 0;
+    for (size_t k = 0; k + 1 < S; ++k) {
+      RETURN_IF_ERROR(Wait(k));
+      RETURN_IF_ERROR(Fetch(k + 1, k + 2 == S));
+      RETURN_IF_ERROR(ledger_.Acquire(Tier::kDevice, shards_[k].plan.workspace_bytes,
+                                      "activations of shard " + std::to_string(k)));
+      const bool stash = shards_[k].plan.policy == ActivationPolicy::kStash;
+      for (int64_t a = 0; a < A; ++a) {
+        if (stash) {
+          inputs[k][a] = leaf(inputs[k][a], k);
+          outputs[k][a] = ForwardShard(k, inputs[k][a]);
+          inputs[k + 1][a] = outputs[k][a].detach();
+        } else {
+          torch::NoGradGuard g;
+          inputs[k + 1][a] = ForwardShard(k, inputs[k][a]);
+        }
+      }
+      ledger_.Release(Tier::kDevice, shards_[k].plan.workspace_bytes);
+      if (stash) {
+        stashed += shards_[k].plan.activation_bytes * A;
+        RETURN_IF_ERROR(
+            ledger_.Acquire(Tier::kHost, shards_[k].plan.activation_bytes * A, "stash"));
+      }
+      RETURN_IF_ERROR(Evict(k, /*dirty=*/false));
+    }
+
+    // The last shard runs forward and backward back to back, micro-batch by micro-batch.
+    const size_t L = S - 1;
+    RETURN_IF_ERROR(Wait(L));
+    if (L > 0) RETURN_IF_ERROR(Fetch(L - 1, true));
+    RETURN_IF_ERROR(ledger_.Acquire(Tier::kDevice,
+                                    shards_[L].plan.workspace_bytes + shards_[L].grad_bytes,
+                                    "activations and gradients of shard " + std::to_string(L)));
+    double loss_sum = 0;
+    for (int64_t a = 0; a < A; ++a) {
+      auto in = leaf(inputs[L][a], L);
+      auto loss = Loss(ForwardShard(L, in), targets[a]);
+      (A == 1 ? loss : loss / A).backward();
+      loss_sum += loss.item<double>();
+      if (L > 0) grad_out[a] = in.grad();
+    }
+    ledger_.Release(Tier::kDevice, shards_[L].plan.workspace_bytes);
+    RETURN_IF_ERROR(AfterBackward(L, clipping));
+    RETURN_IF_ERROR(Evict(L, !clipping));
+
+    // Backward, shard by shard, each stepping its optimizer as soon as its gradients are done.
+    for (size_t k = L; k-- > 0;) {
+      RETURN_IF_ERROR(Wait(k));
+      if (k > 0) RETURN_IF_ERROR(Fetch(k - 1, true));
+      RETURN_IF_ERROR(ledger_.Acquire(Tier::kDevice,
+                                      shards_[k].plan.workspace_bytes + shards_[k].grad_bytes,
+                                      "activations and gradients of shard " + std::to_string(k)));
+      const bool stash = shards_[k].plan.policy == ActivationPolicy::kStash;
+      for (int64_t a = 0; a < A; ++a) {
+        torch::Tensor in, out;
+        if (stash) {
+          in = inputs[k][a];
+          out = outputs[k][a];
+        } else {
+          in = leaf(inputs[k][a], k);
+          out = ForwardShard(k, in);  // recompute from the saved input
+        }
+        torch::autograd::backward({out}, {grad_out[a]});
+        outputs[k][a] = torch::Tensor();
+        grad_out[a] = k > 0 ? in.grad() : torch::Tensor();
+      }
+      ledger_.Release(Tier::kDevice, shards_[k].plan.workspace_bytes);
+      if (stash) ledger_.Release(Tier::kHost, shards_[k].plan.activation_bytes * A);
+      RETURN_IF_ERROR(AfterBackward(k, clipping));
+      if (k + 1 < S) RETURN_IF_ERROR(FinishWrite(k + 1));
+      RETURN_IF_ERROR(Evict(k, !clipping));
+    }
+    (void)stashed;
+
+    const double lr = LearningRateAt(tr, step_);
+    if (clipping) {
+      // Every shard's gradient norm is known: clip globally, then step each shard.
+      for (const auto& [n, t] : pinned_) {
+        if (t.grad().defined()) norms_[global_order_.at(n)] = t.grad().norm();
+      }
+      std::vector<torch::Tensor> ordered;
+      for (const auto& [i, t] : norms_) ordered.push_back(t);
+      m->grad_norm = GlobalNorm(ordered);
+      const double scale =
+          m->grad_norm > tr.grad_clip_norm ? ClipScale(tr.grad_clip_norm, m->grad_norm) : 1.0;
+      RETURN_IF_ERROR(FinishWrites());
+      for (size_t k = 0; k < S; ++k) {
+        RETURN_IF_ERROR(Fetch(k, true));
+        RETURN_IF_ERROR(Wait(k));
+        RETURN_IF_ERROR(ledger_.Acquire(Tier::kDevice, shards_[k].grad_bytes,
+                                        "gradients of shard " + std::to_string(k)));
+        if (disk_) {
+          std::vector<MutableBytes> parts;
+          for (size_t i = 0; i < shards_[k].params.size(); ++i) {
+            auto& p = shards_[k].params[i].second;
+            p.mutable_grad() = torch::empty(shards_[k].param_shapes[i], p.options());
+            parts.push_back(
+                {p.mutable_grad().data_ptr(), static_cast<size_t>(p.numel() * p.element_size())});
+          }
+          RETURN_IF_ERROR(disk_->ReadSync(Key(k, "g"), parts));
+          disk_->Remove(Key(k, "g"));
+        } else {
+          ledger_.Release(Tier::kHost, shards_[k].grad_bytes);
+        }
+        if (scale != 1.0) shards_[k].opt->ScaleGrads(scale);
+        shards_[k].opt->Step(lr, step_ + 1);
+        shards_[k].opt->ReleaseGrads();
+        ledger_.Release(Tier::kDevice, shards_[k].grad_bytes);
+        RETURN_IF_ERROR(Evict(k, true));
+        RETURN_IF_ERROR(FinishWrite(k));
+      }
+      if (scale != 1.0) pinned_opt_->ScaleGrads(scale);
+    }
+    pinned_opt_->Step(lr, step_ + 1);
+    pinned_opt_->ZeroGrad();
+    RETURN_IF_ERROR(FinishWrites());
+    m->loss = loss_sum / static_cast<double>(A);
+    m->learning_rate = lr;
+    return OkStatus();
+  }
+
+  Trial trial_;
+  std::shared_ptr<const TokenDataset> data_;
+  PartitionPlan plan_;
+  TierLedger ledger_;
+  std::unique_ptr<DiskTier> disk_;
+  LayerSequence model_;
+  std::vector<Shard> shards_;
+  NamedTensors pinned_;
+  std::unique_ptr<Optimizer> pinned_opt_;
+  std::map<std::string, size_t> global_order_;
+  std::map<size_t, torch::Tensor> norms_;  // global parameter index -> gradient norm
+  int64_t step_ = 0;
+};
+
+class ExecutorFactory : public ExecutorFactoryInterface {
+ public:
+  explicit ExecutorFactory(ExecutorOptions options)
+      : options_(std::move(options)), in_memory_(MakeInMemoryExecutorFactory({})) {
+    if (options_.threads > 0) ConfigureCpuThreads(options_.threads);
+  }
+
+  StatusOr<PartitionPlan> Plan(const Trial& trial) const {
+    PartitionOptions po = PartitionOptionsFor(trial);
+    po.flops_per_second = options_.flops_per_second;
+    po.host_link_bytes_per_second = options_.host_link_bytes_per_second;
+    return PlanShards(trial, po);
+  }
+
+  Status Check(const Trial& trial, const TokenDataset& data) override {
+    if (trial.model.family != "gpt2") {
+      return InvalidArgumentError("spec.model.family: unsupported family '" + trial.model.family +
+                                  "'");
+    }
+    if (data.max_token() >= trial.model.vocab_size) {
+      return InvalidArgumentError("spec.dataset.path: " + data.path() + " holds token id " +
+                                  std::to_string(data.max_token()) +
+                                  ", outside the model's vocabulary (spec.model.vocabSize = " +
+                                  std::to_string(trial.model.vocab_size) + ")");
+    }
+    auto plan = Plan(trial);
+    if (!plan.ok()) return plan.status().WithContext("trial " + trial.name);
+    if (plan->state_tier == StateTier::kDisk && options_.spill_dir.empty()) {
+      return FailedPreconditionError("trial " + trial.name +
+                                     " offloads to disk but no spill directory is configured");
+    }
+    return OkStatus();
+  }
+
+  StatusOr<std::unique_ptr<TrialExecutorInterface>> Create(
+      const Trial& trial, std::shared_ptr<const TokenDataset> data) override {
+    RETURN_IF_ERROR(Check(trial, *data));
+    ASSIGN_OR_RETURN(PartitionPlan plan, Plan(trial));
+    if (plan.shards.size() == 1 && plan.state_tier == StateTier::kHost) {
+      Trial unbounded = trial;  // the plan already checked the budget
+      unbounded.resources.device_memory_budget.reset();
+      return in_memory_->Create(unbounded, std::move(data));
+    }
+    try {
+      auto exec =
+          std::make_unique<SpillingExecutor>(trial, std::move(data), std::move(plan), options_);
+      RETURN_IF_ERROR(exec->Init().WithContext("setting up " + trial.name));
+      return std::unique_ptr<TrialExecutorInterface>(std::move(exec));
+    } catch (const c10::Error& e) {
+      return InternalError("building " + trial.name + ": " + e.what_without_backtrace());
+    }
+  }
+
+ private:
+  ExecutorOptions options_;
+  std::unique_ptr<ExecutorFactoryInterface> in_memory_;
+};
+
+}  // namespace
+
+std::unique_ptr<ExecutorFactoryInterface> MakeExecutorFactory(ExecutorOptions options) {
+  return std::make_unique<ExecutorFactory>(std::move(options));
+}
+
+}  // namespace hydra::executor

@@ -1,0 +1,27 @@
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "agent/executor/executor.h"
+
+namespace hydra::executor {
+
+struct ExecutorOptions {
+  int threads = 0;        ///< CPU threads for training; 0 keeps LibTorch's setting
+  std::string spill_dir;  ///< where the disk tier keeps shard files (a subfolder per trial)
+  /// Device compute rate used to choose between stashing and recomputing activations.
+  double flops_per_second = 1.0e11;
+  /// Device <-> host bandwidth; 0: the device is the CPU, so host and device share RAM.
+  double host_link_bytes_per_second = 0;
+};
+
+/// The executor factory `hydra run` and the agent use. Plans each trial's shards against
+/// spec.resources.deviceMemoryBudget (partitioner in common/partitioner.h): a trial that fits
+/// with its state in host memory trains on the plain in-memory executor (no recompute, no
+/// copies); otherwise on the shard-spilling executor, which moves shards between the device,
+/// host and disk tiers, prefetching the next shard while one computes, and steps each shard's
+/// optimizer right after its backward. Per-step losses equal unsharded training's.
+std::unique_ptr<ExecutorFactoryInterface> MakeExecutorFactory(ExecutorOptions options);
+
+}  // namespace hydra::executor

@@ -1,0 +1,271 @@
+#include "common/partitioner.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+
+#include "common/units.h"
+
+namespace hydra {
+namespace {
+
+struct LayerNeed {
+  int64_t params = 0;  // movable (not tied)
+  int64_t state = 0;   // weights + optimizer state of movable params
+  int64_t grad = 0;
+  int64_t act = 0;  // autograd activations of one micro-batch
+  int64_t out = 0;  // output bytes of one micro-batch
+  double flops = 0;
+};
+
+int64_t ShardNeed(const std::vector<LayerNeed>& l, int a, int b, int64_t micro_batches) {
+  int64_t state = 0, grad = 0, act = 0;
+  for (int i = a; i <= b; ++i) {
+    state += l[i].state;
+    grad += l[i].grad;
+    act += l[i].act;
+  }
+  // Boundary activations: this shard's input and output for every micro-batch.
+  const int64_t boundary = (l[b].out + (a > 0 ? l[a - 1].out : 0)) * micro_batches;
+  return state + grad + act + boundary;
+}
+
+int64_t ShardState(const std::vector<LayerNeed>& l, int a, int b) {
+  int64_t s = 0;
+  for (int i = a; i <= b; ++i) s += l[i].state;
+  return s;
+}
+
+/// Greedy contiguous packing with each shard's need capped at `cap`; empty if a layer exceeds it.
+std::vector<int> Pack(const std::vector<LayerNeed>& l, int64_t cap, int64_t mb) {
+  std::vector<int> starts = {0};
+  const int n = static_cast<int>(l.size());
+  for (int i = 1; i < n; ++i) {
+    if (ShardNeed(l, starts.back(), i, mb) > cap) starts.push_back(i);
+  }
+  for (size_t s = 0; s < starts.size(); ++s) {
+    const int end = s + 1 < starts.size() ? starts[s + 1] - 1 : n - 1;
+    if (ShardNeed(l, starts[s], end, mb) > cap) return {};
+  }
+  return starts;
+}
+
+/// Peak device bytes of a packing: a shard's need plus the next shard's prefetched state.
+int64_t PackPeak(const std::vector<LayerNeed>& l, const std::vector<int>& starts, int64_t mb) {
+  const int n = static_cast<int>(l.size());
+  int64_t peak = 0;
+  for (size_t s = 0; s < starts.size(); ++s) {
+    const int end = s + 1 < starts.size() ? starts[s + 1] - 1 : n - 1;
+    int64_t need = ShardNeed(l, starts[s], end, mb);
+    // In backward the previous shard is being prefetched while the next one is still being
+    // written back: both neighbours' state may be in memory at once.
+    int64_t neighbour = 0;
+    if (s + 1 < starts.size()) {
+      const int nend = s + 2 < starts.size() ? starts[s + 2] - 1 : n - 1;
+      neighbour += ShardState(l, starts[s + 1], nend);
+    }
+    if (s > 0) neighbour += ShardState(l, starts[s - 1], starts[s] - 1);
+    peak = std::max(peak, need + neighbour);
+  }
+  return peak;
+}
+
+}  // namespace
+
+const char* ActivationPolicyName(ActivationPolicy p) {
+  return p == ActivationPolicy::kStash ? "stash" : "recompute";
+}
+
+PartitionOptions PartitionOptionsFor(const Trial& trial) {
+  PartitionOptions po;
+  po.device_budget = trial.resources.device_memory_budget.value_or(0);
+  for (int64_t b : trial.resources.shard_boundaries) {
+    po.explicit_boundaries.push_back(static_cast<int>(b));
+  }
+  po.state_tier = trial.resources.offload == "disk" ? StateTier::kDisk : StateTier::kHost;
+  po.micro_batches = trial.training.gradient_accumulation_steps;
+  if (po.state_tier == StateTier::kDisk) {
+    po.host_activation_budget = std::max<int64_t>(1, po.device_budget / 8);
+  }
+  return po;
+}
+
+StatusOr<PartitionPlan> PlanShards(const Trial& trial, const PartitionOptions& o) {
+  const int64_t mb_count = std::max<int64_t>(1, o.micro_batches);
+  const int64_t micro = trial.training.batch_size / trial.training.gradient_accumulation_steps;
+  const auto costs = ModelLayerCosts(trial.model, micro);
+  const int64_t opt = OptimizerBytesPerParameter(trial.training);
+  const int n = static_cast<int>(costs.size());
+
+  PartitionPlan plan;
+  plan.state_tier = o.state_tier;
+  std::vector<LayerNeed> need(n);
+  int64_t tied = 0;
+  int64_t whole = 0;
+  for (int i = 0; i < n; ++i) {
+    tied += costs[i].tied_parameters;
+    need[i].params = costs[i].parameters - costs[i].tied_parameters;
+    need[i].state = need[i].params * (4 + opt);
+    need[i].grad = need[i].params * 4;
+    need[i].act = costs[i].activation_bytes;
+    need[i].out = costs[i].output_bytes;
+    need[i].flops = costs[i].forward_flops;
+    whole += costs[i].parameters * (8 + opt) + costs[i].activation_bytes;
+  }
+  const int64_t tied_bytes = tied * (8 + opt);
+  const int64_t budget = o.device_budget;
+
+  std::vector<int> starts;
+  if (!o.explicit_boundaries.empty()) {
+    starts.push_back(0);
+    for (int b : o.explicit_boundaries) {
+      if (b <= starts.back() || b >= n) {
+        return InvalidArgumentError(
+            "spec.resources.shardBoundaries: boundaries must be increasing layer indices in 1.." +
+            std::to_string(n - 1) + ", got " + std::to_string(b));
+      }
+      starts.push_back(b);
+    }
+  } else if (budget <= 0 || (whole <= budget && o.state_tier == StateTier::kHost)) {
+    starts = {0};  // fits: plain training
+  } else {
+    const int64_t usable = budget - tied_bytes;
+    for (int i = 0; i < n; ++i) {
+      const int64_t single = ShardNeed(need, i, i, mb_count);
+      if (single > usable) {
+        char buf[512];
+        std::snprintf(
+            buf, sizeof(buf),
+            "layer %s needs %s on the device (%s weights and optimizer state, %s "
+            "gradients, %s activations at micro-batch %lld) but the device budget of "
+            "%s leaves %s after %s of shared (tied) parameters; raise "
+            "spec.resources.deviceMemoryBudget or lower the batch size",
+            costs[i].name.c_str(), FormatBytes(single).c_str(), FormatBytes(need[i].state).c_str(),
+            FormatBytes(need[i].grad).c_str(), FormatBytes(need[i].act).c_str(),
+            static_cast<long long>(micro), FormatBytes(budget).c_str(),
+            FormatBytes(std::max<int64_t>(0, usable)).c_str(), FormatBytes(tied_bytes).c_str());
+        return ResourceExhaustedError(buf);
+      }
+    }
+    // Largest per-shard cap whose packing (with prefetch buffers) fits: fewest shards.
+    for (int64_t cap = usable; cap > 0; cap = cap * 15 / 16) {
+      auto p = Pack(need, cap, mb_count);
+      if (!p.empty() && PackPeak(need, p, mb_count) <= usable) {
+        starts = p;
+        break;
+      }
+    }
+    if (starts.empty()) {
+      // Fall back to one layer per shard if it fits with its neighbours.
+      std::vector<int> all(n);
+      for (int i = 0; i < n; ++i) all[i] = i;
+      if (PackPeak(need, all, mb_count) > usable) {
+        return ResourceExhaustedError("no sharding fits the device budget of " +
+                                      FormatBytes(budget) +
+                                      " with a prefetch buffer; one layer per shard needs " +
+                                      FormatBytes(PackPeak(need, all, mb_count) + tied_bytes));
+      }
+      starts = all;
+    }
+  }
+
+  const bool sharded = starts.size() > 1 || o.state_tier == StateTier::kDisk;
+  plan.pinned_bytes = sharded ? tied_bytes : 0;
+  for (size_t s = 0; s < starts.size(); ++s) {
+    ShardPlan sp;
+    sp.first_layer = starts[s];
+    sp.last_layer = s + 1 < starts.size() ? starts[s + 1] - 1 : n - 1;
+    sp.first_name = costs[sp.first_layer].name;
+    sp.last_name = costs[sp.last_layer].name;
+    for (int i = sp.first_layer; i <= sp.last_layer; ++i) {
+      const int64_t p = sharded ? need[i].params : costs[i].parameters;
+      sp.parameters += p;
+      sp.state_bytes += p * (4 + opt);
+      sp.gradient_bytes += p * 4;
+      sp.activation_bytes += need[i].act;
+      sp.forward_flops += need[i].flops;
+    }
+    const double fwd = sp.forward_flops * static_cast<double>(mb_count) / o.flops_per_second;
+    const double recompute_cost = fwd;
+    const double stash_bytes = 2.0 * static_cast<double>(sp.activation_bytes * mb_count);
+    const double stash_cost =
+        o.host_link_bytes_per_second > 0 ? stash_bytes / o.host_link_bytes_per_second : 0.0;
+    const bool last = s + 1 == starts.size();
+    sp.policy = last || !sharded || stash_cost <= recompute_cost ? ActivationPolicy::kStash
+                                                                 : ActivationPolicy::kRecompute;
+    sp.workspace_bytes = ShardNeed(need, sp.first_layer, sp.last_layer, mb_count) -
+                         ShardState(need, sp.first_layer, sp.last_layer) - [&] {
+                           int64_t g = 0;
+                           for (int i = sp.first_layer; i <= sp.last_layer; ++i) g += need[i].grad;
+                           return g;
+                         }();
+    plan.shards.push_back(sp);
+    plan.total_state_bytes += sp.state_bytes;
+  }
+  plan.total_state_bytes += plan.pinned_bytes;
+  // Stashed activations live in the host tier until their backward; past the host budget the
+  // shards with the most activations recompute instead.
+  // A stashed autograd graph also holds the shard's weights (GEMMs save them for backward), so
+  // with the state on disk a stashed shard's weights cannot leave memory until its backward.
+  auto stash_bytes = [&](const ShardPlan& sp) {
+    return sp.activation_bytes * mb_count +
+           (o.state_tier == StateTier::kDisk ? sp.parameters * 4 : 0);
+  };
+  if (o.host_activation_budget > 0 && sharded) {
+    int64_t stashed = 0;
+    for (size_t s = 0; s + 1 < plan.shards.size(); ++s) {
+      if (plan.shards[s].policy == ActivationPolicy::kStash) stashed += stash_bytes(plan.shards[s]);
+    }
+    std::vector<size_t> order;
+    for (size_t s = 0; s + 1 < plan.shards.size(); ++s) order.push_back(s);
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return stash_bytes(plan.shards[a]) > stash_bytes(plan.shards[b]);
+    });
+    for (size_t s : order) {
+      if (stashed <= o.host_activation_budget) break;
+      if (plan.shards[s].policy != ActivationPolicy::kStash) continue;
+      plan.shards[s].policy = ActivationPolicy::kRecompute;
+      stashed -= stash_bytes(plan.shards[s]);
+    }
+  }
+  for (auto& sp : plan.shards) {
+    const double fwd = sp.forward_flops * static_cast<double>(mb_count) / o.flops_per_second;
+    sp.estimated_seconds = 3.0 * fwd + (sp.policy == ActivationPolicy::kRecompute ? fwd : 0.0);
+  }
+  if (!sharded) {
+    plan.peak_device_bytes = whole;
+  } else {
+    std::vector<int> st(starts.begin(), starts.end());
+    plan.peak_device_bytes = PackPeak(need, st, mb_count) + plan.pinned_bytes;
+  }
+  return plan;
+}
+
+std::string FormatPlan(const Trial& trial, const PartitionPlan& plan) {
+  std::ostringstream out;
+  out << trial.name << ": " << plan.shards.size() << " shard"
+      << (plan.shards.size() == 1 ? "" : "s") << ", state " << FormatBytes(plan.total_state_bytes)
+      << " in the " << (plan.state_tier == StateTier::kDisk ? "disk" : "host")
+      << " tier, peak device " << FormatBytes(plan.peak_device_bytes);
+  if (plan.pinned_bytes > 0)
+    out << " (" << FormatBytes(plan.pinned_bytes) << " pinned tied weights)";
+  out << "\n";
+  char line[256];
+  std::snprintf(line, sizeof(line), "  %5s  %-19s  %10s  %11s  %11s  %11s  %-9s  %8s\n", "shard",
+                "layers", "params", "state", "grads", "activations", "policy", "est. s");
+  out << line;
+  for (size_t i = 0; i < plan.shards.size(); ++i) {
+    const auto& s = plan.shards[i];
+    std::string layers =
+        s.first_name == s.last_name ? s.first_name : s.first_name + ".." + s.last_name;
+    std::snprintf(line, sizeof(line), "  %5zu  %-19s  %10lld  %11s  %11s  %11s  %-9s  %8.3f\n", i,
+                  layers.c_str(), static_cast<long long>(s.parameters),
+                  FormatBytes(s.state_bytes).c_str(), FormatBytes(s.gradient_bytes).c_str(),
+                  FormatBytes(s.activation_bytes).c_str(), ActivationPolicyName(s.policy),
+                  s.estimated_seconds);
+    out << line;
+  }
+  return out.str();
+}
+
+}  // namespace hydra

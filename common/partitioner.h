@@ -1,0 +1,76 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/cost_model.h"
+#include "common/job.h"
+#include "common/status.h"
+
+namespace hydra {
+
+/// How a shard's activations survive from its forward to its backward.
+enum class ActivationPolicy {
+  kStash,      ///< keep the forward's autograd graph in the host tier (Harmony): no recompute
+  kRecompute,  ///< keep only the shard's input and recompute its forward in backward (Hydra)
+};
+const char* ActivationPolicyName(ActivationPolicy p);
+
+/// One shard: a contiguous range of layers and what it needs on the device.
+struct ShardPlan {
+  int first_layer = 0;  ///< index into ModelLayerCosts
+  int last_layer = 0;   ///< inclusive
+  std::string first_name, last_name;
+  int64_t parameters = 0;
+  int64_t state_bytes = 0;       ///< weights + optimizer state: what moves between tiers
+  int64_t gradient_bytes = 0;    ///< exist on the device only during the shard's backward
+  int64_t activation_bytes = 0;  ///< one micro-batch's autograd activations of the shard
+  double forward_flops = 0;      ///< per micro-batch
+  ActivationPolicy policy = ActivationPolicy::kStash;
+  double estimated_seconds = 0;  ///< forward + backward (+ recompute) of a whole step
+  /// Device bytes of the shard's compute beyond its state and gradients: its activations and
+  /// the boundary activations of every micro-batch.
+  int64_t workspace_bytes = 0;
+};
+
+/// Where shards' state lives when they are not on the device.
+enum class StateTier { kHost, kDisk };
+
+struct PartitionOptions {
+  int64_t device_budget = 0;             ///< bytes; <= 0: unlimited (one shard)
+  std::vector<int> explicit_boundaries;  ///< first layer index of shards 1..n-1; overrides
+  StateTier state_tier = StateTier::kHost;
+  /// Bandwidths that decide stash vs recompute: bytes/s between device and host, and the
+  /// device's compute rate in FLOP/s. On a CPU device host<->device is free (same RAM).
+  double host_link_bytes_per_second = 0;  ///< 0: infinite
+  double flops_per_second = 1.0e11;
+  int64_t micro_batches = 1;
+  /// Host bytes that stashed activations may use; above it shards recompute instead.
+  /// <= 0: unlimited.
+  int64_t host_activation_budget = 0;
+};
+
+struct PartitionPlan {
+  std::vector<ShardPlan> shards;
+  int64_t pinned_bytes = 0;  ///< parameters shared across shards (tied), resident all step
+  int64_t peak_device_bytes = 0;
+  int64_t total_state_bytes = 0;
+  StateTier state_tier = StateTier::kHost;
+};
+
+/// The options a trial's manifest implies: budget, explicit boundaries, state tier and
+/// micro-batches. With the state on disk RAM is the scarce resource, so stashed activations may
+/// use only an eighth of the device budget beside it; past that, shards recompute.
+PartitionOptions PartitionOptionsFor(const Trial& trial);
+
+/// Cuts the trial's layers into contiguous shards so that each shard's device need plus the
+/// next shard's prefetch buffer fits the budget, then chooses each shard's activation policy
+/// from the cost model. RESOURCE_EXHAUSTED naming the layer and bytes when one layer cannot
+/// fit; INVALID_ARGUMENT for unusable explicit boundaries.
+StatusOr<PartitionPlan> PlanShards(const Trial& trial, const PartitionOptions& options);
+
+/// A multi-line, human-readable rendering of the plan (used by `hydra plan`).
+std::string FormatPlan(const Trial& trial, const PartitionPlan& plan);
+
+}  // namespace hydra

@@ -105,14 +105,15 @@ StatusOr<PartitionPlan> PlanShards(const Trial& trial, const PartitionOptions& o
   for (int i = 0; i < n; ++i) {
     tied += costs[i].tied_parameters;
     need[i].params = costs[i].parameters - costs[i].tied_parameters;
-    need[i].state = need[i].params * (4 + opt);
+    // Tied weights stay on the device, but their optimizer state moves with the shard.
+    need[i].state = need[i].params * (4 + opt) + costs[i].tied_parameters * opt;
     need[i].grad = need[i].params * 4;
     need[i].act = costs[i].activation_bytes;
     need[i].out = costs[i].output_bytes;
     need[i].flops = costs[i].forward_flops;
     whole += costs[i].parameters * (8 + opt) + costs[i].activation_bytes;
   }
-  const int64_t tied_bytes = tied * (8 + opt);
+  const int64_t tied_bytes = tied * 8;  // weights and gradients, resident all step
   const int64_t budget = o.device_budget;
 
   std::vector<int> starts;
@@ -180,7 +181,7 @@ StatusOr<PartitionPlan> PlanShards(const Trial& trial, const PartitionOptions& o
     for (int i = sp.first_layer; i <= sp.last_layer; ++i) {
       const int64_t p = sharded ? need[i].params : costs[i].parameters;
       sp.parameters += p;
-      sp.state_bytes += p * (4 + opt);
+      sp.state_bytes += sharded ? need[i].state : p * (4 + opt);
       sp.gradient_bytes += p * 4;
       sp.activation_bytes += need[i].act;
       sp.forward_flops += need[i].flops;
@@ -202,7 +203,7 @@ StatusOr<PartitionPlan> PlanShards(const Trial& trial, const PartitionOptions& o
     plan.shards.push_back(sp);
     plan.total_state_bytes += sp.state_bytes;
   }
-  plan.total_state_bytes += plan.pinned_bytes;
+  plan.total_state_bytes += plan.pinned_bytes / 2;  // the tied weights (not their gradients)
   // Stashed activations live in the host tier until their backward; past the host budget the
   // shards with the most activations recompute instead.
   // A stashed autograd graph also holds the shard's weights (GEMMs save them for backward), so

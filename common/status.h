@@ -73,6 +73,9 @@ inline Status CancelledError(std::string m) { return Status(StatusCode::kCancell
 inline Status UnavailableError(std::string m) {
   return Status(StatusCode::kUnavailable, std::move(m));
 }
+inline Status UnimplementedError(std::string m) {
+  return Status(StatusCode::kUnimplemented, std::move(m));
+}
 inline Status AlreadyExistsError(std::string m) {
   return Status(StatusCode::kAlreadyExists, std::move(m));
 }

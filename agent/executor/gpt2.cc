@@ -15,6 +15,7 @@ class Gpt2Embedding : public SequentialLayer {
     const int64_t t = idx.size(1);
     return torch::embedding(wte, idx) + wpe.narrow(0, 0, t);
   }
+  std::vector<torch::Tensor> lent_parameters() const override { return {wte}; }
   torch::Tensor wte, wpe;
 };
 
@@ -74,7 +75,8 @@ class Gpt2Head : public SequentialLayer {
 
 }  // namespace
 
-LayerSequence BuildGpt2(const ModelSpec& spec, uint64_t seed) {
+LayerSequence BuildGpt2(const ModelSpec& spec, uint64_t seed,
+                        const std::function<void(const LayerSequence&, size_t)>& on_layer_built) {
   torch::NoGradGuard no_grad;
   auto gen = at::detail::createCPUGenerator(seed);
   const double std_dev = 0.02;
@@ -83,8 +85,12 @@ LayerSequence BuildGpt2(const ModelSpec& spec, uint64_t seed) {
   auto embed = std::make_shared<Gpt2Embedding>(spec.vocab_size, spec.context_length, spec.n_embd);
   embed->wte.normal_(0.0, std_dev, gen);
   embed->wpe.normal_(0.0, std_dev, gen);
+  auto built = [&]() {
+    if (on_layer_built) on_layer_built(seq, seq.layers.size() - 1);
+  };
   seq.names.push_back("embed");
   seq.layers.push_back(embed);
+  built();
   for (int64_t i = 0; i < spec.n_layer; ++i) {
     auto block = std::make_shared<Gpt2Block>(spec.n_embd, spec.n_head, spec.context_length);
     for (auto* lin : {&block->qkv, &block->proj, &block->fc, &block->fc_proj}) {
@@ -94,9 +100,11 @@ LayerSequence BuildGpt2(const ModelSpec& spec, uint64_t seed) {
     }
     seq.names.push_back("block" + std::to_string(i));
     seq.layers.push_back(block);
+    built();
   }
   seq.names.push_back("head");
   seq.layers.push_back(std::make_shared<Gpt2Head>(spec.n_embd, embed->wte));
+  built();
   return seq;
 }
 

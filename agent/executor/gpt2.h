@@ -1,6 +1,8 @@
 #pragma once
 // Torch-facing: include only from executor translation units.
 
+#include <functional>
+
 #include "agent/executor/layer_sequence.h"
 #include "common/job.h"
 
@@ -12,6 +14,9 @@ namespace hydra::executor {
 /// Input: int64 token ids [batch, time]; output: logits [batch, time, vocab].
 /// Initialised as GPT-2: N(0, 0.02) weights, residual projections scaled by 1/sqrt(2 nLayer),
 /// zero biases; deterministic for a given `seed`.
-LayerSequence BuildGpt2(const ModelSpec& spec, uint64_t seed);
+/// `on_layer_built(i)`, when given, runs right after layer i is created and initialised, so a
+/// caller can move it out of memory before the next layer exists.
+LayerSequence BuildGpt2(const ModelSpec& spec, uint64_t seed,
+                        const std::function<void(const LayerSequence&, size_t)>& on_layer_built = {});
 
 }  // namespace hydra::executor

@@ -17,6 +17,9 @@ class SequentialLayer : public torch::nn::Module {
   virtual torch::Tensor forward(const torch::Tensor& input) = 0;
   /// Parameters this layer uses but another layer registers (tied weights).
   virtual std::vector<torch::Tensor> borrowed_parameters() const { return {}; }
+  /// Parameters this layer registers that a later layer also uses (tied weights). When the
+  /// model is sharded they stay on the device for the whole step.
+  virtual std::vector<torch::Tensor> lent_parameters() const { return {}; }
 };
 
 /// A model as an ordered list of named layers. Parameters shared between layers (GPT-2's tied

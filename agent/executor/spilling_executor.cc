@@ -31,7 +31,8 @@ int64_t Bytes(const NamedTensors& ts) {
 struct Shard {
   ShardPlan plan;
   NamedTensors params;  // movable parameters of the shard's layers (tied ones excluded)
-  std::unique_ptr<Optimizer> opt;
+  NamedTensors pinned;  // tied parameters the shard's layers lend: resident, stepped here
+  std::unique_ptr<Optimizer> opt;  // over params and pinned; its state moves with the shard
   NamedTensors opt_state;
   std::vector<std::vector<int64_t>> param_shapes, opt_shapes;
   int64_t weight_bytes = 0, opt_bytes = 0, grad_bytes = 0;
@@ -54,8 +55,7 @@ class SpillingExecutor : public TrialExecutorInterface {
         disk_(plan_.state_tier == StateTier::kDisk
                   ? std::make_unique<DiskTier>(
                         (std::filesystem::path(options.spill_dir) / trial.name).string())
-                  : nullptr),
-        model_(BuildGpt2(trial.model, static_cast<uint64_t>(trial.training.seed))) {}
+                  : nullptr) {}
 
   ~SpillingExecutor() override {
     for (auto& s : shards_) {
@@ -65,49 +65,59 @@ class SpillingExecutor : public TrialExecutorInterface {
     }
   }
 
+  /// Builds the model layer by layer; each shard is set up (and, with the disk tier, written
+  /// out and freed) as soon as its last layer exists, so a model larger than memory never has
+  /// to be whole in memory.
   Status Init() {
-    // Tied parameters (used by two layers) stay on the device all step; every other parameter
-    // belongs to the shard of the layer that registers it.
-    std::map<const void*, bool> borrowed;
-    for (const auto& layer : model_.layers) {
-      for (const auto& t : layer->borrowed_parameters()) borrowed[t.unsafeGetTensorImpl()] = true;
-    }
-    for (const auto& [name, p] : model_.NamedParameters())
+    if (disk_) RETURN_IF_ERROR(disk_->Init());
+    Status status;
+    size_t next = 0;
+    model_ = BuildGpt2(trial_.model, static_cast<uint64_t>(trial_.training.seed),
+                       [&](const LayerSequence& seq, size_t layer) {
+                         if (!status.ok() || next >= plan_.shards.size() ||
+                             static_cast<int>(layer) != plan_.shards[next].last_layer) {
+                           return;
+                         }
+                         status = AddShard(seq, next++);
+                       });
+    RETURN_IF_ERROR(status);
+    for (const auto& [name, p] : model_.NamedParameters()) {
       global_order_[name] = global_order_.size();
-    NamedTensors pinned;
-    for (size_t k = 0; k < plan_.shards.size(); ++k) {
-      Shard s;
-      s.plan = plan_.shards[k];
-      for (int i = s.plan.first_layer; i <= s.plan.last_layer; ++i) {
-        for (const auto& p : model_.layers[i]->named_parameters(true)) {
-          auto entry = std::make_pair(model_.names[i] + "." + p.key(), p.value());
-          (borrowed.count(p.value().unsafeGetTensorImpl()) ? pinned : s.params).push_back(entry);
-        }
-      }
-      s.opt = std::make_unique<Optimizer>(s.params, trial_.training);
-      s.opt_state = s.opt->NamedState();
-      for (const auto& [n, t] : s.params) s.param_shapes.push_back(t.sizes().vec());
-      for (const auto& [n, t] : s.opt_state) s.opt_shapes.push_back(t.sizes().vec());
-      s.weight_bytes = Bytes(s.params);
-      s.opt_bytes = Bytes(s.opt_state);
-      s.grad_bytes = s.weight_bytes;
-      shards_.push_back(std::move(s));
     }
-    pinned_ = pinned;
-    pinned_opt_ = std::make_unique<Optimizer>(pinned_, trial_.training);
-    const int64_t pinned_bytes = Bytes(pinned_) * 2 + Bytes(pinned_opt_->NamedState());
-    RETURN_IF_ERROR(ledger_.Acquire(Tier::kDevice, pinned_bytes, "tied parameters"));
-    for (auto& s : shards_) {
-      if (disk_) continue;
-      RETURN_IF_ERROR(ledger_.Acquire(Tier::kHost, s.weight_bytes + s.opt_bytes, "shard state"));
-    }
-    if (disk_) {
-      RETURN_IF_ERROR(disk_->Init());
-      for (size_t k = 0; k < shards_.size(); ++k) {
-        RETURN_IF_ERROR(WriteBack(k, /*wait=*/true));
+    int64_t pinned_bytes = 0;
+    for (const auto& [n, t] : pinned_) pinned_bytes += 2 * t.numel() * t.element_size();
+    return ledger_.Acquire(Tier::kDevice, pinned_bytes, "tied parameters and their gradients");
+  }
+
+  Status AddShard(const LayerSequence& seq, size_t k) {
+    Shard s;
+    s.plan = plan_.shards[k];
+    for (int i = s.plan.first_layer; i <= s.plan.last_layer; ++i) {
+      std::map<const void*, bool> lent;
+      for (const auto& t : seq.layers[i]->lent_parameters()) lent[t.unsafeGetTensorImpl()] = true;
+      for (const auto& p : seq.layers[i]->named_parameters(true)) {
+        auto entry = std::make_pair(seq.names[i] + "." + p.key(), p.value());
+        (lent.count(p.value().unsafeGetTensorImpl()) ? s.pinned : s.params).push_back(entry);
       }
     }
-    return OkStatus();
+    // Tied gradients are complete only after the last backward, that of shard 0.
+    if (!s.pinned.empty() && k != 0) {
+      return UnimplementedError("tied parameters are supported only in the first shard");
+    }
+    NamedTensors all = s.params;
+    all.insert(all.end(), s.pinned.begin(), s.pinned.end());
+    pinned_.insert(pinned_.end(), s.pinned.begin(), s.pinned.end());
+    s.opt = std::make_unique<Optimizer>(all, trial_.training);
+    s.opt_state = s.opt->NamedState();
+    for (const auto& [n, t] : s.params) s.param_shapes.push_back(t.sizes().vec());
+    for (const auto& [n, t] : s.opt_state) s.opt_shapes.push_back(t.sizes().vec());
+    s.weight_bytes = Bytes(s.params);
+    s.opt_bytes = Bytes(s.opt_state);
+    s.grad_bytes = s.weight_bytes;
+    shards_.push_back(std::move(s));
+    if (disk_) return WriteBack(k, /*wait=*/true);
+    return ledger_.Acquire(Tier::kHost, shards_[k].weight_bytes + shards_[k].opt_bytes,
+                           "state of shard " + std::to_string(k));
   }
 
   StatusOr<StepMetrics> TrainStep() override {
@@ -162,7 +172,6 @@ class SpillingExecutor : public TrialExecutorInterface {
     std::vector<NamedBuffer> out;
     try {
       for (const auto& [n, t] : pinned_) out.push_back(TensorToBuffer(n, t));
-      for (const auto& [n, t] : pinned_opt_->NamedState()) out.push_back(TensorToBuffer(n, t));
       for (size_t k = 0; k < shards_.size(); ++k) {
         RETURN_IF_ERROR(Fetch(k, true, /*account=*/false));
         RETURN_IF_ERROR(Wait(k));
@@ -177,7 +186,7 @@ class SpillingExecutor : public TrialExecutorInterface {
   }
 
   Status ImportState(int64_t step, const std::vector<NamedBuffer>& state) override {
-    size_t expected = pinned_.size() + pinned_opt_->NamedState().size();
+    size_t expected = pinned_.size();
     for (const auto& s : shards_) expected += s.params.size() + s.opt_state.size();
     if (expected != state.size()) {
       return InvalidArgumentError("state has " + std::to_string(state.size()) +
@@ -204,9 +213,7 @@ class SpillingExecutor : public TrialExecutorInterface {
         }
       }
     }
-    NamedTensors pinned_all = pinned_;
-    for (const auto& e : pinned_opt_->NamedState()) pinned_all.push_back(e);
-    RETURN_IF_ERROR(CopyBuffersInto(state, pinned_all, /*allow_extra=*/true));
+    RETURN_IF_ERROR(CopyBuffersInto(state, pinned_, /*allow_extra=*/true));
     for (size_t k = 0; k < shards_.size(); ++k) {
       RETURN_IF_ERROR(Fetch(k, true, /*account=*/false));
       RETURN_IF_ERROR(Wait(k));
@@ -397,10 +404,11 @@ class SpillingExecutor : public TrialExecutorInterface {
         norms_[global_order_.at(n)] = t.grad().norm();
         grads.emplace_back(n, t.grad());
       }
+      for (auto& [n, t] : s.pinned) norms_[global_order_.at(n)] = t.grad().norm();
       ledger_.Release(Tier::kDevice, s.grad_bytes);
       if (disk_) {
         RETURN_IF_ERROR(disk_->WriteSync(Key(k, "g"), Spans(grads)));
-        s.opt->ReleaseGrads();
+        for (auto& [n, t] : s.params) t.mutable_grad() = torch::Tensor();  // pinned ones stay
       } else {
         RETURN_IF_ERROR(ledger_.Acquire(Tier::kHost, s.grad_bytes, "gradients"));
       }
@@ -514,9 +522,6 @@ class SpillingExecutor : public TrialExecutorInterface {
     const double lr = LearningRateAt(tr, step_);
     if (clipping) {
       // Every shard's gradient norm is known: clip globally, then step each shard.
-      for (const auto& [n, t] : pinned_) {
-        if (t.grad().defined()) norms_[global_order_.at(n)] = t.grad().norm();
-      }
       std::vector<torch::Tensor> ordered;
       for (const auto& [i, t] : norms_) ordered.push_back(t);
       m->grad_norm = GlobalNorm(ordered);
@@ -548,10 +553,7 @@ class SpillingExecutor : public TrialExecutorInterface {
         RETURN_IF_ERROR(Evict(k, true));
         RETURN_IF_ERROR(FinishWrite(k));
       }
-      if (scale != 1.0) pinned_opt_->ScaleGrads(scale);
     }
-    pinned_opt_->Step(lr, step_ + 1);
-    pinned_opt_->ZeroGrad();
     RETURN_IF_ERROR(FinishWrites());
     m->loss = loss_sum / static_cast<double>(A);
     m->learning_rate = lr;
@@ -565,8 +567,7 @@ class SpillingExecutor : public TrialExecutorInterface {
   std::unique_ptr<DiskTier> disk_;
   LayerSequence model_;
   std::vector<Shard> shards_;
-  NamedTensors pinned_;
-  std::unique_ptr<Optimizer> pinned_opt_;
+  NamedTensors pinned_;  // every shard's pinned parameters
   std::map<std::string, size_t> global_order_;
   std::map<size_t, torch::Tensor> norms_;  // global parameter index -> gradient norm
   int64_t step_ = 0;

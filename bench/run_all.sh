@@ -6,3 +6,5 @@ cd "$(dirname "$0")/.."
 ARGS=("$@")
 echo "== bench/train_throughput"
 bash bench/train_throughput.sh "${ARGS[@]}"
+echo "== bench/spill"
+bash bench/spill.sh "${ARGS[@]}"

@@ -340,8 +340,20 @@ void ParseDataset(Checker& c, const YAML::Node& node, const std::string& base_di
 }
 
 void ParseResources(Checker& c, const YAML::Node& node, ResourcesSpec* res) {
-  if (!c.Map(node, "spec.resources", {"deviceMemoryBudget", "offload", "shardBoundaries"})) {
+  if (!c.Map(node, "spec.resources",
+             {"deviceMemoryBudget", "hostMemoryBudget", "offload", "shardBoundaries"})) {
     return;
+  }
+  if (node["hostMemoryBudget"]) {
+    const auto& n = node["hostMemoryBudget"];
+    auto bytes = n.IsScalar() ? ParseByteQuantity(n.Scalar())
+                              : StatusOr<int64_t>(InvalidArgumentError("not a scalar"));
+    if (!bytes.ok()) {
+      c.Error("spec.resources.hostMemoryBudget", n,
+              "must be a byte quantity such as 0, 512Mi or 4Gi: " + bytes.status().message());
+    } else {
+      res->host_memory_budget = *bytes;
+    }
   }
   if (node["offload"]) {
     const auto& n = node["offload"];

@@ -58,6 +58,9 @@ struct TrainingSpec {
 struct ResourcesSpec {
   std::optional<int64_t> device_memory_budget;  ///< bytes; unset: all the device has
   std::string offload = "host";  ///< where shards' state lives off the device: host | disk
+  /// Host RAM for stashed activations (and, with offload: disk, the weights their graphs
+  /// hold); past it shards recompute their forward in backward instead. Unset: unlimited.
+  std::optional<int64_t> host_memory_budget;
   /// Explicit shard boundaries: the first layer index of shards 1..n-1 (layer 0 is the
   /// embedding, 1..nLayer the blocks, nLayer+1 the head). Empty: the partitioner decides.
   std::vector<int64_t> shard_boundaries;

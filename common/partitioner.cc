@@ -84,9 +84,7 @@ PartitionOptions PartitionOptionsFor(const Trial& trial) {
   }
   po.state_tier = trial.resources.offload == "disk" ? StateTier::kDisk : StateTier::kHost;
   po.micro_batches = trial.training.gradient_accumulation_steps;
-  if (po.state_tier == StateTier::kDisk) {
-    po.host_activation_budget = std::max<int64_t>(1, po.device_budget / 8);
-  }
+  po.host_activation_budget = trial.resources.host_memory_budget.value_or(-1);
   return po;
 }
 
@@ -212,7 +210,7 @@ StatusOr<PartitionPlan> PlanShards(const Trial& trial, const PartitionOptions& o
     return sp.activation_bytes * mb_count +
            (o.state_tier == StateTier::kDisk ? sp.parameters * 4 : 0);
   };
-  if (o.host_activation_budget > 0 && sharded) {
+  if (o.host_activation_budget >= 0 && sharded) {
     int64_t stashed = 0;
     for (size_t s = 0; s + 1 < plan.shards.size(); ++s) {
       if (plan.shards[s].policy == ActivationPolicy::kStash) stashed += stash_bytes(plan.shards[s]);

@@ -46,9 +46,9 @@ struct PartitionOptions {
   double host_link_bytes_per_second = 0;  ///< 0: infinite
   double flops_per_second = 1.0e11;
   int64_t micro_batches = 1;
-  /// Host bytes that stashed activations may use; above it shards recompute instead.
-  /// <= 0: unlimited.
-  int64_t host_activation_budget = 0;
+  /// Host bytes that stashed activations may use (with the state on disk, also the weights
+  /// their autograd graphs hold); above it shards recompute instead. < 0: unlimited.
+  int64_t host_activation_budget = -1;
 };
 
 struct PartitionPlan {
@@ -59,9 +59,8 @@ struct PartitionPlan {
   StateTier state_tier = StateTier::kHost;
 };
 
-/// The options a trial's manifest implies: budget, explicit boundaries, state tier and
-/// micro-batches. With the state on disk RAM is the scarce resource, so stashed activations may
-/// use only an eighth of the device budget beside it; past that, shards recompute.
+/// The options a trial's manifest implies: device budget, host budget (for stashed
+/// activations), explicit boundaries, state tier and micro-batches.
 PartitionOptions PartitionOptionsFor(const Trial& trial);
 
 /// Cuts the trial's layers into contiguous shards so that each shard's device need plus the

@@ -42,6 +42,7 @@ struct Shard {
   bool weight_reading = false, opt_reading = false, writing = false;
   // Device-tier accounting.
   bool weights_on_device = false, opt_on_device = false;
+  bool weights_in_host = false;  // disk tier: weights kept in RAM for a stashed graph
 };
 
 class SpillingExecutor : public TrialExecutorInterface {
@@ -232,6 +233,10 @@ class SpillingExecutor : public TrialExecutorInterface {
     st.shards = static_cast<int64_t>(shards_.size());
     for (const auto& [n, p] : model_.NamedParameters()) st.parameters += p.numel();
     st.peak_device_bytes = ledger_.peak(Tier::kDevice);
+    if (disk_) {
+      st.disk_bytes_read = disk_->bytes_read();
+      st.disk_bytes_written = disk_->bytes_written();
+    }
     return st;
   }
 
@@ -246,6 +251,10 @@ class SpillingExecutor : public TrialExecutorInterface {
       RETURN_IF_ERROR(
           ledger_.Acquire(Tier::kDevice, s.weight_bytes, "weights of shard " + std::to_string(k)));
       s.weights_on_device = true;
+      if (s.weights_in_host) {
+        ledger_.Release(Tier::kHost, s.weight_bytes);
+        s.weights_in_host = false;
+      }
     }
     if (account && with_opt && !s.opt_on_device) {
       RETURN_IF_ERROR(ledger_.Acquire(Tier::kDevice, s.opt_bytes,
@@ -445,7 +454,6 @@ class SpillingExecutor : public TrialExecutorInterface {
 
     // Forward, shard by shard, over all micro-batches (weights move once per step).
     RETURN_IF_ERROR(Fetch(0, S == 1));
-    int64_t stashed = 0;
     for (size_t k = 0; k + 1 < S; ++k) {
       RETURN_IF_ERROR(Wait(k));
       RETURN_IF_ERROR(Fetch(k + 1, k + 2 == S));
@@ -464,11 +472,19 @@ class SpillingExecutor : public TrialExecutorInterface {
       }
       ledger_.Release(Tier::kDevice, shards_[k].plan.workspace_bytes);
       if (stash) {
-        stashed += shards_[k].plan.activation_bytes * A;
         RETURN_IF_ERROR(
             ledger_.Acquire(Tier::kHost, shards_[k].plan.activation_bytes * A, "stash"));
       }
-      RETURN_IF_ERROR(Evict(k, /*dirty=*/false));
+      if (stash && disk_) {
+        // The stashed graph holds the weights (GEMMs save them for backward): keep them in the
+        // host tier rather than dropping them and reading them again for the backward.
+        RETURN_IF_ERROR(Wait(k));
+        ReleaseDevice(k);
+        RETURN_IF_ERROR(ledger_.Acquire(Tier::kHost, shards_[k].weight_bytes, "stashed weights"));
+        shards_[k].weights_in_host = true;
+      } else {
+        RETURN_IF_ERROR(Evict(k, /*dirty=*/false));
+      }
     }
 
     // The last shard runs forward and backward back to back, micro-batch by micro-batch.
@@ -517,7 +533,6 @@ class SpillingExecutor : public TrialExecutorInterface {
       if (k + 1 < S) RETURN_IF_ERROR(FinishWrite(k + 1));
       RETURN_IF_ERROR(Evict(k, !clipping));
     }
-    (void)stashed;
 
     const double lr = LearningRateAt(tr, step_);
     if (clipping) {

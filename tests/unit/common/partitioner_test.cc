@@ -110,7 +110,7 @@ TEST(PartitionerTest, HostActivationBudgetLimitsTheStash) {
   Trial t = Gpt2(6, 128);
   PartitionOptions o;
   o.explicit_boundaries = {2, 4, 6};
-  o.host_activation_budget = 1;
+  o.host_activation_budget = 0;
   auto p = PlanShards(t, o);
   ASSERT_TRUE(p.ok());
   for (size_t i = 0; i + 1 < p->shards.size(); ++i) {

@@ -258,6 +258,7 @@ TEST_F(SpillingExecutorTest, DiskTierKeepsResidentMemoryNearTheBudget) {
   t.training.batch_size = 2;
   t.resources.device_memory_budget = 96 << 20;
   t.resources.offload = "disk";
+  t.resources.host_memory_budget = 8 << 20;  // RAM is scarce: recompute rather than stash
   const int64_t state = EstimateTrialFootprint(t).parameter_bytes * 3;
   ASSERT_GT(state, 4 * *t.resources.device_memory_budget);
   auto factory = Factory();

@@ -1,0 +1,153 @@
+// bench/spill: tokens/s of one GPT-2 trial under a device budget, with the state in host memory
+// or on disk. One configuration per process (so resident memory is its own); bench/spill.sh
+// runs the configurations side by side and prints ratios.
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <atomic>
+#include <chrono>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "agent/executor/spilling_executor.h"
+#include "common/cost_model.h"
+#include "common/partitioner.h"
+
+namespace {
+
+int64_t ResidentBytes() {
+  std::ifstream in("/proc/self/statm");
+  int64_t size = 0, resident = 0;
+  in >> size >> resident;
+  return resident * ::sysconf(_SC_PAGESIZE);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Tokens/s of one GPT-2 trial trained by the shard-spilling executor"};
+  hydra::Trial t;
+  t.name = "bench-spill";
+  t.dataset.format = "text";
+  t.model.n_layer = 12;
+  t.model.n_embd = 768;
+  t.model.n_head = 12;
+  t.model.context_length = 256;
+  t.model.vocab_size = 256;
+  t.training.batch_size = 8;
+  t.training.learning_rate = 1e-4;
+  int warmup = 1, threads = 2;
+  double fraction = 1.0;
+  int64_t budget_bytes = 0, host_budget = -1;
+  std::string offload = "host", spill_dir = "/tmp/hydra-bench-spill";
+  app.add_option("--corpus", t.dataset.resolved_path, "text file")->required();
+  app.add_option("--layers", t.model.n_layer)->capture_default_str();
+  app.add_option("--embd", t.model.n_embd)->capture_default_str();
+  app.add_option("--heads", t.model.n_head)->capture_default_str();
+  app.add_option("--ctx", t.model.context_length)->capture_default_str();
+  app.add_option("--vocab", t.model.vocab_size)->capture_default_str();
+  app.add_option("--batch", t.training.batch_size)->capture_default_str();
+  app.add_option("--accumulation", t.training.gradient_accumulation_steps)->capture_default_str();
+  app.add_option("--steps", t.training.steps, "timed steps")->capture_default_str();
+  app.add_option("--warmup", warmup, "untimed steps first")->capture_default_str();
+  app.add_option("--threads", threads)->capture_default_str();
+  app.add_option("--budget-fraction", fraction, "device budget as a fraction of the footprint")
+      ->capture_default_str();
+  app.add_option("--budget-bytes", budget_bytes, "device budget in bytes (overrides the fraction)");
+  app.add_option("--host-budget", host_budget,
+                 "bytes of RAM for stashed activations; -1: unlimited, 0: recompute every shard")
+      ->capture_default_str();
+  app.add_option("--offload", offload, "host or disk")->capture_default_str();
+  app.add_option("--spill-dir", spill_dir)->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  const int64_t footprint = hydra::EstimateTrialFootprint(t).total_bytes();
+  t.resources.device_memory_budget =
+      budget_bytes > 0 ? budget_bytes
+                       : static_cast<int64_t>(static_cast<double>(footprint) * fraction);
+  t.resources.offload = offload;
+  if (host_budget >= 0) t.resources.host_memory_budget = host_budget;
+  auto plan = hydra::PlanShards(t, hydra::PartitionOptionsFor(t));
+  if (!plan.ok()) {
+    std::cerr << plan.status() << "\n";
+    return 1;
+  }
+  std::string policies;
+  for (const auto& s : plan->shards) policies += hydra::ActivationPolicyName(s.policy)[0];
+
+  const int64_t baseline = ResidentBytes();
+  std::atomic<bool> done{false};
+  std::atomic<int64_t> peak{0};
+  std::thread sampler([&] {
+    while (!done) {
+      peak = std::max<int64_t>(peak, ResidentBytes());
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  });
+  auto stop = [&] {
+    done = true;
+    sampler.join();
+  };
+
+  auto data = hydra::executor::TokenDataset::Open(t.dataset, t.model.context_length + 1);
+  if (!data.ok()) {
+    stop();
+    std::cerr << data.status() << "\n";
+    return 1;
+  }
+  hydra::executor::ExecutorOptions options;
+  options.threads = threads;
+  options.spill_dir = spill_dir;
+  auto factory = hydra::executor::MakeExecutorFactory(options);
+  const auto setup_start = std::chrono::steady_clock::now();
+  auto exec = factory->Create(t, *data);
+  if (!exec.ok()) {
+    stop();
+    std::cerr << exec.status() << "\n";
+    return 1;
+  }
+  const double setup_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - setup_start).count();
+  double loss = 0;
+  for (int i = 0; i < warmup; ++i) loss = (*exec)->TrainStep()->loss;
+  const auto before = (*exec)->stats();
+  const auto start = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < t.training.steps; ++i) {
+    auto m = (*exec)->TrainStep();
+    if (!m.ok()) {
+      stop();
+      std::cerr << m.status() << "\n";
+      return 1;
+    }
+    loss = m->loss;
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const auto after = (*exec)->stats();
+  stop();
+  const double steps = static_cast<double>(t.training.steps);
+  std::cout << nlohmann::json{
+                   {"budgetFraction", fraction},
+                   {"offload", offload},
+                   {"hostBudget", host_budget},
+                   {"parameters", after.parameters},
+                   {"footprintBytes", footprint},
+                   {"stateBytes", plan->total_state_bytes},
+                   {"budgetBytes", *t.resources.device_memory_budget},
+                   {"shards", after.shards},
+                   {"policies", policies},
+                   {"tokensPerSecond", steps * t.training.batch_size * t.model.context_length / seconds},
+                   {"secondsPerStep", seconds / steps},
+                   {"setupSeconds", setup_seconds},
+                   {"peakDeviceBytes", after.peak_device_bytes},
+                   {"baselineResidentBytes", baseline},
+                   {"peakResidentBytes", peak.load()},
+                   {"diskReadBytesPerStep", (after.disk_bytes_read - before.disk_bytes_read) / steps},
+                   {"diskWrittenBytesPerStep", (after.disk_bytes_written - before.disk_bytes_written) / steps},
+                   {"finalLoss", loss}}
+                   .dump()
+            << std::endl;
+  return 0;
+}

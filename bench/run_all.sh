@@ -8,3 +8,5 @@ echo "== bench/train_throughput"
 bash bench/train_throughput.sh "${ARGS[@]}"
 echo "== bench/spill"
 bash bench/spill.sh "${ARGS[@]}"
+echo "== bench/schedule"
+if [ "${1:-}" = "--smoke" ]; then ./build/bench/schedule --smoke; else ./build/bench/schedule; fi

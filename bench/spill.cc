@@ -128,25 +128,27 @@ int main(int argc, char** argv) {
   const auto after = (*exec)->stats();
   stop();
   const double steps = static_cast<double>(t.training.steps);
-  std::cout << nlohmann::json{
-                   {"budgetFraction", fraction},
-                   {"offload", offload},
-                   {"hostBudget", host_budget},
-                   {"parameters", after.parameters},
-                   {"footprintBytes", footprint},
-                   {"stateBytes", plan->total_state_bytes},
-                   {"budgetBytes", *t.resources.device_memory_budget},
-                   {"shards", after.shards},
-                   {"policies", policies},
-                   {"tokensPerSecond", steps * t.training.batch_size * t.model.context_length / seconds},
-                   {"secondsPerStep", seconds / steps},
-                   {"setupSeconds", setup_seconds},
-                   {"peakDeviceBytes", after.peak_device_bytes},
-                   {"baselineResidentBytes", baseline},
-                   {"peakResidentBytes", peak.load()},
-                   {"diskReadBytesPerStep", (after.disk_bytes_read - before.disk_bytes_read) / steps},
-                   {"diskWrittenBytesPerStep", (after.disk_bytes_written - before.disk_bytes_written) / steps},
-                   {"finalLoss", loss}}
+  std::cout << nlohmann::json{{"budgetFraction", fraction},
+                              {"offload", offload},
+                              {"hostBudget", host_budget},
+                              {"parameters", after.parameters},
+                              {"footprintBytes", footprint},
+                              {"stateBytes", plan->total_state_bytes},
+                              {"budgetBytes", *t.resources.device_memory_budget},
+                              {"shards", after.shards},
+                              {"policies", policies},
+                              {"tokensPerSecond",
+                               steps * t.training.batch_size * t.model.context_length / seconds},
+                              {"secondsPerStep", seconds / steps},
+                              {"setupSeconds", setup_seconds},
+                              {"peakDeviceBytes", after.peak_device_bytes},
+                              {"baselineResidentBytes", baseline},
+                              {"peakResidentBytes", peak.load()},
+                              {"diskReadBytesPerStep",
+                               (after.disk_bytes_read - before.disk_bytes_read) / steps},
+                              {"diskWrittenBytesPerStep",
+                               (after.disk_bytes_written - before.disk_bytes_written) / steps},
+                              {"finalLoss", loss}}
                    .dump()
             << std::endl;
   return 0;

@@ -1,14 +1,19 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdint>
 #include <limits>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "agent/executor/executor.h"
 #include "common/job.h"
+#include "common/scheduler.h"
 #include "common/status.h"
 
 namespace hydra::cli {
@@ -54,18 +59,27 @@ class ProgressSinkInterface {
 struct RunOptions {
   std::string output_dir;  ///< trials/<name>/checkpoints, trials/<name>/result.json
   bool restart = false;    ///< discard earlier checkpoints and results in output_dir
-  /// Set (e.g. by a SIGINT handler) to stop: the running trial checkpoints and Run returns
+  /// Set (e.g. by a SIGINT handler) to stop: running trials checkpoint and Run returns
   /// CANCELLED. May be null.
   const std::atomic<bool>* interrupted = nullptr;
+  int devices = 1;  ///< devices (worker threads) training trials at once
+  /// Host memory the admitted trials' state may use; trials past it wait, in order, until
+  /// earlier ones finish. <= 0: 75% of the machine's memory.
+  int64_t host_memory_bytes = 0;
 };
 
-/// Trains a job's trials on this machine, one after another, with checkpoints, resuming from
-/// what an earlier run left in the output directory.
+/// Trains a job's trials on this machine's devices with the Sharded-LRTF policy: whenever a
+/// device is free it takes the admitted, not running trial with the longest estimated remaining
+/// time (from the cost model, refined by measured step times) and runs its next optimizer step.
+/// Checkpoints as the manifest says, resumes from what an earlier run left in the output
+/// directory, and records the schedule it ran.
 class LocalRunner {
  public:
-  /// `factory` and `progress` are borrowed and must outlive the runner.
+  /// `factory` and `progress` are borrowed and must outlive the runner. The policy defaults to
+  /// Sharded-LRTF.
   LocalRunner(executor::ExecutorFactoryInterface* factory, ProgressSinkInterface* progress,
-              RunOptions options);
+              RunOptions options, std::unique_ptr<SchedulingPolicyInterface> policy = nullptr);
+  ~LocalRunner();
 
   /// Runs every trial. Returns the results in trial order; a trial that fails is reported with
   /// state Failed and the others still run. Errors that concern the whole job (unreadable
@@ -74,14 +88,31 @@ class LocalRunner {
   Status Run(const MultiModelJob& job, const std::vector<Trial>& trials,
              std::vector<TrialResult>* results);
 
+  /// The steps this run executed: one task per optimizer step, with device and times (seconds
+  /// since Run started).
+  const Schedule& schedule() const { return schedule_; }
+
  private:
-  Status RunTrial(size_t index, std::shared_ptr<const executor::TokenDataset> data,
-                  TrialResult* result);
+  struct Slot;
+  Status Start(Slot& slot);
+  Status StepOnce(Slot& slot);
+  Status Finish(Slot& slot);
+  Status SaveCheckpoint(Slot& slot);
+  void Worker(int device);
+  void Report(size_t index);
   std::string TrialDir(const Trial& trial) const;
 
   executor::ExecutorFactoryInterface* factory_;
   ProgressSinkInterface* progress_;
   RunOptions options_;
+  std::unique_ptr<SchedulingPolicyInterface> policy_;
+  std::vector<TrialResult>* results_ = nullptr;
+  std::vector<std::unique_ptr<Slot>> slots_;
+  Schedule schedule_;
+  std::mutex mu_;           // guards slots' scheduling fields, schedule_, policy_
+  std::mutex progress_mu_;  // serialises progress callbacks
+  std::condition_variable cv_;
+  std::chrono::steady_clock::time_point start_;
 };
 
 /// Sorts results best first: succeeded trials by final validation loss, then the rest.

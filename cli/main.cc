@@ -13,10 +13,12 @@
 #include "cli/local_runner.h"
 #include "cli/progress.h"
 #include "cli/results.h"
+#include "cli/simulate.h"
 #include "common/cost_model.h"
 #include "common/job.h"
 #include "common/job_json.h"
 #include "common/partitioner.h"
+#include "common/schedule_profile.h"
 #include "common/units.h"
 
 namespace {
@@ -80,12 +82,107 @@ int Plan(const std::string& path) {
   return rc;
 }
 
-int Run(const std::string& path, std::string output, int threads, bool restart,
-        const std::string& progress_mode, std::string spill_dir) {
+struct SimulateArgs {
+  std::string manifest, profile, chart, device_memory;
+  int devices = 1;
+  int micro_batches = 0;
+  double flops = 1e11;
+  double link = 0;
+  bool json = false;
+};
+
+int Simulate(const SimulateArgs& a) {
+  std::vector<hydra::TrialProfile> profiles;
+  double link = a.link;
+  if (!a.profile.empty()) {
+    auto loaded = hydra::cli::LoadProfileFile(a.profile, &link);
+    if (!loaded.ok()) {
+      std::cerr << "error: " << loaded.status().message() << "\n";
+      return 2;
+    }
+    profiles = std::move(loaded).value();
+    if (a.link > 0) link = a.link;
+  } else {
+    hydra::MultiModelJob job;
+    std::vector<hydra::Trial> trials;
+    if (int rc = LoadOrExplain(a.manifest, &job, &trials)) return rc;
+    for (auto& t : trials) {
+      if (!a.device_memory.empty()) {
+        auto bytes = hydra::ParseByteQuantity(a.device_memory);
+        if (!bytes.ok()) {
+          std::cerr << "error: --device-memory: " << bytes.status().message() << "\n";
+          return 2;
+        }
+        t.resources.device_memory_budget = *bytes;
+      }
+      auto plan = hydra::PlanShards(t, hydra::PartitionOptionsFor(t));
+      if (!plan.ok()) {
+        std::cerr << "error: " << t.name << ": " << plan.status().message() << "\n";
+        return 1;
+      }
+      profiles.push_back(hydra::ProfileFromPlan(t, *plan, a.flops));
+    }
+  }
+  hydra::SimulationOptions options;
+  options.devices = a.devices;
+  options.link_bytes_per_second = link;
+  const int m = a.micro_batches > 0 ? a.micro_batches : 4 * a.devices;
+  auto report = hydra::cli::RunSimulation(profiles, options, m);
+  if (a.json) {
+    std::cout << hydra::cli::SimulationJson(report).dump(2) << "\n";
+  } else {
+    std::cout << hydra::cli::FormatSimulation(report, options);
+  }
+  if (!a.chart.empty()) {
+    auto s =
+        hydra::cli::DrawGantt(report.schedule, profiles, a.devices, a.chart,
+                              "Sharded-LRTF schedule, " + std::to_string(a.devices) + " devices");
+    if (!s.ok()) {
+      std::cerr << "error: " << s.message() << "\n";
+      return 1;
+    }
+    if (!a.json) std::cout << "chart: " << a.chart << "\n";
+  }
+  return 0;
+}
+
+struct RunArgs {
+  std::string manifest, output, progress = "auto", spill_dir, devices = "auto", host_memory, chart;
+  int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  bool restart = false;
+};
+
+int Run(const RunArgs& a) {
+  const std::string& path = a.manifest;
+  std::string output = a.output;
+  const std::string& progress_mode = a.progress;
+  int devices = 0;
+  if (a.devices != "auto" &&
+      (std::sscanf(a.devices.c_str(), "cpu:%d", &devices) != 1 || devices < 1)) {
+    std::cerr << "error: --devices: expected auto or cpu:N with N >= 1, got '" << a.devices
+              << "'\n";
+    return 2;
+  }
+  int64_t host_memory = 0;
+  if (!a.host_memory.empty()) {
+    auto bytes = hydra::ParseByteQuantity(a.host_memory);
+    if (!bytes.ok()) {
+      std::cerr << "error: --host-memory: " << bytes.status().message() << "\n";
+      return 2;
+    }
+    host_memory = *bytes;
+  }
+
   hydra::MultiModelJob job;
   std::vector<hydra::Trial> trials;
   if (int rc = LoadOrExplain(path, &job, &trials)) return rc;
   if (output.empty()) output = (std::filesystem::path("hydra-runs") / job.metadata.name).string();
+  // auto: one single-threaded CPU device per core (small models train far faster this way
+  // than with threads fighting over one trial), but no more devices than trials.
+  if (devices == 0)
+    devices = std::max(1, std::min<int>(a.threads, static_cast<int>(trials.size())));
+  // CPU devices share the cores without oversubscribing them.
+  const int threads = std::max(1, a.threads / devices);
 
   std::string mode = progress_mode;
   if (mode == "auto") mode = isatty(STDOUT_FILENO) ? "tty" : "log";
@@ -103,16 +200,20 @@ int Run(const std::string& path, std::string output, int threads, bool restart,
   hydra::executor::ExecutorOptions exec_options;
   exec_options.threads = threads;
   exec_options.spill_dir =
-      spill_dir.empty() ? (std::filesystem::path(output) / "spill").string() : spill_dir;
+      a.spill_dir.empty() ? (std::filesystem::path(output) / "spill").string() : a.spill_dir;
   auto factory = hydra::executor::MakeExecutorFactory(exec_options);
   hydra::cli::RunOptions options;
   options.output_dir = output;
-  options.restart = restart;
+  options.restart = a.restart;
   options.interrupted = &g_interrupted;
+  options.devices = devices;
+  options.host_memory_bytes = host_memory;
   hydra::cli::LocalRunner runner(factory.get(), progress.get(), options);
 
-  std::cout << "hydra run: " << trials.size() << " trials of '" << job.metadata.name << "' with "
-            << threads << " threads; output in " << output << "\n";
+  std::cout << "hydra run: " << trials.size() << " trials of '" << job.metadata.name << "' on "
+            << devices << " CPU device" << (devices == 1 ? "" : "s") << " of " << threads
+            << " thread" << (threads == 1 ? "" : "s") << ", Sharded-LRTF; output in " << output
+            << "\n";
   std::vector<hydra::cli::TrialResult> results;
   hydra::Status status = runner.Run(job, trials, &results);
   if (!status.ok() && status.code() != hydra::StatusCode::kCancelled) {
@@ -130,6 +231,15 @@ int Run(const std::string& path, std::string output, int threads, bool restart,
   }
   if (auto s = hydra::cli::PlotLossCurves(output, ranked); !s.ok()) {
     std::cerr << "warning: " << s.message() << "\n";
+  }
+  if (!a.chart.empty()) {
+    std::vector<hydra::TrialProfile> names;
+    for (const auto& t : trials) names.push_back({t.name, {}, 0});
+    if (auto s = hydra::cli::DrawGantt(runner.schedule(), names, devices, a.chart,
+                                       "hydra run schedule (one box per optimizer step)");
+        !s.ok()) {
+      std::cerr << "warning: " << s.message() << "\n";
+    }
   }
   std::cout << "\n" << hydra::cli::FormatRankedTable(ranked) << "\n";
   std::cout << "results: " << output << "/results.json, " << output << "/results.csv, " << output
@@ -149,29 +259,36 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("hydra ") + HYDRA_VERSION);
 
-  std::string manifest, output, progress = "auto", spill_dir;
-  int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  bool restart = false;
+  RunArgs ra;
   auto* run = app.add_subcommand("run", "Train every trial of a manifest and rank them");
-  run->add_option("manifest", manifest, "MultiModelJob YAML file")
+  run->add_option("manifest", ra.manifest, "MultiModelJob YAML file")
       ->required()
       ->check(CLI::ExistingFile);
-  run->add_option("-o,--output", output,
+  run->add_option("-o,--output", ra.output,
                   "Output directory: checkpoints, results.json, results.csv, loss.png "
                   "(default: hydra-runs/<job name>)");
-  run->add_option("--threads", threads, "Intra-op threads for training")
+  run->add_option("--threads", ra.threads, "CPU threads for training, shared by the devices")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
-  run->add_flag("--restart", restart,
+  run->add_flag("--restart", ra.restart,
                 "Discard checkpoints and results of an earlier run in the output directory");
-  run->add_option("--progress", progress,
+  run->add_option("--progress", ra.progress,
                   "auto (a live table on a terminal, log lines otherwise), tty, log or quiet")
       ->check(CLI::IsMember({"auto", "tty", "log", "quiet"}))
       ->capture_default_str();
 
-  run->add_option("--spill-dir", spill_dir,
+  run->add_option("--spill-dir", ra.spill_dir,
                   "Directory for shards spilled to disk (spec.resources.offload: disk); "
                   "default: <output>/spill");
+
+  run->add_option("--devices", ra.devices,
+                  "Devices that train trials at once: cpu:N splits the threads into N CPU "
+                  "devices; auto: one per thread, at most one per trial")
+      ->capture_default_str();
+  run->add_option("--host-memory", ra.host_memory,
+                  "Host memory the admitted trials may use (e.g. 16Gi); others wait in order "
+                  "(default: 75% of the machine's memory)");
+  run->add_option("--chart", ra.chart, "Write a Gantt chart of the run's schedule to this PNG");
 
   std::string plan_manifest;
   auto* plan = app.add_subcommand(
@@ -180,6 +297,33 @@ int main(int argc, char** argv) {
       ->required()
       ->check(CLI::ExistingFile);
 
+  SimulateArgs sim;
+  auto* simulate = app.add_subcommand(
+      "simulate",
+      "Simulate the Sharded-LRTF schedule of a job (or a profile file) over N devices, with the "
+      "lower bound and the baselines");
+  simulate->add_option("manifest", sim.manifest, "MultiModelJob YAML file")
+      ->check(CLI::ExistingFile);
+  simulate
+      ->add_option("--profile", sim.profile,
+                   "JSON profile of per-shard compute times and bytes instead of a manifest")
+      ->check(CLI::ExistingFile);
+  simulate->add_option("--devices", sim.devices, "Number of devices")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  simulate->add_option("--device-memory", sim.device_memory,
+                       "Device memory for planning shards (e.g. 16Gi); default: the manifest's "
+                       "deviceMemoryBudget");
+  simulate->add_option("--flops", sim.flops, "Device compute rate, FLOP/s")->capture_default_str();
+  simulate
+      ->add_option("--link-bandwidth", sim.link,
+                   "Host<->device bytes/s (0: free, as for CPU devices)")
+      ->capture_default_str();
+  simulate->add_option("--micro-batches", sim.micro_batches,
+                       "Micro-batches of the GPipe baseline (default: 4 x devices)");
+  simulate->add_flag("--json", sim.json, "Print the result as JSON");
+  simulate->add_option("--chart", sim.chart, "Write a Gantt chart of the schedule to this PNG");
+
   std::string validate_manifest;
   auto* validate = app.add_subcommand("validate", "Check a manifest and list its trials");
   validate->add_option("manifest", validate_manifest, "MultiModelJob YAML file")
@@ -187,8 +331,15 @@ int main(int argc, char** argv) {
       ->check(CLI::ExistingFile);
 
   CLI11_PARSE(app, argc, argv);
-  if (run->parsed()) return Run(manifest, output, threads, restart, progress, spill_dir);
+  if (run->parsed()) return Run(ra);
   if (plan->parsed()) return Plan(plan_manifest);
+  if (simulate->parsed()) {
+    if (sim.manifest.empty() == sim.profile.empty()) {
+      std::cerr << "error: hydra simulate takes a manifest or --profile FILE (one of them)\n";
+      return 2;
+    }
+    return Simulate(sim);
+  }
   if (validate->parsed()) return Validate(validate_manifest);
   return 2;
 }

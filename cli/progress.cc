@@ -104,6 +104,7 @@ class LogProgress : public ProgressSinkInterface {
     start_ = Clock::now();
     last_state_.assign(trials.size(), "");
     last_val_step_.assign(trials.size(), -1);
+    last_step_logged_.assign(trials.size(), -1);
     Log("job " + job + ": " + std::to_string(trials.size()) + " trials");
   }
 
@@ -131,8 +132,8 @@ class LogProgress : public ProgressSinkInterface {
       Log(t.trial.name + " step " + std::to_string(t.step) + "/" + std::to_string(total) +
           " val loss " + Num(t.val_curve.back().loss, "%.4f"));
     }
-    if (t.state == "Running" && t.step % every == 0 && t.step != last_step_logged_) {
-      last_step_logged_ = t.step;
+    if (t.state == "Running" && t.step % every == 0 && t.step != last_step_logged_[i]) {
+      last_step_logged_[i] = t.step;
       Log(t.trial.name + " step " + std::to_string(t.step) + "/" + std::to_string(total) +
           " loss " + Num(t.last_loss, "%.4f") + " " + Num(t.tokens_per_second, "%.0f") +
           " tokens/s ETA " + FormatDuration(t.eta_seconds));
@@ -159,7 +160,7 @@ class LogProgress : public ProgressSinkInterface {
   Clock::time_point start_{};
   std::vector<std::string> last_state_;
   std::vector<int64_t> last_val_step_;
-  int64_t last_step_logged_ = -1;
+  std::vector<int64_t> last_step_logged_;
 };
 
 class QuietProgress : public ProgressSinkInterface {

@@ -1,21 +1,15 @@
 #include "cli/results.h"
 
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
+#include "cli/gnuplot.h"
 #include "common/file_util.h"
 #include "common/job_json.h"
 #include "common/units.h"
-
-extern char** environ;
 
 namespace hydra::cli {
 namespace {
@@ -188,22 +182,12 @@ Status PlotLossCurves(const std::string& output_dir, const std::vector<TrialResu
          << "unset multiplot\n";
   const std::string script_path = (dir / "loss.gp").string();
   RETURN_IF_ERROR(WriteFileAtomically(script_path, script.str()));
-  pid_t pid = 0;
-  const char* argv[] = {"gnuplot", script_path.c_str(), nullptr};
-  int rc = posix_spawnp(&pid, "gnuplot", nullptr, nullptr, const_cast<char* const*>(argv), environ);
-  if (rc != 0) {
-    return UnavailableError(
-        "gnuplot is not installed, so loss.png was not drawn (apt-get install "
-        "gnuplot-nox); the data is in " +
-        dir.string());
+  Status s = RunGnuplot(script_path);
+  if (s.code() == StatusCode::kUnavailable) {
+    return UnavailableError(s.message() + "; loss.png was not drawn, the data is in " +
+                            dir.string());
   }
-  int wstatus = 0;
-  while (waitpid(pid, &wstatus, 0) < 0 && errno == EINTR) {
-  }
-  if (!WIFEXITED(wstatus) || WEXITSTATUS(wstatus) != 0) {
-    return InternalError("gnuplot failed on " + script_path);
-  }
-  return OkStatus();
+  return s;
 }
 
 std::string FormatRankedTable(const std::vector<TrialResult>& ranked) {

@@ -8,6 +8,7 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libcpprest-dev prometheus-cpp-dev
   libgtest-dev libgmock-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev zlib1g-dev
+  libxxhash-dev
   gnuplot-nox
   python3 python3-torch
 )

@@ -25,8 +25,8 @@ struct MutableBytes {
 
 /// The disk tier: moves byte buffers to and from files in a spill directory, on I/O threads.
 /// Knows nothing of tensors (the executor turns tensors into buffers). Each file ends with a
-/// CRC-32 of its contents, checked on every read. After a write the file's pages are flushed and
-/// dropped from the page cache, so reads really come from the disk and spilled state does not
+/// XXH3-64 hash of its contents, checked on every read. After a write the file's pages are flushed
+/// and dropped from the page cache, so reads really come from the disk and spilled state does not
 /// linger in memory. Files are removed by Remove() and by the destructor.
 /// Thread-safe; the buffers passed to Write/Read must stay valid until the future is ready.
 class DiskTier {

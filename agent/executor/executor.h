@@ -32,7 +32,7 @@ struct ExecutorStats {
   int64_t shards = 1;  ///< shards the trial's model is cut into
   int64_t parameters = 0;
   int64_t peak_device_bytes = 0;  ///< accounted device-tier peak (state + activations)
-  int64_t disk_bytes_read = 0;     ///< spill traffic so far
+  int64_t disk_bytes_read = 0;    ///< spill traffic so far
   int64_t disk_bytes_written = 0;
 };
 

@@ -16,7 +16,8 @@ namespace hydra::executor {
 /// zero biases; deterministic for a given `seed`.
 /// `on_layer_built(i)`, when given, runs right after layer i is created and initialised, so a
 /// caller can move it out of memory before the next layer exists.
-LayerSequence BuildGpt2(const ModelSpec& spec, uint64_t seed,
-                        const std::function<void(const LayerSequence&, size_t)>& on_layer_built = {});
+LayerSequence BuildGpt2(
+    const ModelSpec& spec, uint64_t seed,
+    const std::function<void(const LayerSequence&, size_t)>& on_layer_built = {});
 
 }  // namespace hydra::executor

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "cli/progress.h"
 #include "cli/results.h"
@@ -58,15 +59,19 @@ spec:
   }
 
   Status Run(const MultiModelJob& job, std::vector<TrialResult>* results, bool restart = false,
-             const std::atomic<bool>* interrupted = nullptr) {
+             const std::atomic<bool>* interrupted = nullptr, int devices = 1,
+             Schedule* schedule = nullptr) {
     RunOptions o;
     o.output_dir = (dir_ / "out").string();
     o.restart = restart;
     o.interrupted = interrupted;
+    o.devices = devices;
     LocalRunner runner(&factory_, &progress_, o);
     auto trials = ExpandTrials(job);
     EXPECT_TRUE(trials.ok());
-    return runner.Run(job, *trials, results);
+    Status s = runner.Run(job, *trials, results);
+    if (schedule) *schedule = runner.schedule();
+    return s;
   }
 
   fs::path dir_;
@@ -126,10 +131,10 @@ TEST_F(LocalRunnerTest, InterruptedRunResumesToTheSameLosses) {
   std::vector<TrialResult> partial;
   Status s = Run(Job(), &partial, false, &stop);
   EXPECT_EQ(s.code(), StatusCode::kCancelled);
-  EXPECT_EQ(partial[0].state, "Succeeded");
+  // Sharded-LRTF interleaves the trials' steps on the device, in an order that follows the
+  // measured step times; whatever ran, the interrupted trial stopped exactly where it was.
   EXPECT_EQ(partial[1].state, "Interrupted");
   EXPECT_EQ(partial[1].step, 7);
-  EXPECT_EQ(partial[2].state, "Pending");
   // The interrupted trial checkpointed where it stopped.
   EXPECT_TRUE(fs::exists(dir_ / "out/trials/j-lr3e-3/checkpoints/ckpt-0000000007.hck"));
 
@@ -137,6 +142,12 @@ TEST_F(LocalRunnerTest, InterruptedRunResumesToTheSameLosses) {
   std::vector<TrialResult> resumed;
   ASSERT_TRUE(Run(Job(), &resumed).ok());
   EXPECT_EQ(resumed[1].resumed_from_step, 7);
+  bool resumed_message = false;
+  for (const auto& m : progress_.messages) {
+    resumed_message =
+        resumed_message || m.find("resumed from the checkpoint of step 7") != std::string::npos;
+  }
+  EXPECT_TRUE(resumed_message);
   for (size_t i = 0; i < straight.size(); ++i) {
     ASSERT_EQ(resumed[i].train_curve.size(), straight[i].train_curve.size());
     for (size_t k = 0; k < straight[i].train_curve.size(); ++k) {
@@ -144,12 +155,13 @@ TEST_F(LocalRunnerTest, InterruptedRunResumesToTheSameLosses) {
     }
     EXPECT_EQ(resumed[i].final_val_loss, straight[i].final_val_loss);
   }
-  EXPECT_THAT(progress_.messages.back(), HasSubstr("resumed from the checkpoint of step 7"));
 }
 
 TEST_F(LocalRunnerTest, ChangedConfigurationIsNotResumedSilently) {
   std::atomic<bool> stop{false};
-  factory_.on_step = [&](const std::string&, int64_t step) { stop = step == 6; };
+  factory_.on_step = [&](const std::string& trial, int64_t step) {
+    if (trial == "j-lr1e-3" && step == 6) stop = true;
+  };
   std::vector<TrialResult> results;
   EXPECT_EQ(Run(Job(20), &results, false, &stop).code(), StatusCode::kCancelled);
   factory_.on_step = nullptr;
@@ -165,7 +177,9 @@ TEST_F(LocalRunnerTest, ChangedConfigurationIsNotResumedSilently) {
 
 TEST_F(LocalRunnerTest, CorruptLatestCheckpointFallsBackToThePreviousOne) {
   std::atomic<bool> stop{false};
-  factory_.on_step = [&](const std::string&, int64_t step) { stop = step == 10; };
+  factory_.on_step = [&](const std::string& trial, int64_t step) {
+    if (trial == "j-lr1e-3" && step == 10) stop = true;
+  };
   std::vector<TrialResult> results;
   EXPECT_EQ(Run(Job(), &results, false, &stop).code(), StatusCode::kCancelled);
   const fs::path ckpts = dir_ / "out/trials/j-lr1e-3/checkpoints";
@@ -179,6 +193,41 @@ TEST_F(LocalRunnerTest, CorruptLatestCheckpointFallsBackToThePreviousOne) {
   for (const auto& m : progress_.messages)
     warned = warned || m.find("corrupt") != std::string::npos;
   EXPECT_TRUE(warned);
+}
+
+TEST_F(LocalRunnerTest, DevicesRunTrialsInParallelWithoutOverlap) {
+  std::vector<TrialResult> alone, parallel;
+  ASSERT_TRUE(Run(Job(), &alone).ok());
+  Schedule schedule;
+  ASSERT_TRUE(Run(Job(), &parallel, /*restart=*/true, nullptr, /*devices=*/3, &schedule).ok());
+  ASSERT_EQ(schedule.tasks.size(), 60u);  // 3 trials x 20 steps
+  std::map<int, std::vector<ScheduledTask>> by_device;
+  std::map<size_t, std::vector<ScheduledTask>> by_trial;
+  for (const auto& t : schedule.tasks) {
+    by_device[t.device].push_back(t);
+    by_trial[t.trial].push_back(t);
+  }
+  auto no_overlap = [](std::vector<ScheduledTask> ts) {
+    std::sort(ts.begin(), ts.end(),
+              [](const ScheduledTask& a, const ScheduledTask& b) { return a.start < b.start; });
+    for (size_t i = 1; i < ts.size(); ++i) {
+      if (ts[i].start < ts[i - 1].end) return false;
+    }
+    return true;
+  };
+  for (const auto& [d, ts] : by_device) EXPECT_TRUE(no_overlap(ts)) << "device " << d;
+  for (const auto& [t, ts] : by_trial) {
+    EXPECT_TRUE(no_overlap(ts)) << "trial " << t;
+    EXPECT_EQ(ts.size(), 20u);  // no trial starves
+  }
+  EXPECT_GT(by_device.size(), 1u);
+  for (size_t i = 0; i < alone.size(); ++i) {
+    ASSERT_EQ(parallel[i].state, "Succeeded");
+    ASSERT_EQ(parallel[i].train_curve.size(), alone[i].train_curve.size());
+    for (size_t k = 0; k < alone[i].train_curve.size(); ++k) {
+      EXPECT_EQ(parallel[i].train_curve[k].loss, alone[i].train_curve[k].loss);
+    }
+  }
 }
 
 TEST_F(LocalRunnerTest, FailedTrialDoesNotStopTheOthers) {

@@ -1,0 +1,41 @@
+#pragma once
+
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "common/scheduler.h"
+#include "common/status.h"
+
+namespace hydra::cli {
+
+struct SimulationReport {
+  Schedule schedule;  ///< Sharded-LRTF's
+  double lower_bound = 0;
+  std::map<std::string, double> baselines;  ///< name -> makespan seconds
+  int micro_batches = 1;                    ///< used for the GPipe baseline
+};
+
+/// Sharded-LRTF over `options.devices`, with the lower bound and the baselines: trials one after
+/// another with naive model parallelism ("sequential-model-parallel"), one after another with a
+/// GPipe pipeline over all devices ("gpipe"), and FIFO and round-robin shard scheduling.
+SimulationReport RunSimulation(const std::vector<TrialProfile>& trials,
+                               const SimulationOptions& options, int micro_batches);
+
+/// {"makespanSeconds", "lowerBoundSeconds", "utilization", "baselines": {NAME: seconds}}.
+nlohmann::json SimulationJson(const SimulationReport& report);
+
+/// Human-readable summary.
+std::string FormatSimulation(const SimulationReport& report, const SimulationOptions& options);
+
+/// Reads a profile file: {"linkBytesPerSecond": N, "trials": [{"name", "minibatches",
+/// "tasks": [{"name", "computeSeconds", "transferBytes"}]}]}. INVALID_ARGUMENT naming the field.
+StatusOr<std::vector<TrialProfile>> LoadProfileFile(const std::string& path,
+                                                    double* link_bytes_per_second);
+
+/// Gantt chart of a schedule (one lane per device, one colour per trial) drawn with gnuplot.
+Status DrawGantt(const Schedule& schedule, const std::vector<TrialProfile>& trials, int devices,
+                 const std::string& png_path, const std::string& title);
+
+}  // namespace hydra::cli

@@ -19,7 +19,7 @@ TrialProfile ProfileFromPlan(const Trial& trial, const PartitionPlan& plan,
     const double fwd = s.forward_flops * mb / flops_per_second;
     p.tasks.push_back({"B" + std::to_string(k),
                        2 * fwd + (s.policy == ActivationPolicy::kRecompute ? fwd : 0.0),
-                       moves ? 2 * s.state_bytes : 0});
+                       moves ? s.parameters * 8 : 0});
   }
   return p;
 }

@@ -9,6 +9,8 @@
 #include <iostream>
 #include <thread>
 
+#include "agent/executor/cpu_threads.h"
+#include "agent/executor/pilot.h"
 #include "agent/executor/spilling_executor.h"
 #include "cli/local_runner.h"
 #include "cli/progress.h"
@@ -64,13 +66,31 @@ int Validate(const std::string& path) {
   return 0;
 }
 
-int Plan(const std::string& path) {
+int Plan(const std::string& path, bool pilot, int threads) {
   hydra::MultiModelJob job;
   std::vector<hydra::Trial> trials;
   if (int rc = LoadOrExplain(path, &job, &trials)) return rc;
   int rc = 0;
+  double flops = 1e11;
+  if (pilot) {
+    hydra::executor::ConfigureCpuThreads(threads);
+    auto p = hydra::executor::RunPilot(trials.front());
+    if (!p.ok()) {
+      std::cerr << "error: " << p.status().message() << "\n";
+      return 1;
+    }
+    flops = p->flops_per_second;
+    std::printf(
+        "pilot (%s): one block forward+backward took %.4f s; the cost model's %.3g FLOPs at "
+        "100 GFLOP/s predict %.4f s (measured/predicted %.2f); estimates below use the measured "
+        "%.1f GFLOP/s\n\n",
+        trials.front().name.c_str(), p->block_seconds, p->block_flops, p->block_flops / 1e11,
+        p->block_seconds / (p->block_flops / 1e11), flops / 1e9);
+  }
   for (const auto& t : trials) {
-    auto plan = hydra::PlanShards(t, hydra::PartitionOptionsFor(t));
+    auto po = hydra::PartitionOptionsFor(t);
+    po.flops_per_second = flops;
+    auto plan = hydra::PlanShards(t, po);
     if (!plan.ok()) {
       std::cout << t.name << ": cannot be planned: " << plan.status().message() << "\n";
       rc = 1;
@@ -78,7 +98,8 @@ int Plan(const std::string& path) {
     }
     std::cout << hydra::FormatPlan(t, *plan) << "\n";
   }
-  std::cout << "(est. s: forward + backward (+ recompute) seconds per step at 100 GFLOP/s)\n";
+  std::printf("(est. s: forward + backward (+ recompute) seconds per step at %.1f GFLOP/s%s)\n",
+              flops / 1e9, pilot ? ", measured" : "; --pilot measures it");
   return rc;
 }
 
@@ -291,11 +312,15 @@ int main(int argc, char** argv) {
   run->add_option("--chart", ra.chart, "Write a Gantt chart of the run's schedule to this PNG");
 
   std::string plan_manifest;
+  bool plan_pilot = false;
   auto* plan = app.add_subcommand(
       "plan", "Print each trial's shard plan: layer ranges, bytes per shard, policies, times");
   plan->add_option("manifest", plan_manifest, "MultiModelJob YAML file")
       ->required()
       ->check(CLI::ExistingFile);
+  plan->add_flag("--pilot", plan_pilot,
+                 "Time one block on this machine first and use the measured rate for the "
+                 "estimates");
 
   SimulateArgs sim;
   auto* simulate = app.add_subcommand(
@@ -332,7 +357,7 @@ int main(int argc, char** argv) {
 
   CLI11_PARSE(app, argc, argv);
   if (run->parsed()) return Run(ra);
-  if (plan->parsed()) return Plan(plan_manifest);
+  if (plan->parsed()) return Plan(plan_manifest, plan_pilot, ra.threads);
   if (simulate->parsed()) {
     if (sim.manifest.empty() == sim.profile.empty()) {
       std::cerr << "error: hydra simulate takes a manifest or --profile FILE (one of them)\n";

@@ -1,6 +1,7 @@
 #include "agent/executor/spilling_executor.h"
 
 #include <malloc.h>
+#include <sys/statvfs.h>
 
 #include <chrono>
 #include <filesystem>
@@ -615,9 +616,26 @@ class ExecutorFactory : public ExecutorFactoryInterface {
     }
     auto plan = Plan(trial);
     if (!plan.ok()) return plan.status().WithContext("trial " + trial.name);
-    if (plan->state_tier == StateTier::kDisk && options_.spill_dir.empty()) {
-      return FailedPreconditionError("trial " + trial.name +
-                                     " offloads to disk but no spill directory is configured");
+    if (plan->state_tier == StateTier::kDisk) {
+      if (options_.spill_dir.empty()) {
+        return FailedPreconditionError("trial " + trial.name +
+                                       " offloads to disk but no spill directory is configured");
+      }
+      // A full disk is found before training, not in the middle of a step.
+      std::error_code ec;
+      std::filesystem::create_directories(options_.spill_dir, ec);
+      struct statvfs vfs {};
+      if (ec || ::statvfs(options_.spill_dir.c_str(), &vfs) != 0) {
+        return FailedPreconditionError("spill directory " + options_.spill_dir + " is not usable" +
+                                       (ec ? ": " + ec.message() : ""));
+      }
+      const int64_t free_bytes = static_cast<int64_t>(vfs.f_bavail) * vfs.f_frsize;
+      if (free_bytes < plan->total_state_bytes) {
+        return ResourceExhaustedError("trial " + trial.name + " spills " +
+                                      FormatBytes(plan->total_state_bytes) + " of state to " +
+                                      options_.spill_dir + ", which has only " +
+                                      FormatBytes(free_bytes) + " free");
+      }
     }
     return OkStatus();
   }

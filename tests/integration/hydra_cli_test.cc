@@ -113,6 +113,32 @@ TEST_F(HydraCliTest, ValidateNamesTheBadField) {
   EXPECT_EQ(RunHydra({"run", (dir_ / "bad.yaml").string()}, &out), 2);
 }
 
+TEST_F(HydraCliTest, PlanAndSimulate) {
+  const std::string job = (dir_ / "job.yaml").string();
+  std::string out;
+  ASSERT_EQ(RunHydra({"plan", "--pilot", job}, &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("pilot (tiny-lr1e-3): one block forward+backward took"));
+  EXPECT_THAT(out, HasSubstr("1 shard"));
+  ASSERT_EQ(RunHydra({"simulate", job, "--devices", "2", "--device-memory", "2Mi", "--json"},
+                     &out),
+            0)
+      << out;
+  auto j = nlohmann::json::parse(out);
+  for (const char* key : {"makespanSeconds", "lowerBoundSeconds", "utilization", "baselines"}) {
+    EXPECT_TRUE(j.contains(key)) << key;
+  }
+  EXPECT_EQ(j["utilization"].size(), 2u);
+  EXPECT_GE(j["makespanSeconds"].get<double>(), j["lowerBoundSeconds"].get<double>() - 1e-9);
+  for (const char* b : {"sequential-model-parallel", "gpipe", "fifo", "round-robin"}) {
+    EXPECT_TRUE(j["baselines"].contains(b)) << b;
+  }
+  const std::string chart = (dir_ / "gantt.png").string();
+  ASSERT_EQ(RunHydra({"simulate", job, "--devices", "2", "--chart", chart}, &out), 0) << out;
+  EXPECT_GT(fs::file_size(chart), 1000u);
+  EXPECT_NE(RunHydra({"simulate", "--devices", "2"}, &out), 0);
+  EXPECT_THAT(out, HasSubstr("a manifest or --profile"));
+}
+
 TEST_F(HydraCliTest, MissingDatasetIsAClearError) {
   fs::remove(dir_ / "corpus.txt");
   std::string out;

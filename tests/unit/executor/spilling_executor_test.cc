@@ -219,6 +219,24 @@ TEST_F(SpillingExecutorTest, LayerTooBigIsRefusedBeforeTraining) {
   EXPECT_THAT(s.message(), HasSubstr("needs"));
 }
 
+TEST_F(SpillingExecutorTest, NotEnoughFreeDiskIsRefusedBeforeTraining) {
+  // ~3.3 trillion parameters: 38 TB of state, more than any test machine's disk.
+  Trial t = Small("adamw");
+  t.model.n_layer = 1000;
+  t.model.n_embd = 16384;
+  t.model.n_head = 128;
+  t.training.batch_size = 1;
+  t.resources.device_memory_budget = 256LL << 30;
+  t.resources.offload = "disk";
+  auto factory = Factory();
+  auto data = TokenDataset::Open(t.dataset, t.model.context_length + 1);
+  ASSERT_TRUE(data.ok());
+  Status s = factory->Check(t, **data);
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s;
+  EXPECT_THAT(s.message(), HasSubstr("free"));
+  EXPECT_THAT(s.message(), HasSubstr(spill_.string()));
+}
+
 TEST_F(SpillingExecutorTest, DiskFailureIsAClearError) {
   Trial t = Small("adamw");
   t.resources.device_memory_budget = BudgetFor(t, 2);

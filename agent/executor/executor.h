@@ -53,6 +53,10 @@ class TrialExecutorInterface {
   virtual ExecutorStats stats() const = 0;
 };
 
+/// The checks every executor factory makes first: a supported model family, and a dataset whose
+/// tokens all fall inside the model's vocabulary. INVALID_ARGUMENT naming the field otherwise.
+Status CheckModelAndData(const Trial& trial, const TokenDataset& data);
+
 /// Makes executors; the local runner and the agent receive one through their constructors.
 class ExecutorFactoryInterface {
  public:

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "agent/executor/batches.h"
 #include "agent/executor/cpu_threads.h"
 #include "agent/executor/gpt2.h"
 #include "agent/executor/optimizer.h"
@@ -33,8 +34,8 @@ class InMemoryExecutor : public TrialExecutorInterface {
     const int64_t micro = tr.batch_size / tr.gradient_accumulation_steps;
     StepMetrics m;
     try {
-      torch::Tensor tokens =
-          Windows(TrainWindowOffsets(*data_, tr.seed, step_, tr.batch_size, T + 1), T + 1);
+      torch::Tensor tokens = TokenWindows(
+          *data_, TrainWindowOffsets(*data_, tr.seed, step_, tr.batch_size, T + 1), T + 1);
       double loss_sum = 0;
       for (int64_t a = 0; a < tr.gradient_accumulation_steps; ++a) {
         auto chunk = tokens.narrow(0, a * micro, micro);
@@ -69,7 +70,8 @@ class InMemoryExecutor : public TrialExecutorInterface {
       for (size_t begin = 0; begin < offsets.size(); begin += micro) {
         const size_t end = std::min(offsets.size(), begin + static_cast<size_t>(micro));
         std::vector<int64_t> chunk(offsets.begin() + begin, offsets.begin() + end);
-        total += Loss(Windows(chunk, T + 1)).item<double>() * static_cast<double>(chunk.size());
+        total += Loss(TokenWindows(*data_, chunk, T + 1)).item<double>() *
+                 static_cast<double>(chunk.size());
       }
       return total / static_cast<double>(offsets.size());
     } catch (const c10::Error& e) {
@@ -97,21 +99,11 @@ class InMemoryExecutor : public TrialExecutorInterface {
   ExecutorStats stats() const override { return stats_; }
 
  private:
-  /// [n, window] int64 tensor of the token windows starting at `offsets`.
-  torch::Tensor Windows(const std::vector<int64_t>& offsets, int64_t window) const {
-    auto t = torch::empty({static_cast<int64_t>(offsets.size()), window}, torch::kLong);
-    int64_t* p = t.data_ptr<int64_t>();
-    for (size_t i = 0; i < offsets.size(); ++i) data_->Read(offsets[i], window, p + i * window);
-    return t;
-  }
-
   torch::Tensor Loss(const torch::Tensor& windows) {
     const int64_t T = windows.size(1) - 1;
     auto x = windows.narrow(1, 0, T);
     auto y = windows.narrow(1, 1, T);
-    auto logits = model_.Forward(x);
-    return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}),
-                                                y.reshape({-1}));
+    return NextTokenLoss(model_.Forward(x), y);
   }
 
   Trial trial_;
@@ -130,16 +122,7 @@ class InMemoryExecutorFactory : public ExecutorFactoryInterface {
   }
 
   Status Check(const Trial& trial, const TokenDataset& data) override {
-    if (trial.model.family != "gpt2") {
-      return InvalidArgumentError("spec.model.family: unsupported family '" + trial.model.family +
-                                  "'");
-    }
-    if (data.max_token() >= trial.model.vocab_size) {
-      return InvalidArgumentError("spec.dataset.path: " + data.path() + " holds token id " +
-                                  std::to_string(data.max_token()) +
-                                  ", outside the model's vocabulary (spec.model.vocabSize = " +
-                                  std::to_string(trial.model.vocab_size) + ")");
-    }
+    RETURN_IF_ERROR(CheckModelAndData(trial, data));
     const TrialFootprint fp = EstimateTrialFootprint(trial);
     if (trial.resources.device_memory_budget &&
         fp.total_bytes() > *trial.resources.device_memory_budget) {

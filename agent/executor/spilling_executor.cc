@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <map>
 
+#include "agent/executor/batches.h"
 #include "agent/executor/cpu_threads.h"
 #include "agent/executor/disk_tier.h"
 #include "agent/executor/gpt2.h"
@@ -147,7 +148,7 @@ class SpillingExecutor : public TrialExecutorInterface {
       std::vector<torch::Tensor> acts, targets;
       for (size_t b = 0; b < offsets.size(); b += micro) {
         const size_t e = std::min(offsets.size(), b + static_cast<size_t>(micro));
-        auto w = Windows({offsets.begin() + b, offsets.begin() + e}, T + 1);
+        auto w = TokenWindows(*data_, {offsets.begin() + b, offsets.begin() + e}, T + 1);
         acts.push_back(w.narrow(1, 0, T));
         targets.push_back(w.narrow(1, 1, T));
       }
@@ -160,7 +161,8 @@ class SpillingExecutor : public TrialExecutorInterface {
       }
       double total = 0;
       for (size_t i = 0; i < acts.size(); ++i) {
-        total += Loss(acts[i], targets[i]).item<double>() * static_cast<double>(acts[i].size(0));
+        total += NextTokenLoss(acts[i], targets[i]).item<double>() *
+                 static_cast<double>(acts[i].size(0));
       }
       return total / static_cast<double>(offsets.size());
     } catch (const c10::Error& e) {
@@ -232,7 +234,15 @@ class SpillingExecutor : public TrialExecutorInterface {
   ExecutorStats stats() const override {
     ExecutorStats st;
     st.shards = static_cast<int64_t>(shards_.size());
-    for (const auto& [n, p] : model_.NamedParameters()) st.parameters += p.numel();
+    // From the shapes: a spilled shard's tensors are empty while its state is on disk.
+    for (const auto& shard : shards_) {
+      for (const auto& shape : shard.param_shapes) {
+        int64_t n = 1;
+        for (int64_t d : shape) n *= d;
+        st.parameters += n;
+      }
+    }
+    for (const auto& [n, p] : pinned_) st.parameters += p.numel();
     st.peak_device_bytes = ledger_.peak(Tier::kDevice);
     if (disk_) {
       st.disk_bytes_read = disk_->bytes_read();
@@ -390,18 +400,6 @@ class SpillingExecutor : public TrialExecutorInterface {
     return x;
   }
 
-  torch::Tensor Loss(const torch::Tensor& logits, const torch::Tensor& targets) {
-    return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}),
-                                                targets.reshape({-1}));
-  }
-
-  torch::Tensor Windows(const std::vector<int64_t>& offsets, int64_t window) const {
-    auto t = torch::empty({static_cast<int64_t>(offsets.size()), window}, torch::kLong);
-    int64_t* p = t.data_ptr<int64_t>();
-    for (size_t i = 0; i < offsets.size(); ++i) data_->Read(offsets[i], window, p + i * window);
-    return t;
-  }
-
   /// Runs shard k's optimizer step right after its backward (unless clipping must first see
   /// every shard's gradient norm), then frees its gradients.
   Status AfterBackward(size_t k, bool clipping) {
@@ -438,7 +436,8 @@ class SpillingExecutor : public TrialExecutorInterface {
     const size_t S = shards_.size();
     const bool clipping = tr.grad_clip_norm > 0;
     norms_.clear();
-    auto tokens = Windows(TrainWindowOffsets(*data_, tr.seed, step_, tr.batch_size, T + 1), T + 1);
+    auto tokens = TokenWindows(
+        *data_, TrainWindowOffsets(*data_, tr.seed, step_, tr.batch_size, T + 1), T + 1);
     // inputs[k][a]: the boundary activation entering shard k for micro-batch a.
     std::vector<std::vector<torch::Tensor>> inputs(S, std::vector<torch::Tensor>(A));
     std::vector<std::vector<torch::Tensor>> outputs(
@@ -498,7 +497,7 @@ class SpillingExecutor : public TrialExecutorInterface {
     double loss_sum = 0;
     for (int64_t a = 0; a < A; ++a) {
       auto in = leaf(inputs[L][a], L);
-      auto loss = Loss(ForwardShard(L, in), targets[a]);
+      auto loss = NextTokenLoss(ForwardShard(L, in), targets[a]);
       (A == 1 ? loss : loss / A).backward();
       loss_sum += loss.item<double>();
       if (L > 0) grad_out[a] = in.grad();
@@ -604,16 +603,7 @@ class ExecutorFactory : public ExecutorFactoryInterface {
   }
 
   Status Check(const Trial& trial, const TokenDataset& data) override {
-    if (trial.model.family != "gpt2") {
-      return InvalidArgumentError("spec.model.family: unsupported family '" + trial.model.family +
-                                  "'");
-    }
-    if (data.max_token() >= trial.model.vocab_size) {
-      return InvalidArgumentError("spec.dataset.path: " + data.path() + " holds token id " +
-                                  std::to_string(data.max_token()) +
-                                  ", outside the model's vocabulary (spec.model.vocabSize = " +
-                                  std::to_string(trial.model.vocab_size) + ")");
-    }
+    RETURN_IF_ERROR(CheckModelAndData(trial, data));
     auto plan = Plan(trial);
     if (!plan.ok()) return plan.status().WithContext("trial " + trial.name);
     if (plan->state_tier == StateTier::kDisk) {

@@ -318,6 +318,8 @@ TEST_F(SpillingExecutorTest, DiskTierKeepsResidentMemoryNearTheBudget) {
             << FormatBytes(growth) << " (baseline " << FormatBytes(baseline) << ")\n";
   EXPECT_LT(peak.load(), baseline + *t.resources.device_memory_budget + overhead);
   EXPECT_LE((*exec)->stats().peak_device_bytes, *t.resources.device_memory_budget);
+  // Counted from the shapes, not from the (spilled, empty) tensors.
+  EXPECT_EQ((*exec)->stats().parameters, EstimateTrialFootprint(t).parameters);
 }
 
 }  // namespace

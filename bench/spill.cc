@@ -14,17 +14,7 @@
 #include "agent/executor/spilling_executor.h"
 #include "common/cost_model.h"
 #include "common/partitioner.h"
-
-namespace {
-
-int64_t ResidentBytes() {
-  std::ifstream in("/proc/self/statm");
-  int64_t size = 0, resident = 0;
-  in >> size >> resident;
-  return resident * ::sysconf(_SC_PAGESIZE);
-}
-
-}  // namespace
+#include "common/process_memory.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"Tokens/s of one GPT-2 trial trained by the shard-spilling executor"};
@@ -77,19 +67,9 @@ int main(int argc, char** argv) {
   std::string policies;
   for (const auto& s : plan->shards) policies += hydra::ActivationPolicyName(s.policy)[0];
 
-  const int64_t baseline = ResidentBytes();
-  std::atomic<bool> done{false};
-  std::atomic<int64_t> peak{0};
-  std::thread sampler([&] {
-    while (!done) {
-      peak = std::max<int64_t>(peak, ResidentBytes());
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-  });
-  auto stop = [&] {
-    done = true;
-    sampler.join();
-  };
+  const int64_t baseline = hydra::ResidentBytes();
+  hydra::ResidentPeakSampler sampler(std::chrono::milliseconds(5));
+  auto stop = [&] { sampler.Stop(); };
 
   auto data = hydra::executor::TokenDataset::Open(t.dataset, t.model.context_length + 1);
   if (!data.ok()) {
@@ -143,7 +123,7 @@ int main(int argc, char** argv) {
                               {"setupSeconds", setup_seconds},
                               {"peakDeviceBytes", after.peak_device_bytes},
                               {"baselineResidentBytes", baseline},
-                              {"peakResidentBytes", peak.load()},
+                              {"peakResidentBytes", sampler.peak()},
                               {"diskReadBytesPerStep",
                                (after.disk_bytes_read - before.disk_bytes_read) / steps},
                               {"diskWrittenBytesPerStep",

@@ -13,6 +13,7 @@
 #include "agent/executor/inmemory_executor.h"
 #include "common/cost_model.h"
 #include "common/partitioner.h"
+#include "common/process_memory.h"
 #include "common/units.h"
 
 namespace hydra::executor {
@@ -259,13 +260,6 @@ TEST_F(SpillingExecutorTest, DiskFailureIsAClearError) {
   EXPECT_THAT(m.status().message(), HasSubstr("shard0.w.spill"));
 }
 
-int64_t ResidentBytes() {
-  std::ifstream in("/proc/self/statm");
-  int64_t size = 0, resident = 0;
-  in >> size >> resident;
-  return resident * ::sysconf(_SC_PAGESIZE);
-}
-
 TEST_F(SpillingExecutorTest, DiskTierKeepsResidentMemoryNearTheBudget) {
   // ~35M parameters: 425 MiB of AdamW state, against a 96 MiB device budget.
   Trial t = Small("adamw");
@@ -290,33 +284,17 @@ TEST_F(SpillingExecutorTest, DiskTierKeepsResidentMemoryNearTheBudget) {
   // Sampled from before the executor exists: building the model spills it layer by layer, so
   // even set-up never holds the whole state.
   const int64_t baseline = ResidentBytes();
-  std::atomic<bool> done{false};
-  std::atomic<int64_t> peak{0};
-  std::thread sampler([&] {
-    while (!done) {
-      peak = std::max<int64_t>(peak, ResidentBytes());
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-  });
-  struct Joiner {
-    std::atomic<bool>& done;
-    std::thread& thread;
-    ~Joiner() {
-      done = true;
-      if (thread.joinable()) thread.join();
-    }
-  } joiner{done, sampler};
+  ResidentPeakSampler sampler;
   auto exec = factory->Create(t, *data);
   ASSERT_TRUE(exec.ok()) << exec.status();
   Losses(exec->get(), 3);
-  done = true;
-  sampler.join();
+  sampler.Stop();
   const int64_t overhead = 48 << 20;  // stated fixed overhead: allocator slack, batch, logits
-  const int64_t growth = peak - baseline;
+  const int64_t growth = sampler.peak() - baseline;
   std::cout << "state " << FormatBytes(state) << ", budget "
             << FormatBytes(*t.resources.device_memory_budget) << ", resident growth "
             << FormatBytes(growth) << " (baseline " << FormatBytes(baseline) << ")\n";
-  EXPECT_LT(peak.load(), baseline + *t.resources.device_memory_budget + overhead);
+  EXPECT_LT(sampler.peak(), baseline + *t.resources.device_memory_budget + overhead);
   EXPECT_LE((*exec)->stats().peak_device_bytes, *t.resources.device_memory_budget);
   // Counted from the shapes, not from the (spilled, empty) tensors.
   EXPECT_EQ((*exec)->stats().parameters, EstimateTrialFootprint(t).parameters);

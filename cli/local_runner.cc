@@ -148,8 +148,17 @@ Status LocalRunner::Run(const MultiModelJob& job, const std::vector<Trial>& tria
     slot->est_step_seconds = 6.0 * static_cast<double>(fp.parameters) *
                              static_cast<double>(t.training.batch_size * t.model.context_length) /
                              1e11;
-    if (options_.restart) fs::remove_all(slot->dir, ec);
     slots_.push_back(std::move(slot));
+  }
+  // Only once every trial passed pre-flight: --restart discards the earlier run's files.
+  if (options_.restart) {
+    for (const auto& slot : slots_) {
+      fs::remove_all(slot->dir, ec);
+      if (ec) {
+        return FailedPreconditionError("--restart: cannot remove " + slot->dir + ": " +
+                                       ec.message());
+      }
+    }
   }
   {
     std::lock_guard<std::mutex> lock(progress_mu_);
@@ -243,11 +252,23 @@ void LocalRunner::Worker(int device) {
     slot.running = true;
     lock.unlock();
 
-    const auto t0 = std::chrono::steady_clock::now();
-    Status s = slot.started ? OkStatus() : Start(slot);
-    if (s.ok()) s = StepOnce(slot);
-    if (s.ok() && slot.r->step >= slot.r->trial.training.steps) s = Finish(slot);
-    const auto t1 = std::chrono::steady_clock::now();
+    Status s;
+    bool stepped = false;
+    std::chrono::steady_clock::time_point t0, t1;
+    try {
+      if (!slot.started) s = Start(slot);
+      // A trial resumed from its final checkpoint (result.json lost) only needs finishing.
+      if (s.ok() && slot.r->step < slot.r->trial.training.steps) {
+        t0 = std::chrono::steady_clock::now();
+        s = StepOnce(slot);
+        t1 = std::chrono::steady_clock::now();
+        stepped = true;
+      }
+      if (s.ok() && slot.r->step >= slot.r->trial.training.steps) s = Finish(slot);
+    } catch (const std::exception& e) {
+      // Nothing may escape a worker thread: the trial fails, the job goes on.
+      s = InternalError(std::string("unexpected error: ") + e.what());
+    }
 
     lock.lock();
     if (!s.ok()) {
@@ -256,15 +277,24 @@ void LocalRunner::Worker(int device) {
       slot.done = true;
       slot.exec.reset();
     }
-    const double start = std::chrono::duration<double>(t0 - start_).count();
-    const double end = std::chrono::duration<double>(t1 - start_).count();
-    schedule_.tasks.push_back({slot.index, slot.r->step - 1, 0, device, start, end});
-    schedule_.busy_seconds[device] += end - start;
-    slot.ready_since = end;
+    if (stepped) {
+      // One task per optimizer step, timed without set-up and finishing.
+      const double start = std::chrono::duration<double>(t0 - start_).count();
+      const double end = std::chrono::duration<double>(t1 - start_).count();
+      schedule_.tasks.push_back({slot.index, slot.r->step - 1, 0, device, start, end});
+      schedule_.busy_seconds[device] += end - start;
+      slot.ready_since = end;
+    }
+    // Report a copy taken while the trial is still ours: once `running` is cleared another
+    // device may step it and grow its curves.
+    const TrialResult snapshot = *slot.r;
     slot.running = false;
     cv_.notify_all();
     lock.unlock();
-    Report(slot.index);
+    {
+      std::lock_guard<std::mutex> progress_lock(progress_mu_);
+      progress_->OnTrialUpdate(slot.index, snapshot);
+    }
     lock.lock();
   }
   cv_.notify_all();

@@ -188,10 +188,21 @@ std::vector<int64_t> CheckpointStore::Steps() const {
 
 Status CheckpointStore::Save(int64_t step, const CheckpointData& data) {
   RETURN_IF_ERROR(WriteCheckpointFile(PathFor(step), data));
-  std::vector<int64_t> steps = Steps();
-  for (size_t i = 0; i + keep_ < steps.size(); ++i) {
+  // Checkpoints of later steps are leftovers that resuming skipped (corrupt, or of a run that
+  // went further before this one resumed from an older file): they must not take the place of
+  // an intact predecessor.
+  std::vector<int64_t> kept;
+  for (int64_t s : Steps()) {
     std::error_code ec;
-    fs::remove(PathFor(steps[i]), ec);  // best effort: an old checkpoint left behind is harmless
+    if (s > step) {
+      fs::remove(PathFor(s), ec);
+    } else {
+      kept.push_back(s);
+    }
+  }
+  for (size_t i = 0; i + keep_ < kept.size(); ++i) {
+    std::error_code ec;
+    fs::remove(PathFor(kept[i]), ec);  // best effort: an old checkpoint left behind is harmless
   }
   return OkStatus();
 }

@@ -190,6 +190,15 @@ class SpillingExecutor : public TrialExecutorInterface {
   }
 
   Status ImportState(int64_t step, const std::vector<NamedBuffer>& state) override {
+    try {
+      return Import(step, state);
+    } catch (const c10::Error& e) {
+      return InternalError("importing the state of " + trial_.name + ": " +
+                           e.what_without_backtrace());
+    }
+  }
+
+  Status Import(int64_t step, const std::vector<NamedBuffer>& state) {
     size_t expected = pinned_.size();
     for (const auto& s : shards_) expected += s.params.size() + s.opt_state.size();
     if (expected != state.size()) {

@@ -230,6 +230,26 @@ TEST_F(LocalRunnerTest, DevicesRunTrialsInParallelWithoutOverlap) {
   }
 }
 
+TEST_F(LocalRunnerTest, TrialWithLostResultFinishesFromItsFinalCheckpoint) {
+  std::vector<TrialResult> first, second;
+  ASSERT_TRUE(Run(Job(), &first).ok());
+  fs::remove(dir_ / "out/trials/j-lr3e-3/result.json");
+  ASSERT_TRUE(Run(Job(), &second).ok());
+  EXPECT_EQ(factory_.created, 4);  // only the trial without result.json is rebuilt
+  EXPECT_EQ(second[1].state, "Succeeded");
+  EXPECT_EQ(second[1].step, 20);  // not one step past the budget
+  EXPECT_EQ(second[1].train_curve.size(), 20u);
+  EXPECT_EQ(second[1].final_val_loss, first[1].final_val_loss);
+}
+
+TEST_F(LocalRunnerTest, RestartDiscardsNothingWhenPreflightFails) {
+  std::vector<TrialResult> results;
+  ASSERT_TRUE(Run(Job(), &results).ok());
+  factory_.refuse["j-lr2e-3"] = true;
+  EXPECT_EQ(Run(Job(), &results, /*restart=*/true).code(), StatusCode::kResourceExhausted);
+  EXPECT_TRUE(fs::exists(dir_ / "out/trials/j-lr1e-3/result.json"));
+}
+
 TEST_F(LocalRunnerTest, FailedTrialDoesNotStopTheOthers) {
   factory_.fail_at["j-lr3e-3"] = 3;
   std::vector<TrialResult> results;

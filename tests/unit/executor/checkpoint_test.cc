@@ -83,6 +83,17 @@ TEST_F(CheckpointTest, StoreKeepsNewestAndFallsBackPastCorruption) {
   EXPECT_NE(warnings[0].find("ckpt-0000000030.hck"), std::string::npos);
 }
 
+TEST_F(CheckpointTest, SavingAnOlderStepRemovesLaterLeftovers) {
+  // Resumed from step 10 because 20 and 30 were unusable: the next save must not let those
+  // leftovers push out the intact checkpoint of step 10.
+  CheckpointStore store((dir_ / "trial").string(), 2);
+  for (int64_t step : {10, 20, 30}) ASSERT_TRUE(store.Save(step, Sample(step)).ok());
+  ASSERT_TRUE(store.Save(15, Sample(15)).ok());
+  EXPECT_EQ(store.Steps(), (std::vector<int64_t>{15}));
+  ASSERT_TRUE(store.Save(16, Sample(16)).ok());
+  EXPECT_EQ(store.Steps(), (std::vector<int64_t>{15, 16}));
+}
+
 TEST_F(CheckpointTest, UnwritableDirectoryIsAClearError) {
   if (::geteuid() == 0) {
     // root ignores permissions; use a path under a regular file instead.

@@ -629,11 +629,19 @@ class ExecutorFactory : public ExecutorFactoryInterface {
                                        (ec ? ": " + ec.message() : ""));
       }
       const int64_t free_bytes = static_cast<int64_t>(vfs.f_bavail) * vfs.f_frsize;
-      if (free_bytes < plan->total_state_bytes) {
-        return ResourceExhaustedError("trial " + trial.name + " spills " +
-                                      FormatBytes(plan->total_state_bytes) + " of state to " +
-                                      options_.spill_dir + ", which has only " +
-                                      FormatBytes(free_bytes) + " free");
+      // The state, the temporary copy of the largest shard while it is rewritten, and the
+      // gradients when clipping parks them on disk.
+      int64_t largest = 0, gradients = 0;
+      for (const auto& sh : plan->shards) {
+        largest = std::max(largest, sh.state_bytes);
+        gradients += sh.gradient_bytes;
+      }
+      const int64_t needed =
+          plan->total_state_bytes + largest + (trial.training.grad_clip_norm > 0 ? gradients : 0);
+      if (free_bytes < needed) {
+        return ResourceExhaustedError("trial " + trial.name + " spills up to " +
+                                      FormatBytes(needed) + " to " + options_.spill_dir +
+                                      ", which has only " + FormatBytes(free_bytes) + " free");
       }
     }
     return OkStatus();

@@ -237,6 +237,8 @@ int Run(const RunArgs& a) {
             << "\n";
   std::vector<hydra::cli::TrialResult> results;
   hydra::Status status = runner.Run(job, trials, &results);
+  std::error_code ignored;
+  std::filesystem::remove(exec_options.spill_dir, ignored);  // only if empty: spills are gone
   if (!status.ok() && status.code() != hydra::StatusCode::kCancelled) {
     std::cerr << "error: " << status.message() << "\n";
     return 1;

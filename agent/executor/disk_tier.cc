@@ -106,7 +106,7 @@ Status DiskTier::WriteSync(const std::string& key, std::vector<ConstBytes> parts
   bytes_written_ += offset;
   std::lock_guard<std::mutex> lock(mu_);
   keys_.insert(key);
-  sizes_[key] = offset;
+  sizes_[key] = offset + static_cast<off_t>(sizeof(trailer));
   return OkStatus();
 }
 

@@ -36,7 +36,8 @@ TEST_F(DiskTierTest, RoundTripAsyncAndCleanup) {
     auto w = disk.Write("s0", {{a.data(), a.size() * 4}, {b.data(), b.size() * 4}});
     ASSERT_TRUE(w.get().ok());
     EXPECT_TRUE(disk.Exists("s0"));
-    EXPECT_EQ(disk.bytes_on_disk(), static_cast<int64_t>((a.size() + b.size()) * 4));
+    // The data and the 16-byte hash trailer.
+    EXPECT_EQ(disk.bytes_on_disk(), static_cast<int64_t>((a.size() + b.size()) * 4 + 16));
     std::vector<float> a2(a.size()), b2(b.size());
     auto r = disk.Read("s0", {{a2.data(), a2.size() * 4}, {b2.data(), b2.size() * 4}});
     ASSERT_TRUE(r.get().ok());

@@ -23,18 +23,6 @@ namespace fs = std::filesystem;
 using executor::CheckpointData;
 using executor::CheckpointStore;
 
-nlohmann::json CurveJson(const std::vector<CurvePoint>& curve) {
-  nlohmann::json out = nlohmann::json::array();
-  for (const auto& p : curve) out.push_back({p.step, p.loss});
-  return out;
-}
-
-std::vector<CurvePoint> CurveFromJson(const nlohmann::json& j) {
-  std::vector<CurvePoint> out;
-  for (const auto& p : j) out.push_back({p.at(0).get<int64_t>(), p.at(1).get<double>()});
-  return out;
-}
-
 double MeanOfLast(const std::vector<CurvePoint>& curve, size_t n) {
   if (curve.empty()) return std::numeric_limits<double>::quiet_NaN();
   n = std::min(n, curve.size());

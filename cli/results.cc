@@ -24,12 +24,6 @@ double NumberOrNaN(const nlohmann::json& j) {
   return j.is_number() ? j.get<double>() : std::numeric_limits<double>::quiet_NaN();
 }
 
-nlohmann::json Curve(const std::vector<CurvePoint>& curve) {
-  nlohmann::json out = nlohmann::json::array();
-  for (const auto& p : curve) out.push_back({p.step, p.loss});
-  return out;
-}
-
 std::string CsvField(const std::string& s) {
   if (s.find_first_of(",\"\n") == std::string::npos) return s;
   std::string out = "\"";
@@ -46,6 +40,18 @@ std::string Fixed(double v, int digits) {
 
 }  // namespace
 
+nlohmann::json CurveJson(const std::vector<CurvePoint>& curve) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& p : curve) out.push_back({p.step, p.loss});
+  return out;
+}
+
+std::vector<CurvePoint> CurveFromJson(const nlohmann::json& j) {
+  std::vector<CurvePoint> out;
+  for (const auto& p : j) out.push_back({p.at(0).get<int64_t>(), p.at(1).get<double>()});
+  return out;
+}
+
 nlohmann::ordered_json TrialResultJson(const TrialResult& r) {
   nlohmann::ordered_json j;
   j["name"] = r.trial.name;
@@ -59,8 +65,8 @@ nlohmann::ordered_json TrialResultJson(const TrialResult& r) {
   j["wallSeconds"] = r.wall_seconds;
   j["shards"] = r.shards;
   j["peakDeviceBytes"] = r.peak_device_bytes;
-  j["trainLoss"] = Curve(r.train_curve);
-  j["valLoss"] = Curve(r.val_curve);
+  j["trainLoss"] = CurveJson(r.train_curve);
+  j["valLoss"] = CurveJson(r.val_curve);
   return j;
 }
 
@@ -91,8 +97,8 @@ StatusOr<TrialResult> ReadTrialResultFile(const std::string& path, const Trial& 
     r.trained_tokens = j.at("trainedTokens").get<int64_t>();
     r.shards = j.at("shards").get<int64_t>();
     r.peak_device_bytes = j.at("peakDeviceBytes").get<int64_t>();
-    for (const auto& p : j.at("trainLoss")) r.train_curve.push_back({p.at(0), p.at(1)});
-    for (const auto& p : j.at("valLoss")) r.val_curve.push_back({p.at(0), p.at(1)});
+    r.train_curve = CurveFromJson(j.at("trainLoss"));
+    r.val_curve = CurveFromJson(j.at("valLoss"));
     if (!r.train_curve.empty()) r.last_loss = r.train_curve.back().loss;
   } catch (const nlohmann::json::exception& e) {
     return DataLossError(path + ": " + e.what());

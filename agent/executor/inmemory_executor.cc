@@ -61,19 +61,15 @@ class InMemoryExecutor : public TrialExecutorInterface {
   }
 
   StatusOr<double> Evaluate() override {
-    const int64_t T = trial_.model.context_length;
-    const int64_t micro = trial_.training.batch_size / trial_.training.gradient_accumulation_steps;
-    auto offsets = ValidationWindowOffsets(*data_, trial_.dataset.eval_sequences, T + 1);
     try {
       torch::NoGradGuard no_grad;
       double total = 0;
-      for (size_t begin = 0; begin < offsets.size(); begin += micro) {
-        const size_t end = std::min(offsets.size(), begin + static_cast<size_t>(micro));
-        std::vector<int64_t> chunk(offsets.begin() + begin, offsets.begin() + end);
-        total += Loss(TokenWindows(*data_, chunk, T + 1)).item<double>() *
-                 static_cast<double>(chunk.size());
+      int64_t sequences = 0;
+      for (const auto& batch : ValidationBatches(*data_, trial_)) {
+        total += Loss(batch).item<double>() * static_cast<double>(batch.size(0));
+        sequences += batch.size(0);
       }
-      return total / static_cast<double>(offsets.size());
+      return total / static_cast<double>(sequences);
     } catch (const c10::Error& e) {
       return InternalError("evaluating " + trial_.name + ": " + e.what_without_backtrace());
     }

@@ -141,14 +141,10 @@ class SpillingExecutor : public TrialExecutorInterface {
 
   StatusOr<double> Evaluate() override {
     const int64_t T = trial_.model.context_length;
-    const int64_t micro = trial_.training.batch_size / trial_.training.gradient_accumulation_steps;
-    auto offsets = ValidationWindowOffsets(*data_, trial_.dataset.eval_sequences, T + 1);
     try {
       torch::NoGradGuard no_grad;
       std::vector<torch::Tensor> acts, targets;
-      for (size_t b = 0; b < offsets.size(); b += micro) {
-        const size_t e = std::min(offsets.size(), b + static_cast<size_t>(micro));
-        auto w = TokenWindows(*data_, {offsets.begin() + b, offsets.begin() + e}, T + 1);
+      for (const auto& w : ValidationBatches(*data_, trial_)) {
         acts.push_back(w.narrow(1, 0, T));
         targets.push_back(w.narrow(1, 1, T));
       }
@@ -160,11 +156,13 @@ class SpillingExecutor : public TrialExecutorInterface {
         RETURN_IF_ERROR(Evict(k, false));
       }
       double total = 0;
+      int64_t sequences = 0;
       for (size_t i = 0; i < acts.size(); ++i) {
         total += NextTokenLoss(acts[i], targets[i]).item<double>() *
                  static_cast<double>(acts[i].size(0));
+        sequences += acts[i].size(0);
       }
-      return total / static_cast<double>(offsets.size());
+      return total / static_cast<double>(sequences);
     } catch (const c10::Error& e) {
       return InternalError("evaluating " + trial_.name + ": " + e.what_without_backtrace());
     }

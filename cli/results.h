@@ -9,10 +9,6 @@
 
 namespace hydra::cli {
 
-/// A loss curve as [[step, loss], ...], and back (INVALID json throws nlohmann's exception).
-nlohmann::json CurveJson(const std::vector<CurvePoint>& curve);
-std::vector<CurvePoint> CurveFromJson(const nlohmann::json& j);
-
 /// One trial as results.json lists it: name, hyperparameters, state, finalTrainLoss,
 /// finalValLoss, steps, tokensPerSecond, wallSeconds, shards, peakDeviceBytes and the curves.
 nlohmann::ordered_json TrialResultJson(const TrialResult& r);

@@ -20,6 +20,7 @@ function(hydra_cc_test)
   cmake_parse_arguments(ARG "TORCH" "NAME" "SRCS;DEPS;LABELS" ${ARGN})
   add_executable(${ARG_NAME} ${ARG_SRCS})
   target_link_libraries(${ARG_NAME} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gtest_main GTest::gmock)
+  target_include_directories(${ARG_NAME} PRIVATE ${CMAKE_SOURCE_DIR})
   target_compile_options(${ARG_NAME} PRIVATE ${HYDRA_WARNINGS})
   target_compile_definitions(${ARG_NAME} PRIVATE HYDRA_SOURCE_DIR="${CMAKE_SOURCE_DIR}"
                                                  HYDRA_BINARY_DIR="${CMAKE_BINARY_DIR}")

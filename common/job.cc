@@ -116,6 +116,41 @@ std::string FormatNumber(double v) {
   return buf;
 }
 
+/// What is wrong with `v` as a value of `f` by its range; empty if nothing.
+std::string RangeProblem(const FieldDef& f, double v) {
+  if (f.min_exclusive ? !(v > f.min) : !(v >= f.min)) {
+    return std::string("must be ") + (f.min_exclusive ? "> " : ">= ") + FormatNumber(f.min);
+  }
+  if (!(v <= f.max)) return "must be <= " + FormatNumber(f.max);
+  return "";
+}
+
+/// What is wrong with `v` as a value of `f` (kind, enum, range); empty if nothing.
+std::string ValueProblem(const FieldDef& f, const ParamValue& v) {
+  switch (f.kind) {
+    case Kind::kEnum: {
+      const auto* text = std::get_if<std::string>(&v);
+      if (text == nullptr) return "must be a string";
+      for (const auto& e : f.enums) {
+        if (*text == e) return "";
+      }
+      return "must be one of: " + Join(f.enums, ", ") + " (got '" + *text + "')";
+    }
+    case Kind::kInt: {
+      const auto* i = std::get_if<int64_t>(&v);
+      if (i == nullptr) return "must be an integer";
+      return RangeProblem(f, static_cast<double>(*i));
+    }
+    case Kind::kFloat: {
+      const auto* d = std::get_if<double>(&v);
+      if (d == nullptr) return "must be a number";
+      if (!std::isfinite(*d)) return "must be a finite number";
+      return RangeProblem(f, *d);
+    }
+  }
+  return "";
+}
+
 /// Collects errors while walking the YAML tree.
 class Checker {
  public:
@@ -201,16 +236,9 @@ class Checker {
 
  private:
   bool CheckRange(const FieldDef& f, double v, const YAML::Node& node, const std::string& path) {
-    if (f.min_exclusive ? !(v > f.min) : !(v >= f.min)) {
-      Error(path, node,
-            std::string("must be ") + (f.min_exclusive ? "> " : ">= ") + FormatNumber(f.min));
-      return false;
-    }
-    if (!(v <= f.max)) {
-      Error(path, node, "must be <= " + FormatNumber(f.max));
-      return false;
-    }
-    return true;
+    std::string problem = RangeProblem(f, v);
+    if (!problem.empty()) Error(path, node, problem);
+    return problem.empty();
   }
 
   std::vector<FieldError>* errors_;
@@ -690,6 +718,66 @@ StatusOr<std::vector<Trial>> ExpandTrials(const MultiModelJob& job) {
     return InvalidArgumentError(msg);
   }
   return trials;
+}
+
+}  // namespace hydra
+
+namespace hydra {
+
+Status ValidateTrial(const Trial& trial, const std::string& prefix) {
+  std::vector<FieldError> errors;
+  auto err = [&](const std::string& path, const std::string& message) {
+    errors.push_back(FieldError{prefix + path, message, -1});
+  };
+  if (!IsDnsSubdomain(trial.name)) {
+    err("name", "must be a DNS-1123 subdomain (lowercase letters, digits, '-' and '.'), got '" +
+                    trial.name + "'");
+  }
+  const TrialConfig config{trial.model, trial.training};
+  for (const auto& f : Fields()) {
+    const std::string problem = ValueProblem(f, f.get(config));
+    if (!problem.empty()) err(std::string(f.section) + "." + f.name, problem);
+  }
+  const auto& ds = trial.dataset;
+  if (ds.format != "text" && ds.format != "tokens-u16") {
+    err("dataset.format", "must be one of: text, tokens-u16 (got '" + ds.format + "')");
+  }
+  if (ds.resolved_path.empty()) err("dataset.path", "must be a non-empty path");
+  if (!(ds.validation_fraction > 0 && ds.validation_fraction < 1)) {
+    err("dataset.validationFraction", "must be a number > 0 and < 1");
+  }
+  if (ds.eval_sequences < 1) err("dataset.evalSequences", "must be an integer >= 1");
+  const auto& res = trial.resources;
+  if (res.device_memory_budget && *res.device_memory_budget <= 0) {
+    err("resources.deviceMemoryBudget", "must be > 0");
+  }
+  if (res.host_memory_budget && *res.host_memory_budget < 0) {
+    err("resources.hostMemoryBudget", "must be >= 0");
+  }
+  if (res.offload != "host" && res.offload != "disk") {
+    err("resources.offload", "must be one of: host, disk (got '" + res.offload + "')");
+  }
+  int64_t prev = 0;
+  for (size_t i = 0; i < res.shard_boundaries.size(); ++i) {
+    if (res.shard_boundaries[i] <= prev) {
+      err("resources.shardBoundaries[" + std::to_string(i) + "]",
+          "must be > " + std::to_string(prev) + " (boundaries are increasing layer indices)");
+    }
+    prev = res.shard_boundaries[i];
+  }
+  if (errors.empty()) {
+    std::vector<FieldError> rules;
+    CheckTrialRules(config, ds, res, "", &rules);
+    for (auto& e : rules) {
+      // The rules name manifest paths ("spec.model.nHead"); re-root them under `prefix`.
+      if (e.path.rfind("spec.", 0) == 0) e.path = prefix + e.path.substr(5);
+      errors.push_back(e);
+    }
+  }
+  if (errors.empty()) return OkStatus();
+  std::string msg = "invalid trial " + trial.name + ":";
+  for (const auto& e : errors) msg += "\n  " + e.ToString();
+  return InvalidArgumentError(msg);
 }
 
 }  // namespace hydra

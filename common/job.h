@@ -132,6 +132,12 @@ StatusOr<MultiModelJob> LoadJobFile(const std::string& path,
 /// checked against the cross-field rules (e.g. nHead divides nEmbd).
 StatusOr<std::vector<Trial>> ExpandTrials(const MultiModelJob& job);
 
+/// Checks one trial's effective configuration (as it arrives over the wire, not from a
+/// manifest) by the manifest's rules: field ranges and enums, dataset and resources, and the
+/// cross-field rules. INVALID_ARGUMENT listing every problem, paths prefixed with `prefix`
+/// ("trial." gives "trial.training.learningRate").
+Status ValidateTrial(const Trial& trial, const std::string& prefix);
+
 /// Learning rate of optimizer step `step` (0-based): linear warm-up over warmupSteps, then
 /// constant or cosine decay to 10% of learningRate at the last step.
 double LearningRateAt(const TrainingSpec& training, int64_t step);

@@ -76,6 +76,9 @@ inline Status UnavailableError(std::string m) {
 inline Status UnimplementedError(std::string m) {
   return Status(StatusCode::kUnimplemented, std::move(m));
 }
+inline Status PermissionDeniedError(std::string m) {
+  return Status(StatusCode::kPermissionDenied, std::move(m));
+}
 inline Status AlreadyExistsError(std::string m) {
   return Status(StatusCode::kAlreadyExists, std::move(m));
 }

@@ -14,7 +14,8 @@ echo "== tests"
 echo "== sanitizers (ASan + UBSan, torch-free libraries)"
 HYDRA_BUILD_DIR=build-asan bash scripts/build.sh -DHYDRA_WITH_TORCH=OFF \
   -DHYDRA_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=Debug
-(cd build-asan && ctest --output-on-failure --timeout 900 -j2)
+(cd build-asan && LSAN_OPTIONS="suppressions=$PWD/../tests/sanitizers/lsan.supp" \
+  ctest --output-on-failure --timeout 900 -j2)
 
 echo "== benchmarks (smoke size)"
 bash bench/run_all.sh --smoke

@@ -1,10 +1,13 @@
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <functional>
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "agent/executor/executor.h"
 
@@ -16,12 +19,16 @@ namespace hydra::fakes {
 class FakeExecutor : public executor::TrialExecutorInterface {
  public:
   FakeExecutor(const Trial& trial, std::function<void(const std::string&, int64_t)> on_step,
-               int64_t fail_at_step)
-      : trial_(trial), on_step_(std::move(on_step)), fail_at_step_(fail_at_step) {}
+               int64_t fail_at_step, std::chrono::milliseconds step_delay = {})
+      : trial_(trial),
+        on_step_(std::move(on_step)),
+        fail_at_step_(fail_at_step),
+        step_delay_(step_delay) {}
 
   StatusOr<executor::StepMetrics> TrainStep() override {
     if (step_ == fail_at_step_)
       return InternalError("injected failure at step " + std::to_string(step_));
+    if (step_delay_.count() > 0) std::this_thread::sleep_for(step_delay_);
     weight_ = weight_ * (1.0 - trial_.training.learning_rate * 100) + 0.01 * (step_ % 3);
     ++step_;
     if (on_step_) on_step_(trial_.name, step_);
@@ -50,6 +57,7 @@ class FakeExecutor : public executor::TrialExecutorInterface {
   Trial trial_;
   std::function<void(const std::string&, int64_t)> on_step_;
   int64_t fail_at_step_;
+  std::chrono::milliseconds step_delay_;
   double weight_ = 4.0;
   int64_t step_ = 0;
 };
@@ -64,13 +72,14 @@ class FakeExecutorFactory : public executor::ExecutorFactoryInterface {
       const Trial& trial, std::shared_ptr<const executor::TokenDataset>) override {
     ++created;
     auto it = fail_at.find(trial.name);
-    return std::unique_ptr<executor::TrialExecutorInterface>(
-        std::make_unique<FakeExecutor>(trial, on_step, it == fail_at.end() ? -1 : it->second));
+    return std::unique_ptr<executor::TrialExecutorInterface>(std::make_unique<FakeExecutor>(
+        trial, on_step, it == fail_at.end() ? -1 : it->second, step_delay));
   }
 
-  int created = 0;
-  std::map<std::string, int64_t> fail_at;  ///< trial name -> step whose TrainStep fails
-  std::map<std::string, bool> refuse;      ///< trial names Check refuses
+  std::atomic<int> created{0};
+  std::chrono::milliseconds step_delay{0};  ///< every TrainStep sleeps this long
+  std::map<std::string, int64_t> fail_at;   ///< trial name -> step whose TrainStep fails
+  std::map<std::string, bool> refuse;       ///< trial names Check refuses
   std::function<void(const std::string&, int64_t)> on_step;  ///< after every step
 };
 

@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-extern char** environ;
+#include "tests/fakes/subprocess.h"
 
 namespace {
 
@@ -22,36 +22,14 @@ using ::testing::HasSubstr;
 
 const std::string kHydra = std::string(HYDRA_BINARY_DIR) + "/cli/hydra";
 
-struct Proc {
-  pid_t pid = -1;
-  std::string out_path;
-};
+using hydra::fakes::Proc;
+using hydra::fakes::Slurp;
+using hydra::fakes::Wait;
 
 Proc Start(const std::vector<std::string>& args, const std::string& out_path) {
-  std::vector<char*> argv;
-  argv.push_back(const_cast<char*>(kHydra.c_str()));
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  Proc p;
-  p.out_path = out_path;
-  EXPECT_EQ(posix_spawn(&p.pid, kHydra.c_str(), &fa, nullptr, argv.data(), environ), 0);
-  posix_spawn_file_actions_destroy(&fa);
+  Proc p = hydra::fakes::Start(kHydra, args, out_path);
+  EXPECT_GT(p.pid, 0) << "cannot start " << kHydra;
   return p;
-}
-
-int Wait(const Proc& p) {
-  int status = 0;
-  EXPECT_EQ(waitpid(p.pid, &status, 0), p.pid);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
 class HydraCliTest : public ::testing::Test {
@@ -119,8 +97,7 @@ TEST_F(HydraCliTest, PlanAndSimulate) {
   ASSERT_EQ(RunHydra({"plan", "--pilot", job}, &out), 0) << out;
   EXPECT_THAT(out, HasSubstr("pilot (tiny-lr1e-3): one block forward+backward took"));
   EXPECT_THAT(out, HasSubstr("1 shard"));
-  ASSERT_EQ(RunHydra({"simulate", job, "--devices", "2", "--device-memory", "2Mi", "--json"},
-                     &out),
+  ASSERT_EQ(RunHydra({"simulate", job, "--devices", "2", "--device-memory", "2Mi", "--json"}, &out),
             0)
       << out;
   auto j = nlohmann::json::parse(out);

@@ -1,0 +1,233 @@
+// hydra-agent: the node agent. Trains the trials hydra-controller assigns over gRPC on this
+// node's devices, with the shard-spilling executor and the Sharded-LRTF device loop; serves
+// Prometheus metrics and Kubernetes health probes; checkpoints every trial on SIGTERM.
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <filesystem>
+#include <iostream>
+#include <thread>
+
+#include "agent/executor/cpu_threads.h"
+#include "agent/executor/spilling_executor.h"
+#include "agent/http/http_server.h"
+#include "agent/metrics/agent_metrics.h"
+#include "agent/rpc/agent_service.h"
+#include "agent/rpc/tls.h"
+#include "common/devices.h"
+#include "common/units.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::atomic<bool> g_stop{false};
+
+void OnSignal(int) { g_stop = true; }
+
+std::string Hostname() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "localhost";
+  return buf;
+}
+
+/// Canonical absolute forms of the roots; each must exist and be a directory.
+bool CanonicalRoots(const std::string& flag, std::vector<std::string>* roots) {
+  for (auto& root : *roots) {
+    std::error_code ec;
+    fs::path canon = fs::canonical(root, ec);
+    if (ec || !fs::is_directory(canon)) {
+      std::cerr << "error: " << flag << " " << root << ": not an existing directory"
+                << (ec ? " (" + ec.message() + ")" : std::string()) << "\n";
+      return false;
+    }
+    root = canon.string();
+  }
+  return true;
+}
+
+/// "host:port" with the port the server really bound (for port 0).
+std::string WithPort(const std::string& address, int port) {
+  auto colon = address.rfind(':');
+  std::string host = colon == std::string::npos ? address : address.substr(0, colon);
+  if (host.empty()) host = "0.0.0.0";
+  return host + ":" + std::to_string(port);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "hydra-agent: the Hydra node agent. Trains the trials hydra-controller assigns over gRPC "
+      "on this node's devices (shard spilling + Sharded-LRTF), checkpoints them to shared "
+      "storage, and serves Prometheus metrics and health probes."};
+  app.set_version_flag("--version", std::string("hydra-agent ") + HYDRA_VERSION);
+  std::string node_name = Hostname(), grpc_bind = "0.0.0.0:9443", metrics_bind = ":8080",
+              health_bind = ":8081", devices_flag = "cpu:1", spill_dir = "/var/lib/hydra/spill",
+              host_memory, advertise, tls_cert, tls_key, tls_client_ca, tls_client_identity;
+  std::vector<std::string> data_roots, checkpoint_roots;
+  int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  size_t max_trials = 1000;
+  app.add_option("--node-name", node_name, "This node's name in metrics and status")
+      ->capture_default_str();
+  app.add_option("--grpc-bind-address", grpc_bind, "Where the gRPC service listens (port 0: any)")
+      ->capture_default_str();
+  app.add_option("--grpc-advertise-address", advertise,
+                 "The endpoint hydra_agent_info advertises to the controller (default: "
+                 "<node-name>:<bound gRPC port>)");
+  app.add_option("--metrics-bind-address", metrics_bind,
+                 "Where /metrics is served, [host]:port (\"0\" disables)")
+      ->capture_default_str();
+  app.add_option("--health-probe-bind-address", health_bind,
+                 "Where /healthz and /readyz are served, [host]:port (\"0\" disables)")
+      ->capture_default_str();
+  app.add_option("--devices", devices_flag,
+                 "CPU devices and their memory budget: cpu:N or cpu:N,budget=4Gi (default "
+                 "budget: the host memory for trials)")
+      ->capture_default_str();
+  app.add_option("--threads", threads, "CPU threads for training, shared by the devices")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  app.add_option("--host-memory", host_memory,
+                 "Host memory the trials' state may use, e.g. 16Gi (default: 75% of RAM)");
+  app.add_option("--spill-dir", spill_dir, "Local directory for spilled shard state")
+      ->capture_default_str();
+  app.add_option("--data-root", data_roots,
+                 "Directory trials may read datasets from (repeatable; required)")
+      ->required();
+  app.add_option("--checkpoint-root", checkpoint_roots,
+                 "Directory trials may write checkpoints under (repeatable; required)")
+      ->required();
+  app.add_option("--max-trials", max_trials, "Trials this agent holds at once, finished included")
+      ->capture_default_str();
+  app.add_option("--tls-cert-file", tls_cert, "PEM certificate of the gRPC server (enables TLS)");
+  app.add_option("--tls-key-file", tls_key, "PEM private key of --tls-cert-file");
+  app.add_option("--tls-client-ca-file", tls_client_ca,
+                 "PEM CA: require client certificates it signed (mutual TLS)");
+  app.add_option("--tls-client-identity", tls_client_identity,
+                 "With mutual TLS: the SAN or CN a client certificate must carry (e.g. "
+                 "hydra-controller)");
+  CLI11_PARSE(app, argc, argv);
+
+  if (!CanonicalRoots("--data-root", &data_roots) ||
+      !CanonicalRoots("--checkpoint-root", &checkpoint_roots)) {
+    return 2;
+  }
+  if (!tls_client_identity.empty() && tls_client_ca.empty()) {
+    std::cerr << "error: --tls-client-identity needs mutual TLS (--tls-client-ca-file)\n";
+    return 2;
+  }
+  int64_t host_bytes = static_cast<int64_t>(0.75 * static_cast<double>(sysconf(_SC_PHYS_PAGES)) *
+                                            static_cast<double>(sysconf(_SC_PAGESIZE)));
+  if (!host_memory.empty()) {
+    auto parsed = hydra::ParseByteQuantity(host_memory);
+    if (!parsed.ok() || *parsed <= 0) {
+      std::cerr << "error: --host-memory: expected a byte quantity such as 16Gi, got '"
+                << host_memory << "'\n";
+      return 2;
+    }
+    host_bytes = *parsed;
+  }
+  auto devices = hydra::ParseDevicesFlag(devices_flag, host_bytes);
+  if (!devices.ok()) {
+    std::cerr << "error: " << devices.status().message() << "\n";
+    return 2;
+  }
+  auto creds = hydra::agent::MakeServerCredentials({tls_cert, tls_key, tls_client_ca});
+  if (!creds.ok()) {
+    std::cerr << "error: " << creds.status().message() << "\n";
+    return 2;
+  }
+
+  const int per_device_threads = std::max(1, threads / static_cast<int>(devices->size()));
+  hydra::executor::ConfigureCpuThreads(per_device_threads);
+  hydra::executor::ExecutorOptions exec_options;
+  exec_options.threads = per_device_threads;
+  exec_options.spill_dir = spill_dir;
+  auto factory = hydra::executor::MakeExecutorFactory(exec_options);
+
+  hydra::agent::AgentConfig config;
+  config.node_name = node_name;
+  config.version = HYDRA_VERSION;
+  config.devices = *devices;
+  config.data_roots = data_roots;
+  config.checkpoint_roots = checkpoint_roots;
+  config.host_memory_bytes = host_bytes;
+  config.max_trials = max_trials;
+  config.required_client_identity = tls_client_identity;
+  hydra::agent::AgentMetrics metrics(node_name, HYDRA_VERSION);
+  hydra::agent::AgentService service(config, factory.get(), &metrics);
+  grpc::ServerBuilder builder;
+  int grpc_port = 0;
+  builder.AddListeningPort(grpc_bind, *creds, &grpc_port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || grpc_port == 0) {
+    std::cerr << "error: --grpc-bind-address " << grpc_bind << ": cannot listen\n";
+    return 1;
+  }
+  const std::string endpoint =
+      advertise.empty() ? node_name + ":" + std::to_string(grpc_port) : advertise;
+  metrics.SetGrpcEndpoint(endpoint);
+  std::cout << "hydra-agent " << HYDRA_VERSION << " on node " << node_name << ": gRPC on "
+            << WithPort(grpc_bind, grpc_port) << " ("
+            << (tls_cert.empty()        ? "plaintext"
+                : tls_client_ca.empty() ? "TLS"
+                                        : "mutual TLS")
+            << "), advertised as " << endpoint << "\n";
+  hydra::agent::HttpServer metrics_server({{"/metrics", [&] {
+                                              return hydra::agent::HttpReply{
+                                                  200, "text/plain; version=0.0.4; charset=utf-8",
+                                                  metrics.Render()};
+                                            }}});
+  if (metrics_bind != "0") {
+    if (auto s = metrics_server.Serve(metrics_bind); !s.ok()) {
+      std::cerr << "error: --metrics-bind-address: " << s.message() << "\n";
+      return 1;
+    }
+    std::cout << "hydra-agent: metrics on " << metrics_bind << "/metrics\n";
+  }
+  auto probe = [&](bool readiness) {
+    const std::string reason = readiness ? service.NotReadyReason() : "";
+    return reason.empty()
+               ? hydra::agent::HttpReply{200, "text/plain; charset=utf-8", "ok\n"}
+               : hydra::agent::HttpReply{503, "text/plain; charset=utf-8", reason + "\n"};
+  };
+  hydra::agent::HttpServer health_server(
+      {{"/healthz", [&] { return probe(false); }}, {"/readyz", [&] { return probe(true); }}});
+  if (health_bind != "0") {
+    if (auto s = health_server.Serve(health_bind); !s.ok()) {
+      std::cerr << "error: --health-probe-bind-address: " << s.message() << "\n";
+      return 1;
+    }
+    std::cout << "hydra-agent: health probes on " << health_bind << "/healthz, /readyz\n";
+  }
+  std::cout << "hydra-agent: " << devices->size() << " device(s) of "
+            << hydra::FormatBytes(devices->front().memory_bytes) << ", "
+            << hydra::FormatBytes(host_bytes) << " host memory for trials, spill dir " << spill_dir
+            << "\n"
+            << std::flush;
+
+  struct sigaction sa {};
+  sa.sa_handler = OnSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  while (!g_stop.load()) {
+    service.Tick();
+    for (int i = 0; i < 10 && !g_stop.load(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+  std::cout << "hydra-agent: shutting down: checkpointing every unfinished trial\n" << std::flush;
+  hydra::Status s = service.Shutdown("agent shut down");
+  if (!s.ok()) std::cerr << "hydra-agent: " << s.message() << "\n";
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  server->Wait();
+  std::cout << "hydra-agent: stopped\n";
+  return s.ok() ? 0 : 1;
+}

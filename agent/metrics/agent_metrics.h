@@ -1,0 +1,43 @@
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+
+namespace hydra::agent {
+
+/// hydra-agent's Prometheus metrics (names in agent/metrics/metric_names.h), kept in a
+/// prometheus-cpp registry and rendered in the text exposition format for /metrics.
+/// Thread-safe.
+class AgentMetrics {
+ public:
+  /// `node` labels every series; hydra_agent_info appears once SetGrpcEndpoint is called.
+  AgentMetrics(const std::string& node, const std::string& version);
+  ~AgentMetrics();
+
+  /// The text exposition format (version 0.0.4), as a scrape returns it.
+  std::string Render() const;
+
+  /// hydra_agent_info{node, grpc_endpoint, version} = 1 for this endpoint (replacing any other).
+  void SetGrpcEndpoint(const std::string& grpc_endpoint);
+
+  void SetDevice(const std::string& device, int64_t total_bytes, int64_t free_bytes,
+                 int64_t used_bytes, double busy_ratio);
+  /// Trials per state; states missing from `counts` read 0.
+  void SetTrialsByState(const std::map<std::string, int64_t>& counts);
+  /// A trial's latest progress; a NaN loss leaves that split's series out.
+  void SetTrialProgress(const std::string& job, const std::string& trial, int64_t step,
+                        double train_loss, double validation_loss, double tokens_per_second);
+  void AddSpillBytes(const std::string& tier, const std::string& direction, int64_t bytes);
+  void AddShardTasks(const std::string& phase, int64_t tasks);
+  void ObserveCheckpoint(double seconds);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace hydra::agent

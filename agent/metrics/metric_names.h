@@ -1,0 +1,31 @@
+#pragma once
+
+/// Every metric hydra-agent exports, in one place: docs/metrics.md lists them, the controller's
+/// PromQL queries and the Grafana dashboards use exactly these names. Every series also has the
+/// label `node` (the agent's --node-name), so queries join the agent's series per node.
+namespace hydra::agent::metric_names {
+
+// Gauge, value 1. Labels: node, grpc_endpoint, version. Where to reach the agent.
+inline constexpr char kAgentInfo[] = "hydra_agent_info";
+// Gauges in bytes. Labels: node, device. Total is the device's memory (a CPU device's
+// budget); used is what this agent's running trials hold; free = total - used.
+inline constexpr char kDeviceMemoryTotalBytes[] = "hydra_device_memory_total_bytes";
+inline constexpr char kDeviceMemoryFreeBytes[] = "hydra_device_memory_free_bytes";
+inline constexpr char kDeviceMemoryUsedBytes[] = "hydra_device_memory_used_bytes";
+// Gauge in [0, 1]. Labels: node, device. Share of the last minute the device ran steps.
+inline constexpr char kDeviceBusyRatio[] = "hydra_device_busy_ratio";
+// Gauges. Labels: node, job, trial (+ split="train"|"validation" for the loss).
+inline constexpr char kTrialStep[] = "hydra_trial_step";
+inline constexpr char kTrialLoss[] = "hydra_trial_loss";
+inline constexpr char kTrialTokensPerSecond[] = "hydra_trial_tokens_per_second";
+// Counter in bytes. Labels: node, tier ("disk"), direction ("read"|"write").
+inline constexpr char kSpillBytesTotal[] = "hydra_spill_bytes_total";
+// Counter. Labels: node, phase ("forward"|"backward"|"optimizer"|"evaluate").
+inline constexpr char kShardTasksTotal[] = "hydra_shard_tasks_total";
+// Histogram in seconds. Labels: node.
+inline constexpr char kCheckpointDurationSeconds[] = "hydra_checkpoint_duration_seconds";
+// Gauge. Labels: node, state ("Pending"|"Running"|"Succeeded"|"Failed"|"Interrupted"|
+// "Cancelled").
+inline constexpr char kAgentTrials[] = "hydra_agent_trials";
+
+}  // namespace hydra::agent::metric_names

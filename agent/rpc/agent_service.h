@@ -1,0 +1,117 @@
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "agent/executor/executor.h"
+#include "agent/metrics/agent_metrics.h"
+#include "agent/scheduler/trial_scheduler.h"
+#include "common/devices.h"
+#include "hydra/agent/v1/agent.grpc.pb.h"
+
+namespace hydra::agent {
+
+namespace v1 = ::hydra::agent::v1;
+
+struct AgentConfig {
+  std::string node_name;
+  std::string version;
+  std::vector<DeviceSpec> devices;
+  /// Absolute directories a trial may read datasets from and write checkpoints to; a path
+  /// outside them (after resolving symlinks and "..") is PERMISSION_DENIED.
+  std::vector<std::string> data_roots;
+  std::vector<std::string> checkpoint_roots;
+  int64_t host_memory_bytes = 0;  ///< host memory for trials' state; <= 0: 75% of the RAM
+  size_t max_trials = 1000;       ///< trials known at once (finished ones count)
+  /// With mutual TLS: the identity (certificate SAN or CN) callers must present; empty: any
+  /// certificate the CA signed.
+  std::string required_client_identity;
+};
+
+/// hydra-agent's gRPC service (proto/hydra/agent/v1/agent.proto): checks each request, runs the
+/// trials on a TrialScheduler over the node's devices, streams their progress and keeps the
+/// metrics current. Thread-safe; gRPC calls it from its own threads.
+class AgentService final : public v1::AgentService::Service, private TrialObserverInterface {
+ public:
+  /// `factory` and `metrics` (may be null) are borrowed and must outlive the service.
+  AgentService(AgentConfig config, executor::ExecutorFactoryInterface* factory,
+               AgentMetrics* metrics);
+  ~AgentService() override;
+
+  grpc::Status AssignTrial(grpc::ServerContext* context, const v1::AssignTrialRequest* request,
+                           v1::AssignTrialResponse* response) override;
+  grpc::Status CancelTrial(grpc::ServerContext* context, const v1::CancelTrialRequest* request,
+                           v1::CancelTrialResponse* response) override;
+  grpc::Status GetStatus(grpc::ServerContext* context, const v1::GetStatusRequest* request,
+                         v1::GetStatusResponse* response) override;
+  grpc::Status WatchProgress(grpc::ServerContext* context, const v1::WatchProgressRequest* request,
+                             grpc::ServerWriter<v1::TrialEvent>* writer) override;
+  grpc::Status Drain(grpc::ServerContext* context, const v1::DrainRequest* request,
+                     v1::DrainResponse* response) override;
+
+  /// Checkpoints every trial (as Drain) and ends the progress streams: SIGTERM's path.
+  Status Shutdown(const std::string& reason);
+
+  /// Empty when the agent takes assignments, else why not (for /readyz).
+  std::string NotReadyReason() const;
+
+  /// Refreshes device and trial-count metrics and the busy ratios; main calls it every second
+  /// (tests call it directly).
+  void Tick();
+
+  /// The node's devices as GetStatus reports them.
+  std::vector<v1::Device> Devices() const;
+
+ private:
+  struct TrialInfo {
+    std::string job, ns, checkpoint_dir;
+    v1::ShardPlan plan;
+    std::string last_state;  // to tell state changes from steps in the event stream
+  };
+  struct Watcher {
+    std::string job;                                // filter; empty: all
+    std::map<std::string, v1::TrialEvent> pending;  // latest event per trial, coalesced
+    std::deque<std::string> order;                  // trials with a pending event, oldest first
+    bool dropped = false;
+    std::condition_variable cv;
+  };
+
+  // TrialObserverInterface, called by the scheduler's threads.
+  void OnTrialUpdate(const TrialResult& snapshot) override;
+  void OnTrialMessage(const std::string& trial, const std::string& message) override;
+  void OnStep(const std::string& trial, int device, double seconds, int64_t shards,
+              bool evaluated) override;
+  void OnCheckpoint(const std::string& trial, double seconds) override;
+
+  Status CheckAssignment(const v1::AssignTrialRequest& request, Trial* trial) const;
+  Status Confine(const std::string& field, const std::string& path,
+                 const std::vector<std::string>& roots) const;
+  bool CallerAllowed(grpc::ServerContext* context, std::string* why) const;
+  v1::TrialStatus ToStatus(const TrialResult& result) const;
+  void Broadcast(v1::TrialEvent event);
+
+  AgentConfig config_;
+  AgentMetrics* metrics_;
+  std::unique_ptr<TrialScheduler> scheduler_;
+
+  mutable std::mutex mu_;  // guards trials_, watchers_, spill_seen_, busy_history_, shut_down_
+  std::map<std::string, TrialInfo> trials_;
+  std::vector<Watcher*> watchers_;
+  std::map<std::string, std::pair<int64_t, int64_t>> spill_seen_;    // disk read/written so far
+  std::vector<std::deque<std::pair<double, double>>> busy_history_;  // (time, busy seconds)
+  std::vector<double> busy_ratio_;
+  bool shut_down_ = false;
+};
+
+/// hydra::Status -> grpc::Status (the codes are the same numbers).
+grpc::Status ToGrpc(const Status& status);
+
+}  // namespace hydra::agent

@@ -1,0 +1,553 @@
+#include "agent/scheduler/trial_scheduler.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "agent/executor/checkpoint.h"
+#include "common/cost_model.h"
+#include "common/job_json.h"
+#include "common/partitioner.h"
+#include "common/units.h"
+
+namespace hydra::agent {
+namespace {
+
+using executor::CheckpointData;
+using executor::CheckpointStore;
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+double MeanOfLast(const std::vector<CurvePoint>& curve, size_t n) {
+  if (curve.empty()) return std::numeric_limits<double>::quiet_NaN();
+  n = std::min(n, curve.size());
+  double sum = 0;
+  for (size_t i = curve.size() - n; i < curve.size(); ++i) sum += curve[i].loss;
+  return sum / static_cast<double>(n);
+}
+
+/// What a checkpoint carries besides the tensors: enough to continue the trial's record.
+nlohmann::json ProgressMeta(const TrialResult& r, const std::string& fingerprint) {
+  return {{"trial", r.trial.name},
+          {"fingerprint", fingerprint},
+          {"step", r.step},
+          {"wallSeconds", r.wall_seconds},
+          {"trainSeconds", r.train_seconds},
+          {"trainedTokens", r.trained_tokens},
+          {"trainCurve", CurveJson(r.train_curve)},
+          {"valCurve", CurveJson(r.val_curve)}};
+}
+
+void RestoreProgress(const nlohmann::json& meta, TrialResult* r) {
+  r->step = meta.at("step").get<int64_t>();
+  r->wall_seconds = meta.at("wallSeconds").get<double>();
+  r->train_seconds = meta.at("trainSeconds").get<double>();
+  r->trained_tokens = meta.at("trainedTokens").get<int64_t>();
+  r->train_curve = CurveFromJson(meta.at("trainCurve"));
+  r->val_curve = CurveFromJson(meta.at("valCurve"));
+  if (!r->train_curve.empty()) r->last_loss = r->train_curve.back().loss;
+  if (r->train_seconds > 0) {
+    r->tokens_per_second = static_cast<double>(r->trained_tokens) / r->train_seconds;
+  }
+}
+
+}  // namespace
+
+/// One trial's run-time state. `r` and the executor belong to the thread that holds the trial
+/// (running == true, or before it is queued); the flags and `published` are guarded by mu_.
+struct TrialScheduler::Slot {
+  size_t index = 0;
+  PreparedTrial p;
+  TrialResult r;          // the worker's record
+  TrialResult published;  // what readers see; copied from r at report points
+  std::unique_ptr<executor::TrialExecutorInterface> exec;
+  std::unique_ptr<CheckpointStore> store;
+  int64_t saved_step = 0;
+  bool admitted = false, started = false, running = false, done = false;
+  bool cancel_requested = false;
+  bool replaced = false;   // a later Submit of the same name took over
+  bool announced = false;  // its Pending update went out: devices may take it
+  int device = -1;
+  int64_t device_bytes = 0;  // accounted device peak, for DeviceBytesInUse
+  double est_step_seconds = 0;
+  double ready_since = 0;
+};
+
+TrialScheduler::TrialScheduler(executor::ExecutorFactoryInterface* factory,
+                               TrialObserverInterface* observer, TrialSchedulerOptions options,
+                               std::unique_ptr<SchedulingPolicyInterface> policy)
+    : factory_(factory),
+      observer_(observer),
+      options_(options),
+      policy_(policy ? std::move(policy) : MakeShardedLrtfPolicy()),
+      start_(Clock::now()) {
+  const int devices = std::max(1, options_.devices);
+  busy_.assign(devices, 0.0);
+  running_since_.assign(devices, -1.0);
+  on_device_.resize(devices);
+  schedule_.busy_seconds.assign(devices, 0.0);
+  for (int d = 0; d < devices; ++d) workers_.emplace_back(&TrialScheduler::Worker, this, d);
+}
+
+TrialScheduler::~TrialScheduler() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    shutdown_ = true;
+  }
+  cv_.notify_all();
+  for (auto& w : workers_) w.join();
+}
+
+int64_t TrialScheduler::HostLimit() const {
+  if (options_.host_memory_bytes > 0) return options_.host_memory_bytes;
+  return static_cast<int64_t>(0.75 * static_cast<double>(sysconf(_SC_PHYS_PAGES)) *
+                              static_cast<double>(sysconf(_SC_PAGESIZE)));
+}
+
+StatusOr<PreparedTrial> TrialScheduler::Prepare(const Trial& trial,
+                                                const std::string& checkpoint_dir) {
+  PreparedTrial p;
+  p.trial = trial;
+  p.checkpoint_dir = checkpoint_dir;
+  const auto key = std::make_pair(trial.dataset.resolved_path, trial.model.context_length + 1);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = data_.find(key);
+    if (it != data_.end()) p.data = it->second;
+  }
+  if (!p.data) {
+    ASSIGN_OR_RETURN(p.data,
+                     executor::TokenDataset::Open(trial.dataset, trial.model.context_length + 1));
+    std::lock_guard<std::mutex> lock(mu_);
+    data_.emplace(key, p.data);
+  }
+  RETURN_IF_ERROR(factory_->Check(trial, *p.data));
+  // Host memory while admitted: on a CPU device the device tier is host memory too.
+  auto plan = PlanShards(trial, PartitionOptionsFor(trial));
+  const auto fp = EstimateTrialFootprint(trial);
+  p.host_bytes = plan.ok() ? (plan->state_tier == StateTier::kHost
+                                  ? plan->total_state_bytes + plan->peak_device_bytes
+                                  : plan->peak_device_bytes)
+                           : fp.total_bytes();
+  if (options_.refuse_over_host_memory && p.host_bytes > HostLimit()) {
+    return ResourceExhaustedError("trial " + trial.name + " needs " + FormatBytes(p.host_bytes) +
+                                  " (" + std::to_string(p.host_bytes) +
+                                  " bytes) of host memory for its state, more than the " +
+                                  FormatBytes(HostLimit()) + " (" + std::to_string(HostLimit()) +
+                                  " bytes) this node gives trials");
+  }
+  // First estimate of a step: 6 FLOPs per parameter per token at 100 GFLOP/s; replaced by
+  // measured step times as the trial runs.
+  p.est_step_seconds = 6.0 * static_cast<double>(fp.parameters) *
+                       static_cast<double>(trial.training.batch_size * trial.model.context_length) /
+                       1e11;
+  p.fingerprint = TrialFingerprint(trial);
+  return p;
+}
+
+Status TrialScheduler::Submit(PreparedTrial trial) {
+  auto slot = std::make_unique<Slot>();
+  slot->r.trial = trial.trial;
+  slot->est_step_seconds = trial.est_step_seconds;
+  slot->p = std::move(trial);
+  slot->published = slot->r;
+  TrialResult snapshot;
+  Slot* raw = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (draining_) {
+      return UnavailableError("draining: this node accepts no more trials");
+    }
+    for (auto& s : slots_) {
+      if (!s->replaced && s->p.trial.name == slot->p.trial.name) {
+        const std::string& state = s->published.state;
+        if (state == kTrialPending || state == kTrialRunning || state == kTrialSucceeded) {
+          return AlreadyExistsError("trial " + s->p.trial.name + " is already here (" + state +
+                                    ")");
+        }
+      }
+    }
+    // A trial that failed, was cancelled or interrupted may be assigned again: the new slot
+    // replaces the old one in lookups (the old one keeps its schedule index).
+    for (auto& s : slots_) {
+      if (s->p.trial.name == slot->p.trial.name) s->replaced = true;
+    }
+    if (!clock_started_) {
+      start_ = Clock::now();
+      clock_started_ = true;
+    }
+    slot->index = slots_.size();
+    snapshot = slot->published;
+    raw = slot.get();
+    slots_.push_back(std::move(slot));
+  }
+  // Reported before any device may take it, so that Pending always comes first.
+  observer_->OnTrialUpdate(snapshot);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    raw->announced = true;
+  }
+  cv_.notify_all();
+  return OkStatus();
+}
+
+Status TrialScheduler::Cancel(const std::string& name) {
+  Slot* slot = nullptr;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (auto& s : slots_) {
+      if (!s->replaced && s->p.trial.name == name) slot = s.get();
+    }
+    if (slot == nullptr) return NotFoundError("no trial named " + name + " on this node");
+    if (slot->done) {
+      return FailedPreconditionError("trial " + name + " already ended (" + slot->published.state +
+                                     ")");
+    }
+    slot->cancel_requested = true;
+    if (slot->running) return OkStatus();  // the worker ends it after the current step
+    slot->running = true;                  // claim it from the workers
+  }
+  EndClaimed(*slot, kTrialCancelled, "cancelled");
+  return OkStatus();
+}
+
+void TrialScheduler::EndClaimed(Slot& slot, const char* state, const std::string& why) {
+  slot.exec.reset();
+  slot.r.state = state;
+  slot.r.message = why + " at step " + std::to_string(slot.r.step);
+  TrialResult snapshot;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    slot.running = false;
+    slot.done = true;
+    Publish(slot);
+    snapshot = slot.published;
+  }
+  cv_.notify_all();
+  observer_->OnTrialUpdate(snapshot);
+}
+
+Status TrialScheduler::Drain(const std::string& reason) {
+  std::vector<Slot*> todo;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    draining_ = true;
+    paused_ = true;
+    cv_.notify_all();
+    cv_.wait(lock, [&] {
+      for (auto& s : slots_) {
+        if (s->running) return false;
+      }
+      return true;
+    });
+    for (auto& s : slots_) {
+      if (s->done) continue;
+      s->running = true;  // claimed: nothing else touches it now
+      todo.push_back(s.get());
+    }
+  }
+  Status first;
+  for (Slot* slot : todo) {
+    if (slot->started && slot->r.step > slot->saved_step) {
+      Status s = SaveCheckpoint(*slot);
+      if (!s.ok()) {
+        observer_->OnTrialMessage(slot->r.trial.name, "checkpoint on drain: " + s.message());
+        if (first.ok()) first = s;
+      }
+    }
+    EndClaimed(*slot, kTrialInterrupted, reason);
+  }
+  return first;
+}
+
+bool TrialScheduler::draining() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return draining_;
+}
+
+bool TrialScheduler::WaitIdle(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_for(lock, timeout, [&] {
+    for (auto& s : slots_) {
+      if (!s->done) return false;
+    }
+    return reporting_ == 0;
+  });
+}
+
+std::vector<TrialResult> TrialScheduler::Snapshot() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<TrialResult> out;
+  for (auto& s : slots_) {
+    if (!s->replaced) out.push_back(s->published);
+  }
+  return out;
+}
+
+StatusOr<TrialResult> TrialScheduler::Get(const std::string& name) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& s : slots_) {
+    if (!s->replaced && s->p.trial.name == name) return s->published;
+  }
+  return NotFoundError("no trial named " + name + " on this node");
+}
+
+Schedule TrialScheduler::schedule() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  Schedule out = schedule_;
+  out.busy_seconds = busy_;
+  out.makespan = Seconds(Clock::now() - start_);
+  return out;
+}
+
+std::vector<double> TrialScheduler::BusySeconds() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<double> out = busy_;
+  const double now = Seconds(Clock::now() - start_);
+  for (size_t d = 0; d < out.size(); ++d) {
+    if (running_since_[d] >= 0) out[d] += std::max(0.0, now - running_since_[d]);
+  }
+  return out;
+}
+
+int64_t TrialScheduler::DeviceBytesInUse(int device) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  int64_t bytes = 0;
+  if (device < 0 || device >= static_cast<int>(on_device_.size())) return 0;
+  for (const Slot* s : on_device_[device]) bytes += s->device_bytes;
+  return bytes;
+}
+
+void TrialScheduler::Publish(Slot& slot) { slot.published = slot.r; }
+
+void TrialScheduler::Worker(int device) {
+  const int64_t host_limit = HostLimit();
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    if (shutdown_) break;
+    if (paused_) {
+      cv_.wait(lock);
+      continue;
+    }
+    if (options_.hold && options_.hold->load()) {
+      cv_.wait_for(lock, std::chrono::milliseconds(20));  // the flag changes without a notify
+      continue;
+    }
+    // Admission: trials join, in order, while their state fits the host memory.
+    int64_t admitted_bytes = 0;
+    for (auto& s : slots_) {
+      if (s->admitted && !s->done) admitted_bytes += s->p.host_bytes;
+    }
+    for (auto& s : slots_) {
+      if (s->admitted || s->done) continue;
+      // The first waiting trial is admitted even alone over the limit: it must run sometime.
+      if (admitted_bytes > 0 && admitted_bytes + s->p.host_bytes > host_limit) break;
+      s->admitted = true;
+      admitted_bytes += s->p.host_bytes;
+    }
+    std::vector<RunnableTrial> runnable;
+    for (auto& s : slots_) {
+      if (s->done || !s->admitted || s->running || !s->announced) continue;
+      const double remaining =
+          s->est_step_seconds * static_cast<double>(s->r.trial.training.steps - s->r.step);
+      runnable.push_back({s->index, remaining, s->ready_since, s->r.step});
+    }
+    if (runnable.empty()) {
+      cv_.wait(lock);
+      continue;
+    }
+    Slot& slot = *slots_[runnable[policy_->Pick(runnable)].index];
+    slot.running = true;
+    slot.device = device;
+    on_device_[device].push_back(&slot);
+    lock.unlock();
+    const auto picked = Clock::now();
+    {
+      std::lock_guard<std::mutex> relock(mu_);
+      running_since_[device] = Seconds(picked - start_);
+    }
+
+    Status s;
+    bool stepped = false, evaluated = false;
+    Clock::time_point t0, t1;
+    try {
+      if (!slot.started) s = Start(slot);
+      // A trial resumed from its final checkpoint only needs finishing.
+      if (s.ok() && slot.r.step < slot.r.trial.training.steps) {
+        t0 = Clock::now();
+        s = StepOnce(slot, &evaluated);
+        t1 = Clock::now();
+        stepped = true;
+      }
+      if (s.ok() && slot.r.step >= slot.r.trial.training.steps) s = Finish(slot);
+    } catch (const std::exception& e) {
+      // Nothing may escape a worker thread: the trial fails, the others go on.
+      s = InternalError(std::string("unexpected error: ") + e.what());
+    }
+    if (!s.ok()) {
+      slot.r.state = kTrialFailed;
+      slot.r.message = s.message();
+      slot.exec.reset();
+    }
+    bool cancelled = false;
+    {
+      std::lock_guard<std::mutex> relock(mu_);
+      cancelled = slot.cancel_requested && s.ok() && slot.r.state != kTrialSucceeded;
+    }
+    if (cancelled) {
+      slot.exec.reset();
+      slot.r.state = kTrialCancelled;
+      slot.r.message = "cancelled at step " + std::to_string(slot.r.step);
+    }
+    if (stepped && observer_) {
+      observer_->OnStep(slot.r.trial.name, device, Seconds(t1 - t0), slot.r.shards, evaluated);
+    }
+
+    lock.lock();
+    if (!s.ok() || cancelled || slot.r.state == kTrialSucceeded) slot.done = true;
+    if (stepped) {
+      // One task per optimizer step, timed without set-up and finishing.
+      const double start = Seconds(t0 - start_);
+      const double end = Seconds(t1 - start_);
+      if (options_.record_schedule) {
+        schedule_.tasks.push_back({slot.index, slot.r.step - 1, 0, device, start, end});
+      }
+      slot.ready_since = end;
+    }
+    // Busy: the whole time the device held the trial (set-up, step, evaluation, checkpoint).
+    busy_[device] += std::max(0.0, Seconds(Clock::now() - start_) - running_since_[device]);
+    running_since_[device] = -1;
+    auto& on = on_device_[device];
+    on.erase(std::remove(on.begin(), on.end(), &slot), on.end());
+    Publish(slot);
+    // Report a copy taken while the trial is still ours: once `running` is cleared another
+    // device may step it and grow its curves.
+    const TrialResult snapshot = slot.published;
+    slot.running = false;
+    ++reporting_;  // WaitIdle waits for this report too
+    cv_.notify_all();
+    lock.unlock();
+    observer_->OnTrialUpdate(snapshot);
+    lock.lock();
+    --reporting_;
+    cv_.notify_all();
+  }
+  cv_.notify_all();
+}
+
+Status TrialScheduler::Start(Slot& slot) {
+  TrialResult* r = &slot.r;
+  const Trial& trial = r->trial;
+  auto created = factory_->Create(trial, slot.p.data);
+  if (!created.ok()) return created.status();
+  slot.exec = std::move(created).value();
+  const auto stats = slot.exec->stats();
+  r->shards = stats.shards;
+  r->peak_device_bytes = stats.peak_device_bytes;
+  slot.device_bytes = stats.peak_device_bytes;
+  slot.store = std::make_unique<CheckpointStore>(slot.p.checkpoint_dir);
+  if (!slot.store->Steps().empty()) {
+    std::vector<std::string> warnings;
+    auto ckpt = slot.store->LoadLatest(&warnings);
+    for (const auto& w : warnings) observer_->OnTrialMessage(trial.name, w);
+    if (!ckpt.ok()) return ckpt.status().WithContext("resuming " + trial.name);
+    const std::string found = ckpt->meta.value("fingerprint", "");
+    if (found != slot.p.fingerprint) {
+      return FailedPreconditionError(
+          "the checkpoints in " + slot.store->dir() +
+          " were made for a different configuration of " + trial.name +
+          "; discard them (hydra run --restart) or use another directory");
+    }
+    try {
+      RestoreProgress(ckpt->meta, r);
+    } catch (const nlohmann::json::exception& e) {
+      return DataLossError("checkpoint metadata in " + slot.store->dir() + ": " + e.what());
+    }
+    RETURN_IF_ERROR(slot.exec->ImportState(r->step, ckpt->buffers)
+                        .WithContext("resuming " + trial.name + " from " + slot.store->dir()));
+    r->resumed_from_step = r->step;
+    r->last_checkpoint_step = r->step;
+    slot.saved_step = r->step;
+    observer_->OnTrialMessage(trial.name,
+                              "resumed from the checkpoint of step " + std::to_string(r->step));
+  }
+  slot.started = true;
+  r->state = kTrialRunning;
+  return OkStatus();
+}
+
+Status TrialScheduler::SaveCheckpoint(Slot& slot) {
+  const auto t0 = Clock::now();
+  auto state = slot.exec->ExportState();
+  if (!state.ok()) return state.status();
+  CheckpointData c{ProgressMeta(slot.r, slot.p.fingerprint), std::move(state).value()};
+  RETURN_IF_ERROR(slot.store->Save(slot.r.step, c));
+  slot.saved_step = slot.r.step;
+  slot.r.last_checkpoint_step = slot.r.step;
+  observer_->OnCheckpoint(slot.r.trial.name, Seconds(Clock::now() - t0));
+  return OkStatus();
+}
+
+Status TrialScheduler::StepOnce(Slot& slot, bool* evaluated) {
+  TrialResult* r = &slot.r;
+  const auto& tr = r->trial.training;
+  const auto start = Clock::now();
+  auto m = slot.exec->TrainStep();
+  if (!m.ok()) return m.status();
+  r->step = slot.exec->step();
+  r->train_curve.push_back({r->step, m->loss});
+  r->last_loss = m->loss;
+  r->train_seconds += m->seconds;
+  r->trained_tokens += m->tokens;
+  r->tokens_per_second = static_cast<double>(r->trained_tokens) / r->train_seconds;
+  const auto stats = slot.exec->stats();
+  r->disk_bytes_read = stats.disk_bytes_read;
+  r->disk_bytes_written = stats.disk_bytes_written;
+  r->peak_device_bytes = stats.peak_device_bytes;
+  r->device = slot.device;
+  if (tr.eval_every_steps > 0 && r->step % tr.eval_every_steps == 0 && r->step < tr.steps) {
+    auto val = slot.exec->Evaluate();
+    if (!val.ok()) return val.status();
+    r->val_curve.push_back({r->step, *val});
+    *evaluated = true;
+  }
+  r->wall_seconds += Seconds(Clock::now() - start);
+  if (tr.checkpoint_every_steps > 0 && r->step % tr.checkpoint_every_steps == 0 &&
+      r->step < tr.steps) {
+    const auto c0 = Clock::now();
+    RETURN_IF_ERROR(SaveCheckpoint(slot));
+    r->wall_seconds += Seconds(Clock::now() - c0);
+  }
+  {
+    // Online refinement of the remaining-time estimate: the measured mean step time.
+    std::lock_guard<std::mutex> lock(mu_);
+    slot.est_step_seconds = r->wall_seconds / static_cast<double>(r->step);
+  }
+  r->eta_seconds = slot.est_step_seconds * static_cast<double>(tr.steps - r->step);
+  return OkStatus();
+}
+
+Status TrialScheduler::Finish(Slot& slot) {
+  TrialResult* r = &slot.r;
+  const auto start = Clock::now();
+  if (r->val_curve.empty() || r->val_curve.back().step != r->step) {
+    auto val = slot.exec->Evaluate();
+    if (!val.ok()) return val.status();
+    r->val_curve.push_back({r->step, *val});
+  }
+  r->final_val_loss = r->val_curve.back().loss;
+  r->final_train_loss = MeanOfLast(r->train_curve, 10);
+  if (slot.saved_step != r->step) RETURN_IF_ERROR(SaveCheckpoint(slot));
+  r->wall_seconds += Seconds(Clock::now() - start);
+  r->eta_seconds = 0;
+  r->peak_device_bytes = slot.exec->stats().peak_device_bytes;
+  TrialResult final_result = *r;
+  final_result.state = kTrialSucceeded;
+  RETURN_IF_ERROR(observer_->OnTrialSucceeding(final_result));
+  r->state = kTrialSucceeded;
+  slot.exec.reset();  // free the trial's memory for the trials still waiting
+  return OkStatus();
+}
+
+}  // namespace hydra::agent

@@ -1,0 +1,160 @@
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "agent/executor/executor.h"
+#include "common/job.h"
+#include "common/scheduler.h"
+#include "common/status.h"
+#include "common/trial_result.h"
+
+namespace hydra::agent {
+
+/// What the scheduler reports. Called on worker threads (and on the thread calling Cancel or
+/// Drain), never under the scheduler's lock; implementations serialise themselves.
+class TrialObserverInterface {
+ public:
+  virtual ~TrialObserverInterface() = default;
+  /// After every step, evaluation and state change; `snapshot` is a copy.
+  virtual void OnTrialUpdate(const TrialResult& snapshot) = 0;
+  /// A notice about one trial (a corrupt checkpoint skipped, a resume).
+  virtual void OnTrialMessage(const std::string& trial, const std::string& message) = 0;
+  /// One optimizer step ran on `device` for `seconds`, as `shards` shard-tasks per phase;
+  /// `evaluated` when an evaluation followed it.
+  virtual void OnStep(const std::string& trial, int device, double seconds, int64_t shards,
+                      bool evaluated) {}
+  /// A checkpoint of `trial` was written in `seconds`.
+  virtual void OnCheckpoint(const std::string& trial, double seconds) {}
+  /// Runs before a trial is marked Succeeded (the final checkpoint is written); an error fails
+  /// the trial. The local runner writes result.json here.
+  virtual Status OnTrialSucceeding(const TrialResult& result) { return OkStatus(); }
+};
+
+struct TrialSchedulerOptions {
+  int devices = 1;  ///< devices (worker threads) training trials at once
+  /// Host memory the admitted trials' state may use; trials past it wait, in order, until
+  /// earlier ones finish. <= 0: 75% of the machine's memory.
+  int64_t host_memory_bytes = 0;
+  /// Refuse (RESOURCE_EXHAUSTED) a trial whose state alone exceeds host_memory_bytes. When
+  /// false such a trial runs alone once everything before it finished.
+  bool refuse_over_host_memory = false;
+  /// When it reads true, devices take no new steps (a Ctrl-C handler sets it; Drain follows).
+  /// May be null. Borrowed.
+  const std::atomic<bool>* hold = nullptr;
+  /// Keep every step in schedule() (the local runner draws it); a long-lived agent does not.
+  bool record_schedule = true;
+};
+
+/// A trial that passed the checks and can be queued: what Prepare returns.
+struct PreparedTrial {
+  Trial trial;
+  std::string checkpoint_dir;  ///< where its checkpoints are written and resumed from
+  std::shared_ptr<const executor::TokenDataset> data;
+  int64_t host_bytes = 0;       ///< host memory its state takes while admitted
+  double est_step_seconds = 0;  ///< first estimate of an optimizer step
+  std::string fingerprint;      ///< of its configuration; guards resuming
+};
+
+/// The node's device loop, shared by `hydra run` and hydra-agent: trials arrive (Submit), wait
+/// for host memory in order, and whenever a device is free it takes the admitted trial the
+/// policy picks (Sharded-LRTF: longest estimated remaining time) and runs its next optimizer
+/// step. Trials resume from the newest checkpoint in their directory, checkpoint as their
+/// training settings say, can be cancelled, and are checkpointed by Drain.
+/// Thread-safe.
+class TrialScheduler {
+ public:
+  /// `factory` and `observer` are borrowed and must outlive the scheduler. Starts the device
+  /// threads.
+  TrialScheduler(executor::ExecutorFactoryInterface* factory, TrialObserverInterface* observer,
+                 TrialSchedulerOptions options,
+                 std::unique_ptr<SchedulingPolicyInterface> policy = nullptr);
+  /// Stops the device threads after their current step; unfinished trials are not
+  /// checkpointed (call Drain first for that).
+  ~TrialScheduler();
+
+  /// Checks a trial without queueing it: its dataset opens, the executor factory admits it
+  /// (RESOURCE_EXHAUSTED / INVALID_ARGUMENT) and, with refuse_over_host_memory, its state fits
+  /// the host memory. No side effects besides caching the opened dataset.
+  StatusOr<PreparedTrial> Prepare(const Trial& trial, const std::string& checkpoint_dir);
+
+  /// Queues a prepared trial. ALREADY_EXISTS if a trial of that name is known (and not
+  /// cancelled, failed or interrupted: those are replaced), UNAVAILABLE while draining.
+  Status Submit(PreparedTrial trial);
+
+  /// Stops a trial: now if it is not running, else after its current step. Its executor (and
+  /// spill files) are freed; its checkpoints stay. NOT_FOUND for an unknown trial,
+  /// FAILED_PRECONDITION for one that already ended.
+  Status Cancel(const std::string& name);
+
+  /// Stops accepting trials, lets running steps end, then checkpoints every started,
+  /// unfinished trial and marks every unfinished trial Interrupted with message
+  /// "<reason> at step N". Returns the first checkpoint error (the others still run).
+  Status Drain(const std::string& reason);
+
+  /// True once Drain started.
+  bool draining() const;
+
+  /// Waits until no trial is Pending or Running and their last updates reached the observer,
+  /// at most `timeout`. True if so.
+  bool WaitIdle(std::chrono::milliseconds timeout);
+
+  /// Every trial submitted, in submission order.
+  std::vector<TrialResult> Snapshot() const;
+  /// One trial; NOT_FOUND if unknown.
+  StatusOr<TrialResult> Get(const std::string& name) const;
+
+  /// The optimizer steps run so far (seconds since the first Submit), busy seconds per device and
+  /// the makespan so far. Task `trial` fields are submission indices.
+  Schedule schedule() const;
+
+  /// Seconds each device has spent running steps, including the step running now.
+  std::vector<double> BusySeconds() const;
+
+  /// Trials currently running a step on `device`, with their accounted device peak.
+  int64_t DeviceBytesInUse(int device) const;
+
+  int devices() const { return static_cast<int>(busy_.size()); }
+
+ private:
+  struct Slot;
+  Status Start(Slot& slot);
+  Status StepOnce(Slot& slot, bool* evaluated);
+  Status Finish(Slot& slot);
+  Status SaveCheckpoint(Slot& slot);
+  void Worker(int device);
+  void Publish(Slot& slot);  // copies the worker's record for readers; needs mu_ held
+  // Ends a trial this thread claimed (running == true): frees its executor, sets `state` and
+  // the message "<why> at step N", publishes and reports it. Needs mu_ not held.
+  void EndClaimed(Slot& slot, const char* state, const std::string& why);
+  int64_t HostLimit() const;
+
+  executor::ExecutorFactoryInterface* factory_;
+  TrialObserverInterface* observer_;
+  TrialSchedulerOptions options_;
+  std::unique_ptr<SchedulingPolicyInterface> policy_;
+
+  mutable std::mutex mu_;  // guards everything below but the slots' worker-owned fields
+  std::condition_variable cv_;
+  std::vector<std::unique_ptr<Slot>> slots_;
+  std::map<std::pair<std::string, int64_t>, std::shared_ptr<const executor::TokenDataset>> data_;
+  Schedule schedule_;
+  std::vector<double> busy_;
+  std::vector<double> running_since_;  // per device: start of the current step, -1 if idle
+  std::vector<std::vector<Slot*>> on_device_;
+  bool draining_ = false, paused_ = false, shutdown_ = false;
+  int reporting_ = 0;                            // worker reports being delivered outside the lock
+  std::chrono::steady_clock::time_point start_;  // the first Submit: time 0 of the schedule
+  bool clock_started_ = false;
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace hydra::agent

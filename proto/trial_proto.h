@@ -1,0 +1,39 @@
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "common/job.h"
+#include "common/partitioner.h"
+#include "common/status.h"
+#include "common/trial_result.h"
+#include "hydra/agent/v1/agent.pb.h"
+
+/// The one codec between the agent protocol's messages and common's types; the agent decodes
+/// what the controller encodes with the same functions.
+namespace hydra::wire {
+
+namespace v1 = ::hydra::agent::v1;
+
+/// Encodes a trial's effective configuration. `job` and `ns` name its MultiModelJob.
+void TrialToProto(const Trial& trial, const std::string& job, const std::string& ns,
+                  v1::TrialSpec* out);
+
+/// Decodes and validates a trial by the manifest's rules; INVALID_ARGUMENT listing every
+/// problem with paths such as "trial.training.learningRate". The dataset path must be
+/// absolute.
+StatusOr<Trial> TrialFromProto(const v1::TrialSpec& spec);
+
+void ShardPlanToProto(const PartitionPlan& plan, v1::ShardPlan* out);
+
+/// The first layer of shards 1..n-1: what spec.resources.shardBoundaries would say.
+std::vector<int64_t> ShardBoundaries(const v1::ShardPlan& plan);
+
+v1::TrialState TrialStateToProto(const std::string& state);
+std::string TrialStateFromProto(v1::TrialState state);
+
+/// The record of a trial as TrialStatus (job, namespace, checkpoint dir, plan and device are
+/// left for the caller).
+void TrialResultToProto(const TrialResult& result, v1::TrialStatus* out);
+
+}  // namespace hydra::wire

@@ -1,0 +1,414 @@
+// AgentService over real gRPC on loopback, with the torch-free fake executor: the request
+// checks, progress streams, cancel/drain and TLS.
+#include "agent/rpc/agent_service.h"
+
+#include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+
+#include "agent/rpc/tls.h"
+#include "proto/trial_proto.h"
+#include "tests/fakes/fake_executor.h"
+#include "tests/fakes/test_certs.h"
+
+namespace hydra::agent {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+constexpr int64_t kDeviceBytes = int64_t{1} << 30;
+
+class AgentServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("hydra_agent_svc_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    for (const char* d : {"data", "ckpt", "outside"}) fs::create_directories(dir_ / d);
+    std::ofstream(dir_ / "data" / "corpus.txt") << std::string(4000, 'a');
+    std::ofstream(dir_ / "outside" / "secret.txt") << std::string(4000, 's');
+    fs::create_directory_symlink(dir_ / "outside", dir_ / "data" / "escape");
+  }
+  void TearDown() override {
+    server_.reset();
+    service_.reset();
+    fs::remove_all(dir_);
+  }
+
+  void StartServer(std::shared_ptr<grpc::ServerCredentials> creds = nullptr,
+                   const std::string& identity = "") {
+    AgentConfig config;
+    config.node_name = "node-a";
+    config.version = "test";
+    config.devices = {{"cpu:0", kDeviceBytes}, {"cpu:1", kDeviceBytes}};
+    config.data_roots = {fs::canonical(dir_ / "data").string()};
+    config.checkpoint_roots = {fs::canonical(dir_ / "ckpt").string()};
+    config.required_client_identity = identity;
+    metrics_ = std::make_unique<AgentMetrics>("node-a", "test");
+    service_ = std::make_unique<AgentService>(config, &factory_, metrics_.get());
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", creds ? creds : grpc::InsecureServerCredentials(),
+                             &port_);
+    builder.RegisterService(service_.get());
+    server_ = builder.BuildAndStart();
+    ASSERT_TRUE(server_ != nullptr);
+    ASSERT_GT(port_, 0);
+  }
+
+  std::unique_ptr<v1::AgentService::Stub> Client(
+      std::shared_ptr<grpc::ChannelCredentials> creds = nullptr) {
+    const std::string target = (creds ? "localhost:" : "127.0.0.1:") + std::to_string(port_);
+    return v1::AgentService::NewStub(
+        grpc::CreateChannel(target, creds ? creds : grpc::InsecureChannelCredentials()));
+  }
+
+  Trial MakeTrial(const std::string& name, int64_t steps) {
+    Trial t;
+    t.name = name;
+    t.model = {"gpt2", 1, 8, 2, 8, 256};
+    t.training.steps = steps;
+    t.training.batch_size = 2;
+    t.training.eval_every_steps = 5;
+    t.training.checkpoint_every_steps = 4;
+    t.dataset.path = t.dataset.resolved_path = (dir_ / "data" / "corpus.txt").string();
+    return t;
+  }
+  v1::AssignTrialRequest Request(const std::string& name, int64_t steps = 10) {
+    v1::AssignTrialRequest req;
+    wire::TrialToProto(MakeTrial(name, steps), "job-1", "ns", req.mutable_trial());
+    req.set_checkpoint_dir((dir_ / "ckpt" / name).string());
+    return req;
+  }
+  grpc::Status Assign(v1::AgentService::Stub& stub, const v1::AssignTrialRequest& req,
+                      v1::AssignTrialResponse* resp = nullptr) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::AssignTrialResponse ignored;
+    return stub.AssignTrial(&ctx, req, resp ? resp : &ignored);
+  }
+  v1::GetStatusResponse StatusOf(v1::AgentService::Stub& stub) {
+    grpc::ClientContext ctx;
+    v1::GetStatusResponse resp;
+    EXPECT_TRUE(stub.GetStatus(&ctx, {}, &resp).ok());
+    return resp;
+  }
+  /// Polls GetStatus until `pred` holds (at most 10 s).
+  bool WaitFor(v1::AgentService::Stub& stub,
+               const std::function<bool(const v1::GetStatusResponse&)>& pred) {
+    for (int i = 0; i < 1000; ++i) {
+      if (pred(StatusOf(stub))) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  }
+
+  fs::path dir_;
+  fakes::FakeExecutorFactory factory_;
+  std::unique_ptr<AgentMetrics> metrics_;
+  std::unique_ptr<AgentService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+};
+
+TEST_F(AgentServiceTest, AssignedTrialsTrainAndReportThroughStatusAndMetrics) {
+  StartServer();
+  auto stub = Client();
+  v1::AssignTrialResponse resp;
+  ASSERT_TRUE(Assign(*stub, Request("t-a", 12), &resp).ok());
+  EXPECT_EQ(resp.trial().name(), "t-a");
+  EXPECT_EQ(resp.trial().job(), "job-1");
+  EXPECT_EQ(resp.trial().shard_plan().shards_size(), 1);
+  ASSERT_TRUE(Assign(*stub, Request("t-b", 8)).ok());
+  ASSERT_TRUE(WaitFor(*stub, [](const v1::GetStatusResponse& s) {
+    int done = 0;
+    for (const auto& t : s.trials()) done += t.state() == v1::SUCCEEDED;
+    return done == 2;
+  }));
+  auto status = StatusOf(*stub);
+  EXPECT_EQ(status.node_name(), "node-a");
+  ASSERT_EQ(status.devices_size(), 2);
+  EXPECT_EQ(status.devices(0).memory_total_bytes(), kDeviceBytes);
+  EXPECT_EQ(status.devices(0).memory_free_bytes(), kDeviceBytes);
+  for (const auto& t : status.trials()) {
+    EXPECT_EQ(t.step(), t.steps());
+    EXPECT_EQ(t.last_checkpoint_step(), t.steps());
+    EXPECT_TRUE(std::isfinite(t.final_validation_loss()));
+    EXPECT_EQ(t.checkpoint_dir(), (dir_ / "ckpt" / t.name()).string());
+  }
+  service_->Tick();
+  const std::string text = metrics_->Render();
+  EXPECT_THAT(text, HasSubstr("hydra_trial_step{node=\"node-a\",job=\"job-1\",trial=\"t-a\"} 12"));
+  EXPECT_THAT(text, HasSubstr("split=\"validation\""));
+  EXPECT_THAT(text, HasSubstr("hydra_shard_tasks_total{node=\"node-a\",phase=\"forward\"} 20"));
+  EXPECT_THAT(text, HasSubstr("hydra_agent_trials{node=\"node-a\",state=\"Succeeded\"} 2"));
+  EXPECT_THAT(text, HasSubstr("hydra_device_memory_free_bytes{node=\"node-a\",device=\"cpu:0\"} "
+                              "1073741824"));
+  EXPECT_THAT(text, HasSubstr("hydra_checkpoint_duration_seconds_count{node=\"node-a\"}"));
+}
+
+struct BadRequest {
+  std::string name;
+  std::function<void(v1::AssignTrialRequest*, const fs::path& dir)> mutate;
+  grpc::StatusCode code;
+  std::string message;
+};
+
+TEST_F(AgentServiceTest, BadRequestsGetTheRightCodeAndChangeNothing) {
+  factory_.refuse["refused"] = true;
+  StartServer();
+  auto stub = Client();
+  const std::vector<BadRequest> cases = {
+      {"no trial", [](auto* r, auto&) { r->clear_trial(); }, grpc::INVALID_ARGUMENT,
+       "trial: required"},
+      {"unknown family",
+       [](auto* r, auto&) { r->mutable_trial()->mutable_model()->set_family("rnn"); },
+       grpc::INVALID_ARGUMENT, "trial.model.family"},
+      {"negative steps",
+       [](auto* r, auto&) { r->mutable_trial()->mutable_training()->set_steps(-5); },
+       grpc::INVALID_ARGUMENT, "trial.training.steps"},
+      {"negative device budget",
+       [](auto* r, auto&) {
+         r->mutable_trial()->mutable_resources()->set_device_memory_budget_bytes(-1);
+       },
+       grpc::INVALID_ARGUMENT, "trial.resources.deviceMemoryBudget"},
+      {"negative host budget",
+       [](auto* r, auto&) {
+         r->mutable_trial()->mutable_resources()->set_host_memory_budget_bytes(-4096);
+       },
+       grpc::INVALID_ARGUMENT, "trial.resources.hostMemoryBudget"},
+      {"nHead does not divide nEmbd",
+       [](auto* r, auto&) { r->mutable_trial()->mutable_model()->set_n_head(3); },
+       grpc::INVALID_ARGUMENT, "nHead"},
+      {"bad trial name", [](auto* r, auto&) { r->mutable_trial()->set_name("Bad_Name"); },
+       grpc::INVALID_ARGUMENT, "trial.name"},
+      {"relative dataset path",
+       [](auto* r, auto&) { r->mutable_trial()->mutable_dataset()->set_path("data/corpus.txt"); },
+       grpc::INVALID_ARGUMENT, "absolute"},
+      {"dataset outside the roots by ..",
+       [](auto* r, const fs::path& d) {
+         r->mutable_trial()->mutable_dataset()->set_path(
+             (d / "data/../outside/secret.txt").string());
+       },
+       grpc::PERMISSION_DENIED, "outside the allowed roots"},
+      {"dataset outside the roots by a symlink",
+       [](auto* r, const fs::path& d) {
+         r->mutable_trial()->mutable_dataset()->set_path((d / "data/escape/secret.txt").string());
+       },
+       grpc::PERMISSION_DENIED, "outside the allowed roots"},
+      {"checkpoint dir outside the roots",
+       [](auto* r, const fs::path& d) {
+         r->set_checkpoint_dir((d / "ckpt/x/../../outside").string());
+       },
+       grpc::PERMISSION_DENIED, "checkpoint_dir"},
+      {"checkpoint dir missing", [](auto* r, auto&) { r->clear_checkpoint_dir(); },
+       grpc::INVALID_ARGUMENT, "checkpoint_dir: required"},
+      {"dataset missing",
+       [](auto* r, const fs::path& d) {
+         r->mutable_trial()->mutable_dataset()->set_path((d / "data/none.txt").string());
+       },
+       grpc::NOT_FOUND, "none.txt"},
+      {"device budget over the device's memory",
+       [](auto* r, auto&) {
+         r->mutable_trial()->mutable_resources()->set_device_memory_budget_bytes(int64_t{8} << 30);
+       },
+       grpc::RESOURCE_EXHAUSTED,
+       "8589934592 bytes); the devices of node node-a have 1.00 GiB "
+       "(1073741824 bytes)"},
+      {"refused by the executor (cannot fit)",
+       [](auto* r, auto&) { r->mutable_trial()->set_name("refused"); }, grpc::RESOURCE_EXHAUSTED,
+       "refused"},
+      {"shard plan with a gap",
+       [](auto* r, auto&) {
+         auto* a = r->mutable_shard_plan()->add_shards();
+         a->set_first_layer(0);
+         a->set_last_layer(0);
+         auto* b = r->mutable_shard_plan()->add_shards();
+         b->set_first_layer(2);
+         b->set_last_layer(2);
+       },
+       grpc::INVALID_ARGUMENT, "shard_plan.shards[1]"},
+      {"resume from a checkpoint that is not there",
+       [](auto* r, auto&) { r->set_resume_from_step(40); }, grpc::FAILED_PRECONDITION,
+       "resume_from_step 40"},
+  };
+  for (const auto& c : cases) {
+    auto req = Request("good");
+    c.mutate(&req, dir_);
+    grpc::Status s = Assign(*stub, req);
+    EXPECT_EQ(s.error_code(), c.code) << c.name << ": " << s.error_message();
+    EXPECT_THAT(s.error_message(), HasSubstr(c.message)) << c.name;
+    EXPECT_EQ(StatusOf(*stub).trials_size(), 0) << c.name << " changed the agent's state";
+    EXPECT_TRUE(fs::is_empty(dir_ / "ckpt")) << c.name << " wrote under the checkpoint root";
+  }
+  grpc::ClientContext ctx;
+  v1::CancelTrialRequest cancel;
+  cancel.set_name("nobody");
+  v1::CancelTrialResponse cancelled;
+  EXPECT_EQ(stub->CancelTrial(&ctx, cancel, &cancelled).error_code(), grpc::NOT_FOUND);
+  grpc::ClientContext ctx2;
+  cancel.clear_name();
+  EXPECT_EQ(stub->CancelTrial(&ctx2, cancel, &cancelled).error_code(), grpc::INVALID_ARGUMENT);
+  // Still serving.
+  EXPECT_TRUE(Assign(*stub, Request("good")).ok());
+}
+
+TEST_F(AgentServiceTest, DuplicateAndCheckpointDirectoryConflictsAreRefused) {
+  factory_.step_delay = std::chrono::milliseconds(10);
+  StartServer();
+  auto stub = Client();
+  ASSERT_TRUE(Assign(*stub, Request("t1", 1000)).ok());
+  EXPECT_EQ(Assign(*stub, Request("t1", 1000)).error_code(), grpc::ALREADY_EXISTS);
+  auto other = Request("t2", 1000);
+  other.set_checkpoint_dir((dir_ / "ckpt" / "t1").string());
+  grpc::Status s = Assign(*stub, other);
+  EXPECT_EQ(s.error_code(), grpc::FAILED_PRECONDITION);
+  EXPECT_THAT(s.error_message(), HasSubstr("in use by trial t1"));
+  EXPECT_EQ(StatusOf(*stub).trials_size(), 1);
+}
+
+TEST_F(AgentServiceTest, WatchStreamsSnapshotThenStepsAndStatesInOrder) {
+  factory_.step_delay = std::chrono::milliseconds(2);
+  StartServer();
+  auto stub = Client();
+  ASSERT_TRUE(Assign(*stub, Request("first", 6)).ok());
+  grpc::ClientContext ctx;
+  v1::WatchProgressRequest watch;
+  auto reader = stub->WatchProgress(&ctx, watch);
+  ASSERT_TRUE(Assign(*stub, Request("second", 15)).ok());
+  std::map<std::string, int64_t> last_step;
+  std::map<std::string, std::string> last_state;
+  bool saw_snapshot = false;
+  v1::TrialEvent e;
+  while (reader->Read(&e)) {
+    const auto& t = e.trial();
+    saw_snapshot = saw_snapshot || (e.kind() == v1::TrialEvent::SNAPSHOT && t.name() == "first");
+    EXPECT_GE(t.step(), last_step[t.name()]) << t.name() << " went backwards";
+    last_step[t.name()] = t.step();
+    last_state[t.name()] = wire::TrialStateFromProto(t.state());
+    if (last_state["first"] == kTrialSucceeded && last_state["second"] == kTrialSucceeded) break;
+  }
+  ctx.TryCancel();
+  EXPECT_TRUE(saw_snapshot);
+  EXPECT_EQ(last_step["second"], 15);
+  EXPECT_EQ(last_state["second"], kTrialSucceeded);
+}
+
+TEST_F(AgentServiceTest, ClientsThatVanishMidStreamDoNotHurtTheAgent) {
+  factory_.step_delay = std::chrono::milliseconds(5);
+  StartServer();
+  auto stub = Client();
+  ASSERT_TRUE(Assign(*stub, Request("long", 400)).ok());
+  for (int i = 0; i < 10; ++i) {
+    // A client on its own channel that reads one event and disappears without a goodbye.
+    auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(port_),
+                                       grpc::InsecureChannelCredentials());
+    auto gone = v1::AgentService::NewStub(channel);
+    auto ctx = std::make_unique<grpc::ClientContext>();
+    auto reader = gone->WatchProgress(ctx.get(), {});
+    v1::TrialEvent e;
+    ASSERT_TRUE(reader->Read(&e));
+    if (i % 2) ctx->TryCancel();
+    reader.reset();
+    ctx.reset();
+    gone.reset();
+  }
+  // The agent keeps serving: status, new watches and new trials.
+  EXPECT_EQ(StatusOf(*stub).trials_size(), 1);
+  grpc::ClientContext ctx;
+  auto reader = stub->WatchProgress(&ctx, {});
+  v1::TrialEvent e;
+  ASSERT_TRUE(reader->Read(&e));
+  EXPECT_EQ(e.trial().name(), "long");
+  ctx.TryCancel();
+  ASSERT_TRUE(Assign(*stub, Request("after", 3)).ok());
+}
+
+TEST_F(AgentServiceTest, CancelAndDrain) {
+  factory_.step_delay = std::chrono::milliseconds(5);
+  StartServer();
+  auto stub = Client();
+  ASSERT_TRUE(Assign(*stub, Request("c1", 1000)).ok());
+  ASSERT_TRUE(Assign(*stub, Request("c2", 1000)).ok());
+  ASSERT_TRUE(WaitFor(*stub, [](const v1::GetStatusResponse& s) {
+    for (const auto& t : s.trials()) {
+      if (t.step() < 5) return false;
+    }
+    return true;
+  }));
+  grpc::ClientContext cctx;
+  v1::CancelTrialRequest cancel;
+  cancel.set_name("c1");
+  v1::CancelTrialResponse cancelled;
+  ASSERT_TRUE(stub->CancelTrial(&cctx, cancel, &cancelled).ok());
+  EXPECT_EQ(cancelled.trial().state(), v1::CANCELLED);
+  EXPECT_EQ(service_->NotReadyReason(), "");
+
+  grpc::ClientContext dctx;
+  v1::DrainResponse drained;
+  ASSERT_TRUE(stub->Drain(&dctx, {}, &drained).ok());
+  ASSERT_EQ(drained.trials_size(), 2);
+  for (const auto& t : drained.trials()) {
+    if (t.name() == "c2") {
+      EXPECT_EQ(t.state(), v1::INTERRUPTED);
+      EXPECT_EQ(t.last_checkpoint_step(), t.step());
+      EXPECT_TRUE(fs::exists(dir_ / "ckpt" / "c2"));
+    }
+  }
+  EXPECT_THAT(service_->NotReadyReason(), HasSubstr("draining"));
+  EXPECT_EQ(Assign(*stub, Request("late")).error_code(), grpc::UNAVAILABLE);
+}
+
+TEST_F(AgentServiceTest, MutualTlsRefusesCallersWithoutTheControllersCertificate) {
+  const fs::path certs = dir_ / "certs";
+  ASSERT_TRUE(fakes::MakeTestCertificates(certs)) << "openssl failed";
+  auto p = [&](const char* f) { return (certs / f).string(); };
+  auto server_creds = MakeServerCredentials({p("server.pem"), p("server.key"), p("ca.pem")});
+  ASSERT_TRUE(server_creds.ok()) << server_creds.status();
+  StartServer(*server_creds, "hydra-controller");
+  auto call = [&](std::shared_ptr<grpc::ChannelCredentials> creds) {
+    auto stub = Client(creds);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    v1::GetStatusResponse resp;
+    return stub->GetStatus(&ctx, {}, &resp);
+  };
+  auto creds = [&](const std::string& cert) {
+    auto c = MakeChannelCredentials(p("ca.pem"), cert.empty() ? "" : p((cert + ".pem").c_str()),
+                                    cert.empty() ? "" : p((cert + ".key").c_str()));
+    EXPECT_TRUE(c.ok()) << c.status();
+    return *c;
+  };
+  EXPECT_TRUE(call(creds("controller")).ok());
+  EXPECT_EQ(call(creds("")).error_code(), grpc::UNAVAILABLE) << "no client certificate";
+  EXPECT_EQ(call(creds("rogue")).error_code(), grpc::UNAVAILABLE) << "signed by another CA";
+  grpc::Status intruder = call(creds("intruder"));
+  EXPECT_EQ(intruder.error_code(), grpc::PERMISSION_DENIED);
+  EXPECT_THAT(intruder.error_message(), HasSubstr("hydra-controller"));
+  EXPECT_EQ(call(grpc::InsecureChannelCredentials()).error_code(), grpc::UNAVAILABLE)
+      << "plaintext";
+  // The intruder cannot assign either, and nothing changed.
+  auto stub = Client(creds("intruder"));
+  EXPECT_EQ(Assign(*stub, Request("sneaky")).error_code(), grpc::PERMISSION_DENIED);
+  EXPECT_EQ(StatusOf(*Client(creds("controller"))).trials_size(), 0);
+}
+
+TEST(TlsFilesTest, MissingOrBrokenFilesAreNamed) {
+  auto missing = MakeServerCredentials({"/nonexistent/server.pem", "/nonexistent/key", ""});
+  ASSERT_FALSE(missing.ok());
+  EXPECT_THAT(missing.status().message(), HasSubstr("--tls-cert-file"));
+  auto no_key = MakeServerCredentials({"/x.pem", "", ""});
+  EXPECT_EQ(no_key.status().code(), StatusCode::kInvalidArgument);
+  auto ca_only = MakeServerCredentials({"", "", "/ca.pem"});
+  EXPECT_EQ(ca_only.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(MakeServerCredentials({"", "", ""}).ok());
+}
+
+}  // namespace
+}  // namespace hydra::agent

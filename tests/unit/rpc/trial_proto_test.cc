@@ -1,0 +1,80 @@
+#include "proto/trial_proto.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "common/job_json.h"
+
+namespace hydra::wire {
+namespace {
+
+using ::testing::HasSubstr;
+
+Trial Sample() {
+  const std::string yaml = R"(apiVersion: hydra.dev/v1alpha1
+kind: MultiModelJob
+metadata: {name: j}
+spec:
+  model: {family: gpt2, nLayer: 3, nEmbd: 32, nHead: 4, contextLength: 16}
+  dataset: {path: /data/corpus.txt, evalSequences: 7, validationFraction: 0.1}
+  search: {grid: {learningRate: [0.001], optimizer: [sgd]}}
+  training: {steps: 30, batchSize: 4, gradientAccumulationSteps: 2, gradClipNorm: 1.5,
+             lrSchedule: cosine, warmupSteps: 3, momentum: 0.8}
+  resources: {deviceMemoryBudget: 64Mi, hostMemoryBudget: 1Gi, offload: disk}
+)";
+  auto job = ParseJobYaml(yaml, "/");
+  EXPECT_TRUE(job.ok()) << job.status();
+  return ExpandTrials(*job)->front();
+}
+
+TEST(TrialProtoTest, RoundTripKeepsTheWholeConfiguration) {
+  const Trial t = Sample();
+  v1::TrialSpec spec;
+  TrialToProto(t, "j", "team-a", &spec);
+  EXPECT_EQ(spec.job(), "j");
+  EXPECT_EQ(spec.namespace_(), "team-a");
+  auto back = TrialFromProto(spec);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(TrialConfigJson(*back), TrialConfigJson(t));
+  EXPECT_EQ(TrialFingerprint(*back), TrialFingerprint(t)) << "a checkpoint moves with the trial";
+  EXPECT_EQ(HyperparametersJson(*back), HyperparametersJson(t));
+  EXPECT_EQ(back->name, t.name);
+}
+
+TEST(TrialProtoTest, EveryProblemIsNamedWithItsField) {
+  v1::TrialSpec spec;
+  TrialToProto(Sample(), "j", "", &spec);
+  spec.mutable_training()->set_learning_rate(-1);
+  spec.mutable_training()->set_optimizer("lion");
+  spec.mutable_dataset()->set_eval_sequences(0);
+  spec.mutable_resources()->set_offload("tape");
+  auto t = TrialFromProto(spec);
+  ASSERT_EQ(t.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(t.status().message(), HasSubstr("trial.training.learningRate: must be > 0"));
+  EXPECT_THAT(t.status().message(), HasSubstr("trial.training.optimizer: must be one of"));
+  EXPECT_THAT(t.status().message(), HasSubstr("trial.dataset.evalSequences"));
+  EXPECT_THAT(t.status().message(), HasSubstr("trial.resources.offload"));
+}
+
+TEST(TrialProtoTest, StatesMapBothWays) {
+  for (const char* s : {kTrialPending, kTrialRunning, kTrialSucceeded, kTrialFailed,
+                        kTrialInterrupted, kTrialCancelled}) {
+    EXPECT_EQ(TrialStateFromProto(TrialStateToProto(s)), s);
+  }
+}
+
+TEST(TrialProtoTest, ShardPlanBoundaries) {
+  const Trial t = Sample();
+  auto plan = PlanShards(t, PartitionOptionsFor(t));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  v1::ShardPlan p;
+  ShardPlanToProto(*plan, &p);
+  ASSERT_EQ(p.shards_size(), static_cast<int>(plan->shards.size()));
+  EXPECT_EQ(p.state_tier(), "disk");
+  auto bounds = ShardBoundaries(p);
+  ASSERT_EQ(bounds.size(), plan->shards.size() - 1);
+  for (size_t i = 0; i < bounds.size(); ++i) EXPECT_EQ(bounds[i], plan->shards[i + 1].first_layer);
+}
+
+}  // namespace
+}  // namespace hydra::wire

@@ -1,0 +1,231 @@
+#include "agent/scheduler/trial_scheduler.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+
+#include "agent/executor/checkpoint.h"
+#include "tests/fakes/fake_executor.h"
+
+namespace hydra::agent {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+class RecordingObserver : public TrialObserverInterface {
+ public:
+  void OnTrialUpdate(const TrialResult& r) override {
+    std::lock_guard<std::mutex> lock(mu);
+    states[r.trial.name].push_back(r.state);
+  }
+  void OnTrialMessage(const std::string& trial, const std::string& m) override {
+    std::lock_guard<std::mutex> lock(mu);
+    messages.push_back(trial + ": " + m);
+  }
+  void OnStep(const std::string&, int device, double, int64_t, bool) override {
+    std::lock_guard<std::mutex> lock(mu);
+    steps_per_device[device] += 1;
+  }
+  void OnCheckpoint(const std::string&, double seconds) override {
+    std::lock_guard<std::mutex> lock(mu);
+    checkpoints += 1;
+    EXPECT_GE(seconds, 0);
+  }
+  std::mutex mu;
+  std::map<std::string, std::vector<std::string>> states;
+  std::map<int, int> steps_per_device;
+  std::vector<std::string> messages;
+  int checkpoints = 0;
+};
+
+class TrialSchedulerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("hydra_sched_test_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    std::ofstream(dir_ / "corpus.txt") << std::string(4000, 'a');
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  Trial MakeTrial(const std::string& name, int64_t steps, double lr = 1e-3) {
+    Trial t;
+    t.name = name;
+    t.model = {"gpt2", 1, 8, 2, 8, 256};
+    t.training.steps = steps;
+    t.training.learning_rate = lr;
+    t.training.batch_size = 2;
+    t.training.eval_every_steps = 5;
+    t.training.checkpoint_every_steps = 4;
+    t.dataset.path = t.dataset.resolved_path = (dir_ / "corpus.txt").string();
+    return t;
+  }
+  std::string Ckpt(const std::string& name) { return (dir_ / "ckpt" / name).string(); }
+
+  Status Submit(TrialScheduler& s, const Trial& t) {
+    auto p = s.Prepare(t, Ckpt(t.name));
+    if (!p.ok()) return p.status();
+    return s.Submit(std::move(p).value());
+  }
+
+  fs::path dir_;
+  fakes::FakeExecutorFactory factory_;
+  RecordingObserver observer_;
+};
+
+TEST_F(TrialSchedulerTest, TrialsSubmittedWhileOthersRunAllFinish) {
+  TrialScheduler s(&factory_, &observer_, {2});
+  ASSERT_TRUE(Submit(s, MakeTrial("a", 12)).ok());
+  ASSERT_TRUE(Submit(s, MakeTrial("b", 8)).ok());
+  ASSERT_TRUE(s.WaitIdle(std::chrono::seconds(20)));
+  ASSERT_TRUE(Submit(s, MakeTrial("c", 6)).ok());  // after the first ones ended
+  ASSERT_TRUE(s.WaitIdle(std::chrono::seconds(20)));
+  auto all = s.Snapshot();
+  ASSERT_EQ(all.size(), 3u);
+  for (const auto& r : all) {
+    EXPECT_EQ(r.state, kTrialSucceeded) << r.trial.name << ": " << r.message;
+    EXPECT_EQ(r.step, r.trial.training.steps);
+    EXPECT_EQ(r.last_checkpoint_step, r.step);
+  }
+  EXPECT_TRUE(fs::exists(Ckpt("c") + "/ckpt-0000000006.hck"));
+  EXPECT_GT(observer_.checkpoints, 0);
+  EXPECT_EQ(observer_.states["c"].front(), kTrialPending);
+  EXPECT_EQ(observer_.states["c"].back(), kTrialSucceeded);
+}
+
+TEST_F(TrialSchedulerTest, DuplicateNamesAreRefusedUntilTheTrialEnds) {
+  factory_.step_delay = std::chrono::milliseconds(5);
+  TrialScheduler s(&factory_, &observer_, {1});
+  ASSERT_TRUE(Submit(s, MakeTrial("a", 50)).ok());
+  Status again = Submit(s, MakeTrial("a", 50));
+  EXPECT_EQ(again.code(), StatusCode::kAlreadyExists) << again;
+  ASSERT_TRUE(s.Cancel("a").ok());
+  ASSERT_TRUE(s.WaitIdle(std::chrono::seconds(10)));
+  // Cancelled: it may be assigned again, and resumes from its checkpoint.
+  ASSERT_TRUE(Submit(s, MakeTrial("a", 50)).ok());
+  ASSERT_TRUE(s.WaitIdle(std::chrono::seconds(20)));
+  auto r = s.Get("a");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->state, kTrialSucceeded);
+  EXPECT_EQ(s.Snapshot().size(), 1u) << "the replaced run is no longer listed";
+  EXPECT_EQ(Submit(s, MakeTrial("a", 50)).code(), StatusCode::kAlreadyExists)
+      << "a succeeded trial is not trained again";
+}
+
+TEST_F(TrialSchedulerTest, CancelStopsARunningTrialAndAPendingOne) {
+  factory_.step_delay = std::chrono::milliseconds(20);
+  TrialSchedulerOptions o;
+  o.devices = 1;
+  TrialScheduler s(&factory_, &observer_, o);
+  ASSERT_TRUE(Submit(s, MakeTrial("long", 1000)).ok());
+  ASSERT_TRUE(Submit(s, MakeTrial("other", 1000, 2e-3)).ok());
+  // Wait until one of them runs.
+  for (int i = 0; i < 200; ++i) {
+    auto a = s.Get("long"), b = s.Get("other");
+    if (a->step + b->step > 2) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(s.Cancel("long").ok());
+  ASSERT_TRUE(s.Cancel("other").ok());
+  ASSERT_TRUE(s.WaitIdle(std::chrono::seconds(5)));
+  for (const char* name : {"long", "other"}) {
+    auto r = s.Get(name);
+    EXPECT_EQ(r->state, kTrialCancelled);
+    EXPECT_THAT(r->message, HasSubstr("cancelled at step"));
+    EXPECT_LT(r->step, 1000);
+  }
+  EXPECT_EQ(s.Cancel("long").code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.Cancel("nobody").code(), StatusCode::kNotFound);
+}
+
+TEST_F(TrialSchedulerTest, DrainCheckpointsEveryUnfinishedTrialAndRefusesMore) {
+  factory_.step_delay = std::chrono::milliseconds(10);
+  TrialSchedulerOptions o;
+  o.devices = 2;
+  o.host_memory_bytes = 1;  // admits one trial at a time: the others stay pending
+  TrialScheduler s(&factory_, &observer_, o);
+  for (const char* name : {"t1", "t2", "t3"}) ASSERT_TRUE(Submit(s, MakeTrial(name, 1000)).ok());
+  for (int i = 0; i < 300 && s.Get("t1")->step < 3; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(s.Drain("drained").ok());
+  EXPECT_TRUE(s.draining());
+  auto t1 = s.Get("t1");
+  EXPECT_EQ(t1->state, kTrialInterrupted);
+  EXPECT_THAT(t1->message, HasSubstr("drained at step " + std::to_string(t1->step)));
+  EXPECT_EQ(t1->last_checkpoint_step, t1->step);
+  executor::CheckpointStore store(Ckpt("t1"));
+  ASSERT_FALSE(store.Steps().empty());
+  EXPECT_EQ(store.Steps().back(), t1->step);
+  EXPECT_EQ(s.Get("t3")->state, kTrialInterrupted);
+  EXPECT_EQ(s.Get("t3")->step, 0);
+  EXPECT_EQ(Submit(s, MakeTrial("t4", 5)).code(), StatusCode::kUnavailable);
+  EXPECT_TRUE(s.WaitIdle(std::chrono::milliseconds(100)));
+}
+
+TEST_F(TrialSchedulerTest, InterruptedTrialResumesOnAnotherSchedulerToTheSameLosses) {
+  std::vector<CurvePoint> straight;
+  {
+    TrialScheduler s(&factory_, &observer_, {1});
+    ASSERT_TRUE(Submit(s, MakeTrial("x", 30)).ok());
+    ASSERT_TRUE(s.WaitIdle(std::chrono::seconds(20)));
+    straight = s.Get("x")->train_curve;
+  }
+  fs::remove_all(dir_ / "ckpt");
+  std::atomic<bool> hold{false};
+  factory_.on_step = [&](const std::string&, int64_t step) {
+    if (step == 11) hold = true;
+  };
+  {
+    TrialSchedulerOptions o;
+    o.hold = &hold;
+    TrialScheduler first(&factory_, &observer_, o);
+    ASSERT_TRUE(Submit(first, MakeTrial("x", 30)).ok());
+    while (!hold) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    ASSERT_TRUE(first.Drain("node lost").ok());
+    EXPECT_EQ(first.Get("x")->step, 11);
+  }
+  factory_.on_step = nullptr;
+  TrialScheduler second(&factory_, &observer_, {1});  // another node, same shared storage
+  ASSERT_TRUE(Submit(second, MakeTrial("x", 30)).ok());
+  ASSERT_TRUE(second.WaitIdle(std::chrono::seconds(20)));
+  auto r = second.Get("x");
+  EXPECT_EQ(r->resumed_from_step, 11);
+  ASSERT_EQ(r->train_curve.size(), straight.size());
+  for (size_t i = 0; i < straight.size(); ++i) {
+    EXPECT_EQ(r->train_curve[i].loss, straight[i].loss) << i;
+  }
+}
+
+TEST_F(TrialSchedulerTest, RefusesATrialLargerThanTheHostMemoryWhenAskedTo) {
+  TrialSchedulerOptions o;
+  o.host_memory_bytes = 1000;
+  o.refuse_over_host_memory = true;
+  TrialScheduler s(&factory_, &observer_, o);
+  auto p = s.Prepare(MakeTrial("big", 10), Ckpt("big"));
+  ASSERT_EQ(p.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_THAT(p.status().message(), HasSubstr("host memory"));
+  EXPECT_THAT(p.status().message(), HasSubstr("1000 bytes"));
+  EXPECT_TRUE(s.Snapshot().empty());
+}
+
+TEST_F(TrialSchedulerTest, BusySecondsGrowOnlyOnDevicesThatRan) {
+  factory_.step_delay = std::chrono::milliseconds(2);
+  TrialScheduler s(&factory_, &observer_, {2});
+  ASSERT_TRUE(Submit(s, MakeTrial("only", 20)).ok());
+  ASSERT_TRUE(s.WaitIdle(std::chrono::seconds(10)));
+  auto busy = s.BusySeconds();
+  ASSERT_EQ(busy.size(), 2u);
+  EXPECT_GT(busy[0] + busy[1], 0.03);
+  EXPECT_EQ(s.DeviceBytesInUse(0) + s.DeviceBytesInUse(1), 0) << "nothing runs now";
+}
+
+}  // namespace
+}  // namespace hydra::agent

@@ -10,3 +10,5 @@ echo "== bench/spill"
 bash bench/spill.sh "${ARGS[@]}"
 echo "== bench/schedule"
 if [ "${1:-}" = "--smoke" ]; then ./build/bench/schedule --smoke; else ./build/bench/schedule; fi
+echo "== bench/agent"
+if [ "${1:-}" = "--smoke" ]; then ./build/bench/agent --smoke; else ./build/bench/agent; fi

@@ -165,7 +165,7 @@ grpc::Status AgentService::AssignTrial(grpc::ServerContext* context,
   if (Status s = CheckAssignment(*request, &trial); !s.ok()) return ToGrpc(s);
   const std::string ckpt_dir = fs::path(request->checkpoint_dir()).lexically_normal().string();
   std::map<std::string, std::string> states;
-  for (const auto& r : scheduler_->Snapshot()) states[r.trial.name] = r.state;
+  for (const auto& [name, state] : scheduler_->States()) states[name] = state;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (shut_down_) return grpc::Status(grpc::UNAVAILABLE, "the agent is shutting down");
@@ -459,7 +459,7 @@ void AgentService::Tick() {
   const double now = Now();
   const auto busy = scheduler_->BusySeconds();
   std::map<std::string, int64_t> counts;
-  for (const auto& r : scheduler_->Snapshot()) counts[r.state] += 1;
+  for (const auto& [name, state] : scheduler_->States()) counts[state] += 1;
   std::vector<double> ratios;
   {
     std::lock_guard<std::mutex> lock(mu_);

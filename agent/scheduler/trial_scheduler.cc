@@ -285,6 +285,15 @@ std::vector<TrialResult> TrialScheduler::Snapshot() const {
   return out;
 }
 
+std::vector<std::pair<std::string, std::string>> TrialScheduler::States() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::pair<std::string, std::string>> out;
+  for (auto& s : slots_) {
+    if (!s->replaced) out.emplace_back(s->p.trial.name, s->published.state);
+  }
+  return out;
+}
+
 StatusOr<TrialResult> TrialScheduler::Get(const std::string& name) const {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& s : slots_) {

@@ -109,6 +109,8 @@ class TrialScheduler {
 
   /// Every trial submitted, in submission order.
   std::vector<TrialResult> Snapshot() const;
+  /// Name and state of every trial, in submission order (cheap: no curves are copied).
+  std::vector<std::pair<std::string, std::string>> States() const;
   /// One trial; NOT_FOUND if unknown.
   StatusOr<TrialResult> Get(const std::string& name) const;
 

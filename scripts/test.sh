@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # README command 2: set up, build, and run the whole test suite:
-#   1. every unit and integration test (ctest) in build/,
+#   1. every unit and integration test (ctest) in build/, the Kubernetes ones against a real
+#      kube-apiserver + etcd built from Go modules (tests/envtest),
 #   2. the torch-free libraries and their tests under ASan + UBSan in build-asan/,
 #   3. every benchmark at smoke size.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/build.sh
+
+echo "== Kubernetes test control plane (tests/envtest: kube-apiserver + etcd, cached)"
+tests/envtest/build >/dev/null
 
 echo "== tests"
 (cd build && ctest --output-on-failure --timeout 900 -j1)

@@ -14,11 +14,11 @@
 
 #include "agent/executor/cpu_threads.h"
 #include "agent/executor/spilling_executor.h"
-#include "agent/http/http_server.h"
 #include "agent/metrics/agent_metrics.h"
 #include "agent/rpc/agent_service.h"
 #include "agent/rpc/tls.h"
 #include "common/devices.h"
+#include "common/http/http_server.h"
 #include "common/units.h"
 
 namespace {
@@ -179,33 +179,16 @@ int main(int argc, char** argv) {
                 : tls_client_ca.empty() ? "TLS"
                                         : "mutual TLS")
             << "), advertised as " << endpoint << "\n";
-  hydra::agent::HttpServer metrics_server({{"/metrics", [&] {
-                                              return hydra::agent::HttpReply{
-                                                  200, "text/plain; version=0.0.4; charset=utf-8",
-                                                  metrics.Render()};
-                                            }}});
-  if (metrics_bind != "0") {
-    if (auto s = metrics_server.Serve(metrics_bind); !s.ok()) {
-      std::cerr << "error: --metrics-bind-address: " << s.message() << "\n";
-      return 1;
-    }
-    std::cout << "hydra-agent: metrics on " << metrics_bind << "/metrics\n";
+  hydra::http::ProbeAndMetricsServers endpoints;
+  if (auto s = endpoints.Start(
+          metrics_bind, [&] { return metrics.Render(); }, health_bind,
+          [&] { return service.NotReadyReason(); });
+      !s.ok()) {
+    std::cerr << "error: " << s.message() << "\n";
+    return 1;
   }
-  auto probe = [&](bool readiness) {
-    const std::string reason = readiness ? service.NotReadyReason() : "";
-    return reason.empty()
-               ? hydra::agent::HttpReply{200, "text/plain; charset=utf-8", "ok\n"}
-               : hydra::agent::HttpReply{503, "text/plain; charset=utf-8", reason + "\n"};
-  };
-  hydra::agent::HttpServer health_server(
-      {{"/healthz", [&] { return probe(false); }}, {"/readyz", [&] { return probe(true); }}});
-  if (health_bind != "0") {
-    if (auto s = health_server.Serve(health_bind); !s.ok()) {
-      std::cerr << "error: --health-probe-bind-address: " << s.message() << "\n";
-      return 1;
-    }
-    std::cout << "hydra-agent: health probes on " << health_bind << "/healthz, /readyz\n";
-  }
+  std::cout << "hydra-agent: metrics on " << metrics_bind << "/metrics, probes on " << health_bind
+            << "/healthz and /readyz\n";
   std::cout << "hydra-agent: " << devices->size() << " device(s) of "
             << hydra::FormatBytes(devices->front().memory_bytes) << ", "
             << hydra::FormatBytes(host_bytes) << " host memory for trials, spill dir " << spill_dir

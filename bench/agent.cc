@@ -18,7 +18,7 @@
 #include <fstream>
 #include <thread>
 
-#include "agent/http/http_server.h"
+#include "common/http/http_server.h"
 #include "agent/metrics/agent_metrics.h"
 #include "agent/rpc/agent_service.h"
 #include "proto/trial_proto.h"
@@ -174,9 +174,9 @@ int main(int argc, char** argv) {
   auto t0 = Clock::now();
   for (int i = 0; i < scrapes; ++i) body = metrics.Render();
   const double render_ms = 1e3 * Seconds(Clock::now() - t0) / scrapes;
-  hydra::agent::HttpServer http(
+  hydra::http::HttpServer http(
       {{"/metrics", [&] {
-          return hydra::agent::HttpReply{200, "text/plain", metrics.Render()};
+          return hydra::http::HttpReply{200, "text/plain", metrics.Render()};
         }}});
   const int port = hydra::fakes::FreePort();
   if (auto s = http.Serve("127.0.0.1:" + std::to_string(port)); !s.ok()) {

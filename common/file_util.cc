@@ -43,4 +43,13 @@ StatusOr<std::string> ReadFile(const std::string& path) {
   return buf.str();
 }
 
+StatusOr<std::string> ReadPemFile(const std::string& what, const std::string& path) {
+  auto text = ReadFile(path);
+  if (!text.ok()) return text.status().WithContext(what);
+  if (text->find("-----BEGIN") == std::string::npos) {
+    return InvalidArgumentError(what + ": " + path + " is not a PEM file");
+  }
+  return text;
+}
+
 }  // namespace hydra

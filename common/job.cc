@@ -606,7 +606,9 @@ StatusOr<MultiModelJob> ParseJobYaml(const std::string& yaml_text, const std::st
         const YAML::Node spec = root["spec"];
         if (!spec) {
           c.Error("spec", root, "required field is missing");
-        } else if (c.Map(spec, "spec", {"model", "dataset", "search", "training", "resources"})) {
+        } else if (c.Map(spec, "spec",
+                         {"model", "dataset", "search", "training", "resources",
+                          "checkpointRetention"})) {
           TrialConfig base;
           if (!spec["model"]) {
             c.Error("spec.model", spec, "required field is missing");
@@ -629,6 +631,13 @@ StatusOr<MultiModelJob> ParseJobYaml(const std::string& yaml_text, const std::st
             if (spec["search"]["grid"]) ParseGrid(c, spec["search"]["grid"], &job.spec.grid);
           }
           if (spec["resources"]) ParseResources(c, spec["resources"], &job.spec.resources);
+          if (const auto& r = spec["checkpointRetention"]; r) {
+            if (!r.IsScalar() || (r.Scalar() != "Retain" && r.Scalar() != "Delete")) {
+              c.Error("spec.checkpointRetention", r, "must be one of: Retain, Delete");
+            } else {
+              job.spec.checkpoint_retention = r.Scalar();
+            }
+          }
         }
       }
     }

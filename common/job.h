@@ -88,6 +88,8 @@ struct MultiModelJobSpec {
   std::vector<GridAxis> grid;  ///< in manifest order; the first axis varies slowest
   TrainingSpec training;
   ResourcesSpec resources;
+  /// On deletion of the job in Kubernetes: Retain (keep checkpoints) | Delete.
+  std::string checkpoint_retention = "Retain";
 };
 
 struct MultiModelJob {

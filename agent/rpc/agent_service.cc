@@ -241,7 +241,10 @@ grpc::Status AgentService::CancelTrial(grpc::ServerContext* context,
   std::string why;
   if (!CallerAllowed(context, &why)) return grpc::Status(grpc::PERMISSION_DENIED, why);
   if (request->name().empty()) return grpc::Status(grpc::INVALID_ARGUMENT, "name: required");
-  if (Status s = scheduler_->Cancel(request->name()); !s.ok()) return ToGrpc(s);
+  Status cancelled = scheduler_->Cancel(request->name());
+  // An ended trial can still have its checkpoints removed.
+  const bool ended = cancelled.code() == StatusCode::kFailedPrecondition;
+  if (!cancelled.ok() && !(ended && request->delete_checkpoints())) return ToGrpc(cancelled);
   // A running trial stops after its current step: wait for that (up to 30 s or the caller's
   // deadline) so that the reply says CANCELLED; otherwise it says RUNNING and the progress
   // stream reports the end.
@@ -250,6 +253,21 @@ grpc::Status AgentService::CancelTrial(grpc::ServerContext* context,
   while (r.ok() && !IsFinal(r->state) && Clock::now() < give_up && !context->IsCancelled()) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
     r = scheduler_->Get(request->name());
+  }
+  if (request->delete_checkpoints() && r.ok() && IsFinal(r->state)) {
+    std::string dir;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (auto it = trials_.find(request->name()); it != trials_.end()) {
+        dir = it->second.checkpoint_dir;
+      }
+    }
+    // The directory was confined to the checkpoint roots when the trial was assigned.
+    std::error_code ec;
+    if (!dir.empty()) fs::remove_all(dir, ec);
+    if (ec) {
+      return grpc::Status(grpc::INTERNAL, "removing " + dir + ": " + ec.message());
+    }
   }
   if (r.ok()) *response->mutable_trial() = ToStatus(*r);
   return grpc::Status::OK;

@@ -6,19 +6,6 @@
 #include "common/file_util.h"
 
 namespace hydra::agent {
-namespace {
-
-StatusOr<std::string> ReadPem(const std::string& what, const std::string& path) {
-  auto text = ReadFile(path);
-  if (!text.ok()) return text.status().WithContext(what);
-  if (text->find("-----BEGIN") == std::string::npos) {
-    return InvalidArgumentError(what + ": " + path + " is not a PEM file");
-  }
-  return text;
-}
-
-}  // namespace
-
 StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(const TlsFiles& files) {
   if (files.cert_file.empty()) {
     if (!files.key_file.empty() || !files.client_ca_file.empty()) {
@@ -29,11 +16,12 @@ StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(const T
   }
   if (files.key_file.empty()) return InvalidArgumentError("--tls-cert-file needs --tls-key-file");
   grpc::SslServerCredentialsOptions options;
-  ASSIGN_OR_RETURN(auto cert, ReadPem("--tls-cert-file", files.cert_file));
-  ASSIGN_OR_RETURN(auto key, ReadPem("--tls-key-file", files.key_file));
+  ASSIGN_OR_RETURN(auto cert, ReadPemFile("--tls-cert-file", files.cert_file));
+  ASSIGN_OR_RETURN(auto key, ReadPemFile("--tls-key-file", files.key_file));
   options.pem_key_cert_pairs.push_back({key, cert});
   if (!files.client_ca_file.empty()) {
-    ASSIGN_OR_RETURN(options.pem_root_certs, ReadPem("--tls-client-ca-file", files.client_ca_file));
+    ASSIGN_OR_RETURN(options.pem_root_certs,
+                     ReadPemFile("--tls-client-ca-file", files.client_ca_file));
     options.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
   } else {
     options.client_certificate_request = GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE;
@@ -45,10 +33,10 @@ StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(
     const std::string& ca_file, const std::string& cert_file, const std::string& key_file) {
   if (ca_file.empty()) return grpc::InsecureChannelCredentials();
   grpc::SslCredentialsOptions options;
-  ASSIGN_OR_RETURN(options.pem_root_certs, ReadPem("CA file", ca_file));
+  ASSIGN_OR_RETURN(options.pem_root_certs, ReadPemFile("CA file", ca_file));
   if (!cert_file.empty()) {
-    ASSIGN_OR_RETURN(options.pem_cert_chain, ReadPem("client certificate", cert_file));
-    ASSIGN_OR_RETURN(options.pem_private_key, ReadPem("client key", key_file));
+    ASSIGN_OR_RETURN(options.pem_cert_chain, ReadPemFile("client certificate", cert_file));
+    ASSIGN_OR_RETURN(options.pem_private_key, ReadPemFile("client key", key_file));
   }
   return grpc::SslCredentials(options);
 }

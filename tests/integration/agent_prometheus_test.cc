@@ -16,7 +16,7 @@
 
 #include "hydra/agent/v1/agent.grpc.pb.h"
 #include "proto/trial_proto.h"
-#include "tests/fakes/subprocess.h"
+#include "tests/fakes/agent_process.h"
 
 namespace hydra {
 namespace {
@@ -26,7 +26,6 @@ namespace v1 = ::hydra::agent::v1;
 using fakes::Proc;
 using ::testing::HasSubstr;
 
-const std::string kAgent = std::string(HYDRA_BINARY_DIR) + "/agent/hydra-agent";
 const std::string kPrometheus = "/usr/bin/prometheus";
 
 /// GET http://127.0.0.1:port/path; {status, body}, status 0 if nothing answered.
@@ -42,13 +41,7 @@ std::pair<int, std::string> HttpGet(int port, const std::string& path_and_query)
   }
 }
 
-struct Agent {
-  std::string node;
-  int grpc = 0, metrics = 0, health = 0;
-  Proc proc;
-  std::unique_ptr<v1::AgentService::Stub> stub;
-  std::string endpoint() const { return "127.0.0.1:" + std::to_string(grpc); }
-};
+using Agent = fakes::AgentProcess;
 
 class AgentPrometheusTest : public ::testing::Test {
  protected:
@@ -66,38 +59,14 @@ class AgentPrometheusTest : public ::testing::Test {
   }
 
   void StartAgent(const std::string& node, const std::string& devices) {
-    Agent a;
-    a.node = node;
-    a.grpc = fakes::FreePort();
-    a.metrics = fakes::FreePort();
-    a.health = fakes::FreePort();
-    a.proc = fakes::Start(kAgent,
-                          {"--node-name",
-                           node,
-                           "--grpc-bind-address",
-                           a.endpoint(),
-                           "--grpc-advertise-address",
-                           a.endpoint(),
-                           "--metrics-bind-address",
-                           "127.0.0.1:" + std::to_string(a.metrics),
-                           "--health-probe-bind-address",
-                           "127.0.0.1:" + std::to_string(a.health),
-                           "--devices",
-                           devices,
-                           "--threads",
-                           "1",
-                           "--data-root",
-                           (dir_ / "data").string(),
-                           "--checkpoint-root",
-                           (dir_ / "ckpt").string(),
-                           "--spill-dir",
-                           (dir_ / ("spill-" + node)).string()},
-                          (dir_ / (node + ".log")).string());
+    Agent a = fakes::StartAgentProcess(node, devices, dir_, dir_ / "data", dir_ / "ckpt");
     ASSERT_GT(a.proc.pid, 0);
-    a.stub = v1::AgentService::NewStub(
-        grpc::CreateChannel(a.endpoint(), grpc::InsecureChannelCredentials()));
     agents_.push_back(std::move(a));
+    stubs_.push_back(v1::AgentService::NewStub(
+        grpc::CreateChannel(agents_.back().endpoint(), grpc::InsecureChannelCredentials())));
   }
+
+  v1::AgentService::Stub* Stub(const Agent& a) { return stubs_[&a - agents_.data()].get(); }
 
   bool WaitReady(const Agent& a) {
     for (int i = 0; i < 300; ++i) {
@@ -108,24 +77,7 @@ class AgentPrometheusTest : public ::testing::Test {
   }
 
   void StartPrometheus() {
-    prom_port_ = fakes::FreePort();
-    std::ofstream cfg(dir_ / "prometheus.yml");
-    cfg << "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
-        // honor_labels: the agent's own `job` label (the MultiModelJob) is kept instead of
-        // being renamed exported_job; docs/metrics.md says the same for users.
-        << "scrape_configs:\n  - job_name: hydra-agent\n    honor_labels: true\n"
-        << "    static_configs:\n"
-        << "      - targets: [";
-    for (size_t i = 0; i < agents_.size(); ++i) {
-      cfg << (i ? ", " : "") << "'127.0.0.1:" << agents_[i].metrics << "'";
-    }
-    cfg << "]\n";
-    cfg.close();
-    prometheus_ = fakes::Start(kPrometheus,
-                               {"--config.file=" + (dir_ / "prometheus.yml").string(),
-                                "--storage.tsdb.path=" + (dir_ / "prom").string(),
-                                "--web.listen-address=127.0.0.1:" + std::to_string(prom_port_)},
-                               (dir_ / "prometheus.log").string());
+    prometheus_ = fakes::StartPrometheus(dir_, agents_, &prom_port_);
     ASSERT_GT(prometheus_.pid, 0) << "cannot start " << kPrometheus;
     bool ready = false;
     for (int i = 0; i < 300 && !ready; ++i) {
@@ -178,11 +130,12 @@ class AgentPrometheusTest : public ::testing::Test {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
     v1::AssignTrialResponse resp;
-    return a.stub->AssignTrial(&ctx, req, &resp);
+    return Stub(a)->AssignTrial(&ctx, req, &resp);
   }
 
   fs::path dir_;
   std::vector<Agent> agents_;
+  std::vector<std::unique_ptr<v1::AgentService::Stub>> stubs_;
   Proc prometheus_;
   int prom_port_ = 0;
 };
@@ -212,7 +165,7 @@ TEST_F(AgentPrometheusTest, TwoAgentsTrainAndPrometheusSeesTheirMemoryAndProgres
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
     v1::WatchProgressRequest req;
     req.set_job("sweep");
-    auto reader = a.stub->WatchProgress(&ctx, req);
+    auto reader = Stub(a)->WatchProgress(&ctx, req);
     std::map<std::string, v1::TrialState> state;
     std::map<std::string, int64_t> steps_seen;
     v1::TrialEvent e;
@@ -279,14 +232,14 @@ TEST_F(AgentPrometheusTest, TwoAgentsTrainAndPrometheusSeesTheirMemoryAndProgres
     v1::CancelTrialRequest req;
     req.set_name("sweep-long");
     v1::CancelTrialResponse resp;
-    ASSERT_TRUE(b.stub->CancelTrial(&ctx, req, &resp).ok());
+    ASSERT_TRUE(Stub(b)->CancelTrial(&ctx, req, &resp).ok());
     EXPECT_EQ(resp.trial().state(), v1::CANCELLED);
   }
   ASSERT_TRUE(Assign(b, Request("sweep-drained", 100000)).ok());
   for (int i = 0; i < 300; ++i) {
     grpc::ClientContext ctx;
     v1::GetStatusResponse st;
-    ASSERT_TRUE(b.stub->GetStatus(&ctx, {}, &st).ok());
+    ASSERT_TRUE(Stub(b)->GetStatus(&ctx, {}, &st).ok());
     bool going = false;
     for (const auto& t : st.trials())
       going = going || (t.name() == "sweep-drained" && t.step() >= 3);
@@ -296,7 +249,7 @@ TEST_F(AgentPrometheusTest, TwoAgentsTrainAndPrometheusSeesTheirMemoryAndProgres
   {
     grpc::ClientContext ctx;
     v1::DrainResponse resp;
-    ASSERT_TRUE(b.stub->Drain(&ctx, {}, &resp).ok());
+    ASSERT_TRUE(Stub(b)->Drain(&ctx, {}, &resp).ok());
     bool found = false;
     for (const auto& t : resp.trials()) {
       if (t.name() != "sweep-drained") continue;
@@ -314,7 +267,7 @@ TEST_F(AgentPrometheusTest, TwoAgentsTrainAndPrometheusSeesTheirMemoryAndProgres
   {
     grpc::ClientContext ctx;
     v1::GetStatusResponse st;
-    ASSERT_TRUE(b.stub->GetStatus(&ctx, {}, &st).ok());
+    ASSERT_TRUE(Stub(b)->GetStatus(&ctx, {}, &st).ok());
     for (const auto& t : st.trials()) {
       if (t.name() == "sweep-drained") moved.set_resume_from_step(t.last_checkpoint_step());
     }
@@ -324,7 +277,7 @@ TEST_F(AgentPrometheusTest, TwoAgentsTrainAndPrometheusSeesTheirMemoryAndProgres
   for (int i = 0; i < 300 && resumed_from == 0; ++i) {
     grpc::ClientContext ctx;
     v1::GetStatusResponse st;
-    ASSERT_TRUE(a.stub->GetStatus(&ctx, {}, &st).ok());
+    ASSERT_TRUE(Stub(a)->GetStatus(&ctx, {}, &st).ok());
     for (const auto& t : st.trials()) {
       if (t.name() == "sweep-drained") resumed_from = t.resumed_from_step();
     }

@@ -1,8 +1,8 @@
-#include "agent/http/http_server.h"
+#include "common/http/http_server.h"
 
 #include <cpprest/http_listener.h>
 
-namespace hydra::agent {
+namespace hydra::http {
 
 namespace http = web::http;
 
@@ -63,4 +63,31 @@ void HttpServer::Stop() {
   impl_->listener.reset();
 }
 
-}  // namespace hydra::agent
+Status ProbeAndMetricsServers::Start(const std::string& metrics_bind,
+                                     std::function<std::string()> render,
+                                     const std::string& health_bind,
+                                     std::function<std::string()> not_ready) {
+  if (metrics_bind != "0") {
+    metrics_ = std::make_unique<HttpServer>(std::map<std::string, HttpServer::Handler>{
+        {"/metrics", [render] {
+           return HttpReply{200, "text/plain; version=0.0.4; charset=utf-8", render()};
+         }}});
+    RETURN_IF_ERROR(metrics_->Serve(metrics_bind).WithContext("--metrics-bind-address"));
+  }
+  if (health_bind != "0") {
+    health_ = std::make_unique<HttpServer>(std::map<std::string, HttpServer::Handler>{
+        {"/healthz",
+         [] {
+           return HttpReply{200, "text/plain; charset=utf-8", "ok\n"};
+         }},
+        {"/readyz", [not_ready] {
+           const std::string reason = not_ready ? not_ready() : "";
+           return reason.empty() ? HttpReply{200, "text/plain; charset=utf-8", "ok\n"}
+                                 : HttpReply{503, "text/plain; charset=utf-8", reason + "\n"};
+         }}});
+    RETURN_IF_ERROR(health_->Serve(health_bind).WithContext("--health-probe-bind-address"));
+  }
+  return OkStatus();
+}
+
+}  // namespace hydra::http

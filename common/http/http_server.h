@@ -7,7 +7,7 @@
 
 #include "common/status.h"
 
-namespace hydra::agent {
+namespace hydra::http {
 
 /// What a route answers: HTTP status, content type and body.
 struct HttpReply {
@@ -39,4 +39,18 @@ class HttpServer {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace hydra::agent
+/// The two endpoints both Hydra binaries serve, Kubernetes style: /metrics (Prometheus text
+/// format) on --metrics-bind-address, and /healthz + /readyz on --health-probe-bind-address;
+/// "0" disables either.
+class ProbeAndMetricsServers {
+ public:
+  /// `render` returns the metrics text; `not_ready` "" when ready, else why not (503).
+  /// UNAVAILABLE naming the flag whose address cannot be bound.
+  Status Start(const std::string& metrics_bind, std::function<std::string()> render,
+               const std::string& health_bind, std::function<std::string()> not_ready);
+
+ private:
+  std::unique_ptr<HttpServer> metrics_, health_;
+};
+
+}  // namespace hydra::http

@@ -1,0 +1,135 @@
+#include "controller/agentclient/agent_client.h"
+
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/security/credentials.h>
+
+#include "common/file_util.h"
+
+namespace hydra::controller {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+}  // namespace
+
+hydra::Status FromGrpc(const grpc::Status& s, const std::string& what) {
+  if (s.ok()) return OkStatus();
+  return hydra::Status(static_cast<StatusCode>(s.error_code()), what + ": " + s.error_message());
+}
+
+StatusOr<std::unique_ptr<GrpcAgentPool>> GrpcAgentPool::Create(
+    const AgentTls& tls, std::chrono::milliseconds refresh, std::chrono::milliseconds rpc_timeout) {
+  std::unique_ptr<GrpcAgentPool> pool(new GrpcAgentPool());
+  pool->refresh_ = refresh;
+  pool->rpc_timeout_ = rpc_timeout;
+  if (tls.ca_file.empty()) {
+    if (!tls.cert_file.empty()) {
+      return InvalidArgumentError("--agent-tls-cert-file needs --agent-tls-ca-file");
+    }
+    pool->creds_ = grpc::InsecureChannelCredentials();
+  } else {
+    grpc::SslCredentialsOptions o;
+    ASSIGN_OR_RETURN(o.pem_root_certs, ReadPemFile("--agent-tls-ca-file", tls.ca_file));
+    if (!tls.cert_file.empty()) {
+      ASSIGN_OR_RETURN(o.pem_cert_chain, ReadPemFile("--agent-tls-cert-file", tls.cert_file));
+      ASSIGN_OR_RETURN(o.pem_private_key, ReadPemFile("--agent-tls-key-file", tls.key_file));
+    }
+    pool->creds_ = grpc::SslCredentials(o);
+  }
+  pool->thread_ = std::thread(&GrpcAgentPool::Loop, pool.get());
+  return pool;
+}
+
+GrpcAgentPool::~GrpcAgentPool() {
+  stop_ = true;
+  if (thread_.joinable()) thread_.join();
+}
+
+v1::AgentService::Stub* GrpcAgentPool::StubFor(const std::string& endpoint) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& e = entries_[endpoint];
+  if (!e.stub) e.stub = v1::AgentService::NewStub(grpc::CreateChannel(endpoint, creds_));
+  return e.stub.get();
+}
+
+hydra::Status GrpcAgentPool::Assign(const std::string& endpoint,
+                                    const v1::AssignTrialRequest& request,
+                                    v1::AssignTrialResponse* response) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + rpc_timeout_);
+  return FromGrpc(StubFor(endpoint)->AssignTrial(&ctx, request, response),
+                  "AssignTrial " + request.trial().name() + " on " + endpoint);
+}
+
+hydra::Status GrpcAgentPool::Cancel(const std::string& endpoint, const std::string& trial,
+                                    bool delete_checkpoints) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + rpc_timeout_ + std::chrono::seconds(30));
+  v1::CancelTrialRequest req;
+  req.set_name(trial);
+  req.set_delete_checkpoints(delete_checkpoints);
+  v1::CancelTrialResponse resp;
+  return FromGrpc(StubFor(endpoint)->CancelTrial(&ctx, req, &resp),
+                  "CancelTrial " + trial + " on " + endpoint);
+}
+
+StatusOr<v1::GetStatusResponse> GrpcAgentPool::LastStatus(const std::string& endpoint) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(endpoint);
+  if (it == entries_.end() || !it->second.ever_ok) {
+    return NotFoundError("agent " + endpoint + " not reached yet" +
+                         (it == entries_.end() || it->second.last_error.empty()
+                              ? std::string()
+                              : ": " + it->second.last_error));
+  }
+  if (!it->second.last_ok) {
+    const double age = std::chrono::duration<double>(Clock::now() - it->second.last_ok_at).count();
+    return UnavailableError("agent " + endpoint + " unreachable for " +
+                            std::to_string(static_cast<int>(age)) + " s: " + it->second.last_error);
+  }
+  return it->second.last;
+}
+
+void GrpcAgentPool::Track(const std::vector<std::string>& endpoints) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    tracked_ = endpoints;
+  }
+  for (const auto& e : endpoints) StubFor(e);
+}
+
+void GrpcAgentPool::RefreshAll() {
+  std::vector<std::string> endpoints;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    endpoints = tracked_;
+  }
+  for (const auto& endpoint : endpoints) {
+    auto* stub = StubFor(endpoint);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + rpc_timeout_);
+    v1::GetStatusResponse resp;
+    grpc::Status s = stub->GetStatus(&ctx, {}, &resp);
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& e = entries_[endpoint];
+    e.last_ok = s.ok();
+    if (s.ok()) {
+      e.last = std::move(resp);
+      e.ever_ok = true;
+      e.last_ok_at = Clock::now();
+      e.last_error.clear();
+    } else {
+      e.last_error = s.error_message();
+    }
+  }
+}
+
+void GrpcAgentPool::Loop() {
+  while (!stop_) {
+    RefreshAll();
+    const auto end = Clock::now() + refresh_;
+    while (!stop_ && Clock::now() < end) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+}  // namespace hydra::controller

@@ -1,0 +1,86 @@
+#pragma once
+
+#include <grpcpp/security/credentials.h>
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/status.h"
+#include "hydra/agent/v1/agent.grpc.pb.h"
+
+namespace hydra::controller {
+
+namespace v1 = ::hydra::agent::v1;
+
+/// TLS settings for calling agents (PEM files); all empty: plaintext.
+struct AgentTls {
+  std::string ca_file;    ///< the agents' CA
+  std::string cert_file;  ///< the controller's client certificate (mutual TLS)
+  std::string key_file;
+};
+
+/// The agents as the controller uses them. An interface so that the reconciler's tests and the
+/// controller benchmark can fake the agents at the gRPC boundary.
+class AgentPoolInterface {
+ public:
+  virtual ~AgentPoolInterface() = default;
+  virtual Status Assign(const std::string& endpoint, const v1::AssignTrialRequest& request,
+                        v1::AssignTrialResponse* response) = 0;
+  virtual Status Cancel(const std::string& endpoint, const std::string& trial,
+                        bool delete_checkpoints) = 0;
+  /// The latest GetStatus of `endpoint` (refreshed in the background); NOT_FOUND if it was
+  /// never reached, UNAVAILABLE if the last refresh failed (with the age of the data).
+  virtual StatusOr<v1::GetStatusResponse> LastStatus(const std::string& endpoint) = 0;
+  /// The endpoints to keep refreshing (the inventory's agents and those holding trials).
+  virtual void Track(const std::vector<std::string>& endpoints) = 0;
+};
+
+/// gRPC implementation: one channel per endpoint, GetStatus polled every `refresh`.
+class GrpcAgentPool : public AgentPoolInterface {
+ public:
+  static StatusOr<std::unique_ptr<GrpcAgentPool>> Create(
+      const AgentTls& tls, std::chrono::milliseconds refresh = std::chrono::milliseconds(1000),
+      std::chrono::milliseconds rpc_timeout = std::chrono::milliseconds(10000));
+  ~GrpcAgentPool() override;
+
+  Status Assign(const std::string& endpoint, const v1::AssignTrialRequest& request,
+                v1::AssignTrialResponse* response) override;
+  Status Cancel(const std::string& endpoint, const std::string& trial,
+                bool delete_checkpoints) override;
+  StatusOr<v1::GetStatusResponse> LastStatus(const std::string& endpoint) override;
+  void Track(const std::vector<std::string>& endpoints) override;
+
+  /// Refreshes every tracked endpoint now (the background thread does this periodically).
+  void RefreshAll();
+
+ private:
+  struct Entry {
+    std::unique_ptr<v1::AgentService::Stub> stub;
+    v1::GetStatusResponse last;
+    bool ever_ok = false, last_ok = false;
+    std::string last_error;
+    std::chrono::steady_clock::time_point last_ok_at;
+  };
+  GrpcAgentPool() = default;
+  v1::AgentService::Stub* StubFor(const std::string& endpoint);
+  void Loop();
+
+  std::shared_ptr<grpc::ChannelCredentials> creds_;
+  std::chrono::milliseconds refresh_{1000}, rpc_timeout_{10000};
+  std::mutex mu_;
+  std::map<std::string, Entry> entries_;
+  std::vector<std::string> tracked_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+/// grpc::Status -> hydra::Status (same code numbers), with the endpoint in the message.
+hydra::Status FromGrpc(const grpc::Status& s, const std::string& what);
+
+}  // namespace hydra::controller

@@ -1,0 +1,238 @@
+// hydra-controller: the operator. Watches MultiModelJobs, places their trials on hydra-agents
+// by the free device memory Prometheus reports, assigns them over gRPC, follows their progress
+// and writes it into each job's status.
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <filesystem>
+#include <iostream>
+#include <sstream>
+#include <thread>
+
+#include "common/http/http_server.h"
+#include "controller/agentclient/agent_client.h"
+#include "controller/kube/kube_client.h"
+#include "controller/kube/kube_config.h"
+#include "controller/kube/leader_election.h"
+#include "controller/kube/watcher.h"
+#include "controller/metrics/controller_metrics.h"
+#include "controller/reconciler/reconciler.h"
+#include "controller/reconciler/work_queue.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using hydra::controller::kMultiModelJobs;
+
+std::atomic<bool> g_stop{false};
+void OnSignal(int) { g_stop = true; }
+
+std::string Hostname() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "hydra-controller";
+  return buf;
+}
+
+std::vector<std::string> Split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "hydra-controller: the Hydra operator. Watches MultiModelJobs, places their trials on "
+      "hydra-agents by the free device memory Prometheus reports, assigns them over gRPC and "
+      "keeps each job's status current."};
+  app.set_version_flag("--version", std::string("hydra-controller ") + HYDRA_VERSION);
+  std::string kubeconfig, namespaces, prometheus_url, data_root = "/data",
+                                                      checkpoint_root = "/checkpoints";
+  std::string metrics_bind = ":8080", health_bind = ":8081", tls_ca, tls_cert, tls_key;
+  std::string lease_ns = "hydra-system", lease_name = "hydra-controller", identity = Hostname();
+  bool leader_elect = false;
+  int workers = 2;
+  double resync_s = 2.0, inventory_s = 2.0;
+  app.add_option("--kubeconfig", kubeconfig,
+                 "kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster)");
+  app.add_option("--namespaces", namespaces, "Comma-separated namespaces to watch (default: all)");
+  app.add_option("--prometheus-url", prometheus_url,
+                 "Prometheus with the agents' metrics, e.g. http://prometheus:9090")
+      ->required();
+  app.add_option("--data-root", data_root,
+                 "Relative spec.dataset.path resolves against this (the agents' data root)")
+      ->capture_default_str();
+  app.add_option("--checkpoint-root", checkpoint_root,
+                 "Shared storage for checkpoints: <root>/<namespace>/<job>/<trial>")
+      ->capture_default_str();
+  app.add_option("--agent-tls-ca-file", tls_ca, "CA of the agents' gRPC certificates (TLS)");
+  app.add_option("--agent-tls-cert-file", tls_cert, "Client certificate for mutual TLS");
+  app.add_option("--agent-tls-key-file", tls_key, "Key of --agent-tls-cert-file");
+  app.add_flag("--leader-elect", leader_elect,
+               "Run as one of several replicas: only the Lease holder reconciles");
+  app.add_option("--leader-election-namespace", lease_ns)->capture_default_str();
+  app.add_option("--leader-election-id", lease_name, "Name of the Lease")->capture_default_str();
+  app.add_option("--identity", identity, "This replica's name in the Lease")->capture_default_str();
+  app.add_option("--metrics-bind-address", metrics_bind, "/metrics, [host]:port (\"0\": off)")
+      ->capture_default_str();
+  app.add_option("--health-probe-bind-address", health_bind,
+                 "/healthz and /readyz, [host]:port (\"0\": off)")
+      ->capture_default_str();
+  app.add_option("--workers", workers, "Jobs reconciled at once")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  app.add_option("--resync-seconds", resync_s, "How often running jobs re-read their agents")
+      ->capture_default_str();
+  app.add_option("--inventory-seconds", inventory_s, "How often Prometheus is queried")
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  auto config = hydra::kube::DefaultKubeConfig(kubeconfig);
+  if (!config.ok()) {
+    std::cerr << "error: " << config.status().message() << "\n";
+    return 2;
+  }
+  auto kube = hydra::kube::KubeClient::Create(*config);
+  if (!kube.ok()) {
+    std::cerr << "error: " << kube.status().message() << "\n";
+    return 2;
+  }
+  auto pool = hydra::controller::GrpcAgentPool::Create({tls_ca, tls_cert, tls_key});
+  if (!pool.ok()) {
+    std::cerr << "error: " << pool.status().message() << "\n";
+    return 2;
+  }
+  // The CRD must be installed: a clear error beats a watcher that retries forever.
+  if (auto probe = (*kube)->List(kMultiModelJobs, "", "", 1); !probe.ok()) {
+    std::cerr << "error: cannot list MultiModelJobs (is crds/multimodeljob.yaml applied, and may "
+                 "this service account list them?): "
+              << probe.status().message() << "\n";
+    return 1;
+  }
+
+  hydra::controller::ControllerMetrics metrics;
+  hydra::controller::CachedPrometheusInventory inventory(
+      prometheus_url, std::chrono::milliseconds(static_cast<int64_t>(inventory_s * 1000)));
+  hydra::controller::ReconcilerOptions ro;
+  ro.data_root = data_root;
+  ro.checkpoint_root = checkpoint_root;
+  ro.progress_resync = std::chrono::milliseconds(static_cast<int64_t>(resync_s * 1000));
+  hydra::controller::Reconciler reconciler(kube->get(), pool->get(), &inventory, ro);
+  hydra::controller::WorkQueue queue;
+
+  std::atomic<bool> leading{!leader_elect}, synced{false};
+  hydra::http::ProbeAndMetricsServers endpoints;
+  // Ready once the job cache synced; a passive replica is ready too (it can take over).
+  if (auto s = endpoints.Start(
+          metrics_bind, [&] { return metrics.Render(); }, health_bind,
+          [&] { return synced ? std::string() : std::string("syncing MultiModelJobs"); });
+      !s.ok()) {
+    std::cerr << "error: " << s.message() << "\n";
+    return 1;
+  }
+
+  struct sigaction sa {};
+  sa.sa_handler = OnSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+
+  std::unique_ptr<hydra::kube::LeaderElector> elector;
+  if (leader_elect) {
+    hydra::kube::LeaderElectionConfig lc;
+    lc.lease_namespace = lease_ns;
+    lc.lease_name = lease_name;
+    lc.identity = identity;
+    elector = std::make_unique<hydra::kube::LeaderElector>(
+        kube->get(), lc,
+        [&] {
+          std::cout << "hydra-controller: " << identity << " is the leader\n" << std::flush;
+          leading = true;
+          metrics.SetLeader(true);
+        },
+        [&] {
+          // Another replica may lead now: stop at once rather than race it (as
+          // controller-runtime does); the Deployment restarts us as a candidate.
+          std::cerr << "hydra-controller: lost the leader lease; exiting\n";
+          g_stop = true;
+        });
+    elector->Start();
+    std::cout << "hydra-controller: " << identity << " waiting for the lease " << lease_ns << "/"
+              << lease_name << "\n"
+              << std::flush;
+  } else {
+    metrics.SetLeader(true);
+  }
+
+  // Watch jobs; every event queues its job.
+  std::vector<std::unique_ptr<hydra::kube::Watcher>> watchers;
+  std::vector<std::string> nss = Split(namespaces);
+  if (nss.empty()) nss.push_back("");
+  for (const auto& ns : nss) {
+    watchers.push_back(std::make_unique<hydra::kube::Watcher>(
+        kube->get(), kMultiModelJobs, ns, [&](const std::string& type, const hydra::kube::Json& o) {
+          const std::string key = hydra::kube::ObjectKey(o);
+          if (type == "DELETED") {
+            metrics.ForgetJob(key);
+            return;
+          }
+          queue.Add(key);
+        }));
+    watchers.back()->Start();
+  }
+
+  std::vector<std::thread> threads;
+  for (int w = 0; w < workers; ++w) {
+    threads.emplace_back([&] {
+      while (auto key = queue.Get()) {
+        while (!leading && !g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        if (g_stop) {
+          queue.Done(*key);
+          break;
+        }
+        const auto slash = key->find('/');
+        const std::string ns = key->substr(0, slash), name = key->substr(slash + 1);
+        const auto t0 = std::chrono::steady_clock::now();
+        auto r = reconciler.Reconcile(ns, name);
+        const double seconds =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        queue.Done(*key);
+        if (!r.ok()) {
+          metrics.ObserveReconcile("error", seconds);
+          std::cerr << "hydra-controller: " << *key << ": " << r.status().message() << "\n";
+          queue.AddAfter(*key, std::chrono::seconds(2));
+          continue;
+        }
+        metrics.ObserveReconcile(r->requeue_after.count() > 0 ? "requeue" : "success", seconds);
+        metrics.AddAssignments(r->assigned);
+        metrics.SetJobTrials(*key, r->trials_by_state);
+        if (r->requeue_after.count() > 0) queue.AddAfter(*key, r->requeue_after);
+      }
+    });
+  }
+  std::cout << "hydra-controller " << HYDRA_VERSION << ": watching MultiModelJobs in "
+            << (namespaces.empty() ? "all namespaces" : namespaces) << ", inventory from "
+            << prometheus_url << "\n"
+            << std::flush;
+  while (!g_stop) {
+    bool all = true;
+    for (const auto& w : watchers) all = all && w->synced();
+    synced = all;
+    metrics.SetQueueDepth(queue.Depth());
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  std::cout << "hydra-controller: stopping\n" << std::flush;
+  queue.ShutDown();
+  for (auto& t : threads) t.join();
+  for (auto& w : watchers) w->Stop();
+  if (elector) elector->Stop(/*release=*/true);
+  return 0;
+}

@@ -1,0 +1,76 @@
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/job.h"
+#include "common/partitioner.h"
+#include "common/status.h"
+
+namespace hydra::controller {
+
+struct DeviceInventory {
+  std::string name;  ///< "cpu:0", "cuda:1"
+  int64_t total_bytes = 0;
+  int64_t free_bytes = 0;
+};
+
+/// One agent as Prometheus reports it.
+struct AgentInventory {
+  std::string node;
+  std::string endpoint;  ///< gRPC host:port (hydra_agent_info's grpc_endpoint)
+  std::string version;
+  std::vector<DeviceInventory> devices;
+  /// NVIDIA dcgm-exporter's DCGM_FI_DEV_FB_FREE for the node (bytes, summed over GPUs), when
+  /// present: other processes' use of the GPUs, which the agent cannot see.
+  int64_t dcgm_free_bytes = -1;
+
+  int64_t MaxDeviceBytes() const;  ///< the largest device: what a shard plan may use
+  int64_t FreeBytes() const;       ///< free device memory, capped by DCGM's view if any
+};
+
+/// Reads the inventory: agents (hydra_agent_info), their devices' total and free memory, and
+/// DCGM_FI_DEV_FB_FREE (MiB, by its Hostname or hostname label) where present. Agents
+/// without device series are left out (their data is stale or incomplete).
+class PrometheusClient {
+ public:
+  explicit PrometheusClient(std::string base_url);
+  struct Sample {
+    std::map<std::string, std::string> labels;
+    double value = 0;
+  };
+  /// An instant query; UNAVAILABLE when Prometheus cannot be reached or answers an error.
+  StatusOr<std::vector<Sample>> Query(const std::string& promql) const;
+  const std::string& base_url() const { return base_url_; }
+
+ private:
+  std::string base_url_;
+};
+
+StatusOr<std::vector<AgentInventory>> FetchInventory(const PrometheusClient& prometheus);
+
+/// A trial waiting for an agent, and the one it got.
+struct TrialToPlace {
+  Trial trial;
+  double remaining_seconds = 0;  ///< estimated compute left: the longest go first
+};
+struct Placement {
+  std::string trial;
+  std::string endpoint, node;
+  PartitionPlan plan;  ///< for the agent's device memory
+};
+
+/// Places trials longest-remaining-first, each onto the agent with the most free device memory
+/// per trial it already trains (`load`: trials per endpoint, updated as trials are placed)
+/// whose devices can hold the trial's shard plan. Trials that fit no agent are returned in
+/// `waiting` with the reason.
+std::vector<Placement> PlaceTrials(std::vector<TrialToPlace> trials,
+                                   const std::vector<AgentInventory>& agents,
+                                   std::map<std::string, int>* load,
+                                   std::map<std::string, std::string>* waiting);
+
+/// Remaining compute of a trial from the cost model: 6 FLOPs per parameter per token.
+double EstimatedRemainingSeconds(const Trial& trial, int64_t steps_done);
+
+}  // namespace hydra::controller

@@ -1,0 +1,40 @@
+#pragma once
+
+/// Condition types and reasons of MultiModelJob status, in one place (Kubebuilder habit).
+/// Conditions are metav1.Condition-shaped: type, status ("True"|"False"|"Unknown"), reason,
+/// message, observedGeneration, lastTransitionTime (changes only when status flips).
+namespace hydra::controller::conditions {
+
+// Types.
+inline constexpr char kReady[] = "Ready";              ///< every unfinished trial has an agent
+inline constexpr char kProgressing[] = "Progressing";  ///< trials are training or waiting
+inline constexpr char kComplete[] = "Complete";        ///< every trial succeeded
+inline constexpr char kFailed[] = "Failed";            ///< the job cannot finish as asked
+inline constexpr char kDegraded[] = "Degraded";        ///< something needs attention
+
+// Reasons.
+inline constexpr char kTrialsPlaced[] = "TrialsPlaced";
+inline constexpr char kWaitingForCapacity[] = "WaitingForCapacity";
+inline constexpr char kTrialsTraining[] = "TrialsTraining";
+inline constexpr char kAllTrialsSucceeded[] = "AllTrialsSucceeded";
+inline constexpr char kTrialsFailed[] = "TrialsFailed";
+inline constexpr char kInvalidSpec[] = "InvalidSpec";
+inline constexpr char kAgentUnreachable[] = "AgentUnreachable";
+inline constexpr char kInventoryUnavailable[] = "InventoryUnavailable";
+inline constexpr char kAsExpected[] = "AsExpected";
+inline constexpr char kFinished[] = "Finished";
+
+// Event reasons.
+inline constexpr char kEventTrialAssigned[] = "TrialAssigned";
+inline constexpr char kEventTrialSucceeded[] = "TrialSucceeded";
+inline constexpr char kEventTrialFailed[] = "TrialFailed";
+inline constexpr char kEventTrialRequeued[] = "TrialRequeued";
+inline constexpr char kEventJobComplete[] = "JobComplete";
+inline constexpr char kEventJobFailed[] = "JobFailed";
+inline constexpr char kEventInvalidSpec[] = "InvalidSpec";
+inline constexpr char kEventTrialsCancelled[] = "TrialsCancelled";
+
+/// The finalizer the controller puts on every MultiModelJob before touching agents.
+inline constexpr char kFinalizer[] = "hydra.dev/trials";
+
+}  // namespace hydra::controller::conditions

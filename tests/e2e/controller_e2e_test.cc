@@ -1,0 +1,325 @@
+// End to end on a real control plane (tests/envtest), a real Prometheus and two hydra-agent
+// processes with CPU devices: kubectl apply the CRD and an example job, the controller places
+// and follows the trials, kubectl delete cancels them; two controller replicas elect one
+// leader; and the API server itself rejects invalid manifests by the CRD's schema and CEL rules.
+#include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "hydra/agent/v1/agent.grpc.pb.h"
+#include "tests/fakes/agent_process.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+namespace v1 = ::hydra::agent::v1;
+using hydra::fakes::Proc;
+using ::testing::HasSubstr;
+using ::testing::Not;
+using Json = nlohmann::json;
+
+const std::string kSource = HYDRA_SOURCE_DIR;
+const std::string kBinary = HYDRA_BINARY_DIR;
+
+/// Runs a shell command; its exit code and combined output.
+std::pair<int, std::string> Sh(const std::string& cmd) {
+  std::string out;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return {-1, ""};
+  std::array<char, 4096> buf{};
+  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+bool Eventually(const std::function<bool()>& pred, int seconds) {
+  for (int i = 0; i < seconds * 5; ++i) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  return pred();
+}
+
+class ControllerE2eTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / ("hydra-envtest-e2e-" + std::to_string(::getpid()));
+    auto [rc, out] = Sh(kSource + "/tests/envtest/up --dir " + dir_.string());
+    if (rc != 0) {
+      std::fprintf(stderr, "envtest/up failed:\n%s\n", out.c_str());
+      return;
+    }
+    // `up` prints export lines: KUBECONFIG, and PATH when it built its own kubectl.
+    std::istringstream lines(out);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.rfind("export ", 0) != 0) continue;
+      const auto eq = line.find('=');
+      std::string value = line.substr(eq + 1);
+      if (!value.empty() && value.front() == '"') value = value.substr(1, value.size() - 2);
+      const std::string name = line.substr(7, eq - 7);
+      if (name == "PATH") value.replace(value.find("$PATH"), 5, getenv("PATH"));
+      setenv(name.c_str(), value.c_str(), 1);
+    }
+    auto crd = Sh("kubectl apply -f " + kSource +
+                  "/crds/multimodeljob.yaml && kubectl wait "
+                  "--for=condition=Established crd/multimodeljobs.hydra.dev --timeout=60s");
+    ok_ = crd.first == 0;
+    if (!ok_) std::fprintf(stderr, "CRD: %s\n", crd.second.c_str());
+  }
+  static void TearDownTestSuite() { Sh(kSource + "/tests/envtest/down --dir " + dir_.string()); }
+  void SetUp() override { ASSERT_TRUE(ok_) << "the test control plane did not start"; }
+
+  static inline fs::path dir_;
+  static inline bool ok_ = false;
+};
+
+/// kubectl apply of a manifest given as text.
+std::pair<int, std::string> Apply(const std::string& yaml, const fs::path& dir) {
+  const fs::path f = dir / "manifest.yaml";
+  std::ofstream(f) << yaml;
+  return Sh("kubectl apply -f " + f.string());
+}
+
+const char* kValid = R"(apiVersion: hydra.dev/v1alpha1
+kind: MultiModelJob
+metadata: {name: NAME}
+spec:
+  model: {family: gpt2, nLayer: 2, nEmbd: 32, nHead: 2, contextLength: 32}
+  dataset: {path: data/corpus.txt}
+  search: {grid: {learningRate: [0.001, 0.002]}}
+  training: {steps: 10, batchSize: 8}
+)";
+
+std::string Manifest(const std::string& name, const std::string& from, const std::string& to) {
+  std::string m = kValid;
+  m.replace(m.find("NAME"), 4, name);
+  if (!from.empty()) {
+    const auto at = m.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    m.replace(at, from.size(), to);
+  }
+  return m;
+}
+
+TEST_F(ControllerE2eTest, TheApiServerRejectsInvalidManifestsWithTheRulesMessage) {
+  struct Case {
+    std::string what, from, to, message;
+  };
+  const std::vector<Case> cases = {
+      {"missing family", "family: gpt2, ", "", "family: Required value"},
+      {"unknown family", "family: gpt2", "family: rnn", "Unsupported value: \"rnn\""},
+      {"no layers", "nLayer: 2", "nLayer: 0", "should be greater than or equal to 1"},
+      {"negative learning rate", "search: {grid: {learningRate: [0.001, 0.002]}}",
+       "search: {}\n  # none", ""},  // placeholder replaced below
+      {"nHead does not divide nEmbd", "nHead: 2", "nHead: 3",
+       "spec.model.nHead must divide spec.model.nEmbd"},
+      {"accumulation does not divide the batch", "batchSize: 8",
+       "batchSize: 8, gradientAccumulationSteps: 3", "must divide spec.training.batchSize"},
+      {"warm-up longer than training", "steps: 10", "steps: 10, warmupSteps: 11",
+       "warmupSteps must be <= spec.training.steps"},
+      {"grid searches an unknown field", "learningRate: [0.001, 0.002]", "dropout: [0.1]",
+       "unknown field \"spec.search.grid.dropout\""},
+      {"empty grid axis", "learningRate: [0.001, 0.002]", "learningRate: []",
+       "should have at least 1 items"},
+      {"unknown dataset format", "path: data/corpus.txt", "path: data/corpus.txt, format: csv",
+       "Unsupported value: \"csv\""},
+      {"validation fraction out of range", "path: data/corpus.txt",
+       "path: data/corpus.txt, validationFraction: 1.5", "must be > 0 and < 1"},
+      {"device budget not a quantity", "training: {steps: 10, batchSize: 8}",
+       "training: {steps: 10, batchSize: 8}\n  resources: {deviceMemoryBudget: lots}",
+       "deviceMemoryBudget"},
+      {"shard boundaries not increasing", "training: {steps: 10, batchSize: 8}",
+       "training: {steps: 10, batchSize: 8}\n  resources: {shardBoundaries: [3, 2]}",
+       "shard boundaries must be increasing"},
+      {"vocabulary too small for text", "contextLength: 32", "contextLength: 32, vocabSize: 100",
+       "vocabSize must be >= 256 for the text format"},
+      {"missing steps", "training: {steps: 10, batchSize: 8}", "training: {batchSize: 8}",
+       "steps: Required value"},
+      {"unknown field", "training: {steps: 10, batchSize: 8}",
+       "training: {steps: 10, batchSize: 8, dropout: 0.1}", "unknown field"},
+      {"unknown retention", "training: {steps: 10, batchSize: 8}",
+       "training: {steps: 10, batchSize: 8}\n  checkpointRetention: Sometimes",
+       "Unsupported value: \"Sometimes\""},
+  };
+  int rejected = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    Case c = cases[i];
+    if (c.what == "negative learning rate") {
+      c = {"negative learning rate", "batchSize: 8}", "batchSize: 8, learningRate: -0.5}",
+           "must be > 0 and <= 10"};
+    }
+    auto [rc, out] = Apply(Manifest("bad-" + std::to_string(i), c.from, c.to), dir_);
+    EXPECT_NE(rc, 0) << c.what << " was accepted";
+    EXPECT_THAT(out, HasSubstr(c.message)) << c.what;
+    rejected += rc != 0;
+  }
+  EXPECT_GE(rejected, 12);
+  // A running job's spec cannot change.
+  ASSERT_EQ(Apply(Manifest("immutable", "", ""), dir_).first, 0);
+  auto [rc, out] = Apply(Manifest("immutable", "steps: 10", "steps: 20"), dir_);
+  EXPECT_NE(rc, 0);
+  EXPECT_THAT(out, HasSubstr("cannot change once the job exists"));
+  Sh("kubectl delete mmj immutable --wait=false");
+}
+
+using Agent = hydra::fakes::AgentProcess;
+
+TEST_F(ControllerE2eTest, ApplyTrainsEveryTrialDeleteCancelsAndOneReplicaLeads) {
+  const fs::path work = dir_ / "e2e";
+  fs::create_directories(work / "data");
+  fs::create_directories(work / "ckpt");
+  fs::copy_file(kSource + "/examples/data/corpus.txt", work / "data" / "corpus.txt");
+
+  std::vector<Agent> agents;
+  for (const char* node : {"node-a", "node-b"}) {
+    agents.push_back(hydra::fakes::StartAgentProcess(node, "cpu:1,budget=512Mi", work,
+                                                     work / "data", work / "ckpt"));
+    ASSERT_GT(agents.back().proc.pid, 0);
+  }
+  int prom_port = 0;
+  Proc prometheus = hydra::fakes::StartPrometheus(work, agents, &prom_port);
+  // Both agents visible in Prometheus before the job arrives, so placement sees them both.
+  ASSERT_TRUE(Eventually(
+      [&] {
+        auto [rc, body] = Sh("curl -s 'http://127.0.0.1:" + std::to_string(prom_port) +
+                             "/api/v1/query?query=count(hydra_device_memory_free_bytes)'");
+        auto j = Json::parse(body, nullptr, false);
+        return rc == 0 && !j.is_discarded() && j["data"]["result"].size() == 1 &&
+               j["data"]["result"][0]["value"][1] == "2";
+      },
+      60))
+      << hydra::fakes::Slurp((work / "prometheus.log").string());
+  auto controller = [&](const std::string& id) {
+    return hydra::fakes::Start(
+        kBinary + "/controller/hydra-controller",
+        {"--prometheus-url", "http://127.0.0.1:" + std::to_string(prom_port), "--data-root",
+         work.string(), "--checkpoint-root", (work / "ckpt").string(), "--leader-elect",
+         "--leader-election-namespace", "default", "--identity", id, "--metrics-bind-address", "0",
+         "--health-probe-bind-address", "0", "--resync-seconds", "1", "--inventory-seconds", "1"},
+        (work / (id + ".log")).string());
+  };
+  Proc c1 = controller("replica-1");
+  ASSERT_TRUE(Eventually(
+      [&] { return hydra::fakes::Slurp(c1.out_path).find("is the leader") != std::string::npos; },
+      60))
+      << hydra::fakes::Slurp(c1.out_path);
+  Proc c2 = controller("replica-2");
+  auto cleanup = [&] {
+    for (auto& a : agents) hydra::fakes::Stop(a.proc, SIGKILL, std::chrono::seconds(5));
+    hydra::fakes::Stop(c1, SIGKILL, std::chrono::seconds(5));
+    hydra::fakes::Stop(c2, SIGKILL, std::chrono::seconds(5));
+    hydra::fakes::Stop(prometheus, SIGTERM, std::chrono::seconds(10));
+  };
+
+  // kubectl apply the example: every trial trains to the end.
+  auto [rc, out] = Sh("kubectl apply -f " + kSource + "/examples/tiny-sweep.yaml");
+  ASSERT_EQ(rc, 0) << out;
+  Json job;
+  const bool complete = Eventually(
+      [&] {
+        auto [rc2, text] = Sh("kubectl get mmj tiny-sweep -o json");
+        if (rc2 != 0) return false;
+        job = Json::parse(text, nullptr, false);
+        if (job.is_discarded()) return false;
+        for (const auto& c : job["status"].value("conditions", Json::array())) {
+          if (c["type"] == "Complete" && c["status"] == "True") return true;
+        }
+        return false;
+      },
+      240);
+  ASSERT_TRUE(complete) << job.dump(2) << "\n" << hydra::fakes::Slurp(c1.out_path);
+  const auto& st = job["status"];
+  EXPECT_EQ(st["trialCount"], 2);
+  EXPECT_EQ(st["succeeded"], 2);
+  EXPECT_EQ(st["observedGeneration"], job["metadata"]["generation"]);
+  ASSERT_EQ(st["trials"].size(), 2u);
+  std::set<std::string> nodes;
+  for (const auto& t : st["trials"]) {
+    EXPECT_EQ(t["state"], "Succeeded") << t.dump();
+    EXPECT_EQ(t["step"], 40);
+    EXPECT_GT(t["validationLoss"].get<double>(), 0.5);
+    EXPECT_EQ(t["lastCheckpoint"]["step"], 40);
+    EXPECT_FALSE(t["shardPlan"]["shards"].empty());
+    nodes.insert(t["agent"].get<std::string>());
+  }
+  EXPECT_EQ(nodes.size(), 2u) << "the two trials went to the two agents (most free capacity)";
+  EXPECT_TRUE(st["bestTrial"].contains("validationLoss"));
+  EXPECT_FALSE(st.value("startTime", "").empty());
+  EXPECT_FALSE(st.value("completionTime", "").empty());
+  auto table = Sh("kubectl get mmj");
+  EXPECT_THAT(table.second, HasSubstr("TRIALS"));
+  EXPECT_THAT(table.second, HasSubstr("BEST-VAL-LOSS"));
+  EXPECT_THAT(table.second, HasSubstr("tiny-sweep"));
+  auto events = Sh("kubectl get events --field-selector involvedObject.name=tiny-sweep");
+  EXPECT_THAT(events.second, HasSubstr("TrialAssigned"));
+  EXPECT_THAT(events.second, HasSubstr("JobComplete"));
+
+  // Only the leader reconciled: the second replica waits for the Lease.
+  EXPECT_THAT(hydra::fakes::Slurp(c2.out_path), Not(HasSubstr("is the leader")));
+  auto holder =
+      Sh("kubectl get lease -n default hydra-controller -o jsonpath={.spec.holderIdentity}");
+  EXPECT_EQ(holder.second, "replica-1");
+
+  // A long job, then kubectl delete: its trials are cancelled on the agents and their
+  // checkpoints removed (checkpointRetention: Delete), and the finalizer lets the job go.
+  std::string long_job = hydra::fakes::Slurp(kSource + "/examples/tiny-sweep.yaml");
+  long_job.replace(long_job.find("name: tiny-sweep"), 16, "name: long-sweep");
+  long_job.replace(long_job.find("steps: 40"), 9, "steps: 100000");
+  ASSERT_EQ(Apply(long_job, work).first, 0);
+  auto agent_trials = [&](const Agent& a) {
+    auto stub = v1::AgentService::NewStub(
+        grpc::CreateChannel(a.endpoint(), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    v1::GetStatusResponse resp;
+    stub->GetStatus(&ctx, {}, &resp);
+    return resp;
+  };
+  ASSERT_TRUE(Eventually(
+      [&] {
+        int running = 0;
+        for (const auto& a : agents) {
+          const auto resp = agent_trials(a);
+          for (const auto& t : resp.trials()) {
+            running += t.job() == "long-sweep" && t.state() == v1::RUNNING && t.step() > 0;
+          }
+        }
+        return running == 2;
+      },
+      120))
+      << hydra::fakes::Slurp(c1.out_path);
+  auto del = Sh("kubectl delete mmj long-sweep --timeout=60s");
+  EXPECT_EQ(del.first, 0) << del.second;
+  for (const auto& a : agents) {
+    const auto resp = agent_trials(a);
+    for (const auto& t : resp.trials()) {
+      if (t.job() == "long-sweep") {
+        EXPECT_EQ(t.state(), v1::CANCELLED) << t.name();
+      }
+    }
+  }
+  EXPECT_FALSE(fs::exists(work / "ckpt" / "default" / "long-sweep" / "long-sweep-lr1e-3"))
+      << "checkpointRetention: Delete";
+  EXPECT_NE(Sh("kubectl get mmj long-sweep").first, 0) << "the finalizer was not removed";
+
+  // The leader stops: the passive replica takes over.
+  EXPECT_EQ(hydra::fakes::Stop(c1, SIGTERM), 0);
+  EXPECT_TRUE(Eventually(
+      [&] { return hydra::fakes::Slurp(c2.out_path).find("is the leader") != std::string::npos; },
+      30))
+      << hydra::fakes::Slurp(c2.out_path);
+  holder = Sh("kubectl get lease -n default hydra-controller -o jsonpath={.spec.holderIdentity}");
+  EXPECT_EQ(holder.second, "replica-2");
+  cleanup();
+}
+
+}  // namespace

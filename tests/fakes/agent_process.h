@@ -1,0 +1,77 @@
+#pragma once
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "tests/fakes/subprocess.h"
+
+/// Real hydra-agent and Prometheus processes for integration and end-to-end tests.
+namespace hydra::fakes {
+
+struct AgentProcess {
+  std::string node;
+  int grpc = 0, metrics = 0, health = 0;
+  Proc proc;
+  std::string endpoint() const { return "127.0.0.1:" + std::to_string(grpc); }
+};
+
+/// Starts build/agent/hydra-agent on free loopback ports; its log is `work/<node>.log`.
+inline AgentProcess StartAgentProcess(const std::string& node, const std::string& devices,
+                                      const std::filesystem::path& work,
+                                      const std::filesystem::path& data_root,
+                                      const std::filesystem::path& checkpoint_root) {
+  AgentProcess a;
+  a.node = node;
+  a.grpc = FreePort();
+  a.metrics = FreePort();
+  a.health = FreePort();
+  a.proc = Start(std::string(HYDRA_BINARY_DIR) + "/agent/hydra-agent",
+                 {"--node-name",
+                  node,
+                  "--grpc-bind-address",
+                  a.endpoint(),
+                  "--grpc-advertise-address",
+                  a.endpoint(),
+                  "--metrics-bind-address",
+                  "127.0.0.1:" + std::to_string(a.metrics),
+                  "--health-probe-bind-address",
+                  "127.0.0.1:" + std::to_string(a.health),
+                  "--devices",
+                  devices,
+                  "--threads",
+                  "1",
+                  "--data-root",
+                  data_root.string(),
+                  "--checkpoint-root",
+                  checkpoint_root.string(),
+                  "--spill-dir",
+                  (work / ("spill-" + node)).string()},
+                 (work / (node + ".log")).string());
+  return a;
+}
+
+/// Starts Debian's Prometheus on a free port scraping the agents' /metrics every second, with
+/// honor_labels (the agents' `job` label is the MultiModelJob). Returns the process; `port`
+/// receives its port. Its log is `work/prometheus.log`.
+inline Proc StartPrometheus(const std::filesystem::path& work,
+                            const std::vector<AgentProcess>& agents, int* port) {
+  *port = FreePort();
+  std::ofstream cfg(work / "prometheus.yml");
+  cfg << "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+      << "scrape_configs:\n  - job_name: hydra-agent\n    honor_labels: true\n"
+      << "    static_configs:\n      - targets: [";
+  for (size_t i = 0; i < agents.size(); ++i) {
+    cfg << (i ? ", " : "") << "'127.0.0.1:" << agents[i].metrics << "'";
+  }
+  cfg << "]\n";
+  cfg.close();
+  return Start("/usr/bin/prometheus",
+               {"--config.file=" + (work / "prometheus.yml").string(),
+                "--storage.tsdb.path=" + (work / "prom").string(),
+                "--web.listen-address=127.0.0.1:" + std::to_string(*port)},
+               (work / "prometheus.log").string());
+}
+
+}  // namespace hydra::fakes

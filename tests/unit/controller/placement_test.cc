@@ -1,0 +1,183 @@
+#include "controller/placement/placement.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "controller/reconciler/reconciler.h"
+#include "controller/reconciler/work_queue.h"
+#include "tests/fakes/scripted_http_server.h"
+
+namespace hydra::controller {
+namespace {
+
+using ::testing::HasSubstr;
+
+Trial MakeTrial(const std::string& name, int64_t layers, int64_t steps) {
+  Trial t;
+  t.name = name;
+  t.model = {"gpt2", layers, 64, 4, 64, 256};
+  t.training.steps = steps;
+  t.training.batch_size = 8;
+  t.dataset.path = t.dataset.resolved_path = "/data/corpus.txt";
+  return t;
+}
+
+AgentInventory Agent(const std::string& node, int devices, int64_t bytes, int64_t free_bytes) {
+  AgentInventory a;
+  a.node = node;
+  a.endpoint = node + ":9443";
+  for (int d = 0; d < devices; ++d)
+    a.devices.push_back({"cpu:" + std::to_string(d), bytes, free_bytes});
+  return a;
+}
+
+TEST(PlacementTest, LongestRemainingFirstOntoTheAgentWithTheMostFreeCapacity) {
+  std::vector<AgentInventory> agents = {Agent("small", 1, int64_t{1} << 30, int64_t{1} << 30),
+                                        Agent("big", 2, int64_t{1} << 30, int64_t{1} << 30)};
+  std::vector<TrialToPlace> trials;
+  for (auto [name, layers] :
+       std::vector<std::pair<std::string, int64_t>>{{"short", 1}, {"long", 8}, {"mid", 4}}) {
+    Trial t = MakeTrial(name, layers, 100);
+    trials.push_back({t, EstimatedRemainingSeconds(t, 0)});
+  }
+  std::map<std::string, int> load;
+  std::map<std::string, std::string> waiting;
+  auto placed = PlaceTrials(trials, agents, &load, &waiting);
+  ASSERT_EQ(placed.size(), 3u);
+  EXPECT_TRUE(waiting.empty());
+  EXPECT_EQ(placed[0].trial, "long");  // the longest goes first, to the biggest agent
+  EXPECT_EQ(placed[0].node, "big");
+  EXPECT_EQ(placed[1].trial, "mid");  // big now carries one: 2 GiB / 2 = 1 GiB ties small's
+  EXPECT_EQ(placed[2].trial, "short");
+  EXPECT_EQ(load["big:9443"] + load["small:9443"], 3);
+  EXPECT_GE(load["small:9443"], 1) << "the load spreads";
+}
+
+TEST(PlacementTest, TrialsThatFitNoAgentWaitWithTheReason) {
+  std::vector<AgentInventory> agents = {Agent("tiny", 1, 1 << 20, 1 << 20)};
+  Trial huge = MakeTrial("huge", 4, 10);
+  huge.model.n_embd = 4096;
+  huge.model.n_head = 32;
+  Trial asks = MakeTrial("asks", 1, 10);
+  asks.resources.device_memory_budget = int64_t{8} << 30;
+  std::map<std::string, int> load;
+  std::map<std::string, std::string> waiting;
+  auto placed = PlaceTrials({{huge, 1}, {asks, 1}}, agents, &load, &waiting);
+  EXPECT_TRUE(placed.empty());
+  EXPECT_THAT(waiting["huge"], HasSubstr("tiny"));
+  EXPECT_THAT(waiting["asks"], HasSubstr("more than any agent's device"));
+  waiting.clear();
+  PlaceTrials({{asks, 1}}, {}, &load, &waiting);
+  EXPECT_THAT(waiting["asks"], HasSubstr("no agents"));
+}
+
+TEST(PlacementTest, DcgmCapsTheFreeMemoryTheAgentReports) {
+  AgentInventory a = Agent("gpu", 2, int64_t{16} << 30, int64_t{16} << 30);
+  EXPECT_EQ(a.FreeBytes(), int64_t{32} << 30);
+  a.dcgm_free_bytes = int64_t{4} << 30;  // someone else's process holds most of the GPUs
+  EXPECT_EQ(a.FreeBytes(), int64_t{4} << 30);
+  EXPECT_EQ(a.MaxDeviceBytes(), int64_t{16} << 30);
+}
+
+TEST(ConditionsTest, TransitionTimeChangesOnlyWhenTheStatusFlips) {
+  kube::Json conds = kube::Json::array();
+  EXPECT_TRUE(SetCondition(conds, "Ready", false, "WaitingForCapacity", "1 waits", 1));
+  conds[0]["lastTransitionTime"] = "2020-01-01T00:00:00Z";
+  EXPECT_TRUE(SetCondition(conds, "Ready", false, "WaitingForCapacity", "2 wait", 1));
+  EXPECT_EQ(conds[0]["lastTransitionTime"], "2020-01-01T00:00:00Z");
+  EXPECT_FALSE(SetCondition(conds, "Ready", false, "WaitingForCapacity", "2 wait", 1));
+  EXPECT_TRUE(SetCondition(conds, "Ready", true, "TrialsPlaced", "all placed", 2));
+  EXPECT_NE(conds[0]["lastTransitionTime"], "2020-01-01T00:00:00Z");
+  EXPECT_EQ(conds[0]["observedGeneration"], 2);
+  EXPECT_EQ(conds.size(), 1u);
+}
+
+TEST(ManifestTextTest, TheApiObjectParsesWithTheManifestParser) {
+  kube::Json obj = {{"apiVersion", "hydra.dev/v1alpha1"},
+                    {"kind", "MultiModelJob"},
+                    {"metadata",
+                     {{"name", "j"},
+                      {"namespace", "team"},
+                      {"uid", "abc"},
+                      {"generation", 3},
+                      {"finalizers", {"hydra.dev/trials"}},
+                      {"managedFields", kube::Json::array()}}},
+                    {"spec",
+                     {{"model", {{"family", "gpt2"}, {"nLayer", 2}}},
+                      {"dataset", {{"path", "data/corpus.txt"}, {"format", "text"}}},
+                      {"search", {{"grid", {{"learningRate", {0.001, 0.002}}}}}},
+                      {"training", {{"steps", 5}}},
+                      {"checkpointRetention", "Delete"}}},
+                    {"status", {{"trialCount", 2}}}};
+  auto job = ParseJobYaml(ManifestText(obj), "/data-root");
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->spec.dataset.resolved_path, "/data-root/data/corpus.txt");
+  EXPECT_EQ(job->spec.checkpoint_retention, "Delete");
+  EXPECT_EQ(ExpandTrials(*job)->size(), 2u);
+}
+
+TEST(WorkQueueTest, DeduplicatesAndNeverHandsOneKeyToTwoWorkers) {
+  WorkQueue q;
+  q.Add("a");
+  q.Add("a");
+  q.Add("b");
+  EXPECT_EQ(q.Depth(), 2u);
+  auto k = q.Get();
+  ASSERT_TRUE(k);
+  EXPECT_EQ(*k, "a");
+  q.Add("a");  // while "a" is processed: queued again only when Done
+  EXPECT_EQ(q.Depth(), 1u);
+  EXPECT_EQ(*q.Get(), "b");
+  q.Done("b");
+  q.Done("a");
+  EXPECT_EQ(q.Depth(), 1u);
+  EXPECT_EQ(*q.Get(), "a");
+  q.Done("a");
+  q.AddAfter("c", std::chrono::milliseconds(100));
+  EXPECT_EQ(q.Depth(), 0u);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(*q.Get(), "c");
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(90));
+  q.ShutDown();
+  EXPECT_FALSE(q.Get());
+}
+
+}  // namespace
+}  // namespace hydra::controller
+
+namespace hydra::controller {
+namespace {
+
+TEST(InventoryTest, AgentsDevicesAndDcgmFromPrometheus) {
+  fakes::ScriptedServer prom;
+  auto result = [](const std::string& series) {
+    return R"({"status":"success","data":{"resultType":"vector","result":[)" + series + "]}}";
+  };
+  prom.Push(
+      200,
+      result(
+          R"({"metric":{"__name__":"hydra_agent_info","node":"n1","grpc_endpoint":"n1:9443","version":"0.1.0"},"value":[1,"1"]},
+                          {"metric":{"__name__":"hydra_agent_info","node":"n2","grpc_endpoint":"n2:9443"},"value":[1,"1"]},
+                          {"metric":{"__name__":"hydra_agent_info","node":"n3","grpc_endpoint":"n3:9443"},"value":[1,"1"]})"));
+  prom.Push(200, result(R"({"metric":{"node":"n1","device":"cuda:0"},"value":[1,"17179869184"]},
+                          {"metric":{"node":"n2","device":"cpu:0"},"value":[1,"1073741824"]})"));
+  prom.Push(200, result(R"({"metric":{"node":"n1","device":"cuda:0"},"value":[1,"8589934592"]},
+                          {"metric":{"node":"n2","device":"cpu:0"},"value":[1,"NaN"]})"));
+  prom.Push(200, result(R"({"metric":{"Hostname":"n1","gpu":"0"},"value":[1,"2048"]})"));
+  auto inv = FetchInventory(PrometheusClient(prom.url()));
+  ASSERT_TRUE(inv.ok()) << inv.status();
+  ASSERT_EQ(inv->size(), 2u) << "n3 has no device series: left out";
+  const auto& n1 = (*inv)[0];
+  EXPECT_EQ(n1.endpoint, "n1:9443");
+  EXPECT_EQ(n1.MaxDeviceBytes(), int64_t{16} << 30);
+  EXPECT_EQ(n1.dcgm_free_bytes, int64_t{2048} << 20);
+  EXPECT_EQ(n1.FreeBytes(), int64_t{2048} << 20);
+  EXPECT_EQ((*inv)[1].FreeBytes(), 0) << "an unreadable value counts as nothing free";
+  prom.Push(503, R"({"status":"error","error":"query timed out"})");
+  auto down = FetchInventory(PrometheusClient(prom.url()));
+  EXPECT_EQ(down.status().code(), StatusCode::kUnavailable);
+  EXPECT_THAT(down.status().message(), HasSubstr("query timed out"));
+}
+
+}  // namespace
+}  // namespace hydra::controller

@@ -12,3 +12,5 @@ echo "== bench/schedule"
 if [ "${1:-}" = "--smoke" ]; then ./build/bench/schedule --smoke; else ./build/bench/schedule; fi
 echo "== bench/agent"
 if [ "${1:-}" = "--smoke" ]; then ./build/bench/agent --smoke; else ./build/bench/agent; fi
+echo "== bench/controller"
+if [ "${1:-}" = "--smoke" ]; then ./build/bench/controller --smoke; else ./build/bench/controller; fi

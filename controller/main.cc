@@ -17,10 +17,9 @@
 #include "controller/kube/kube_client.h"
 #include "controller/kube/kube_config.h"
 #include "controller/kube/leader_election.h"
-#include "controller/kube/watcher.h"
 #include "controller/metrics/controller_metrics.h"
+#include "controller/reconciler/manager.h"
 #include "controller/reconciler/reconciler.h"
-#include "controller/reconciler/work_queue.h"
 
 namespace {
 
@@ -126,7 +125,6 @@ int main(int argc, char** argv) {
   ro.checkpoint_root = checkpoint_root;
   ro.progress_resync = std::chrono::milliseconds(static_cast<int64_t>(resync_s * 1000));
   hydra::controller::Reconciler reconciler(kube->get(), pool->get(), &inventory, ro);
-  hydra::controller::WorkQueue queue;
 
   std::atomic<bool> leading{!leader_elect}, synced{false};
   hydra::http::ProbeAndMetricsServers endpoints;
@@ -172,67 +170,20 @@ int main(int argc, char** argv) {
     metrics.SetLeader(true);
   }
 
-  // Watch jobs; every event queues its job.
-  std::vector<std::unique_ptr<hydra::kube::Watcher>> watchers;
-  std::vector<std::string> nss = Split(namespaces);
-  if (nss.empty()) nss.push_back("");
-  for (const auto& ns : nss) {
-    watchers.push_back(std::make_unique<hydra::kube::Watcher>(
-        kube->get(), kMultiModelJobs, ns, [&](const std::string& type, const hydra::kube::Json& o) {
-          const std::string key = hydra::kube::ObjectKey(o);
-          if (type == "DELETED") {
-            metrics.ForgetJob(key);
-            return;
-          }
-          queue.Add(key);
-        }));
-    watchers.back()->Start();
-  }
-
-  std::vector<std::thread> threads;
-  for (int w = 0; w < workers; ++w) {
-    threads.emplace_back([&] {
-      while (auto key = queue.Get()) {
-        while (!leading && !g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-        if (g_stop) {
-          queue.Done(*key);
-          break;
-        }
-        const auto slash = key->find('/');
-        const std::string ns = key->substr(0, slash), name = key->substr(slash + 1);
-        const auto t0 = std::chrono::steady_clock::now();
-        auto r = reconciler.Reconcile(ns, name);
-        const double seconds =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        queue.Done(*key);
-        if (!r.ok()) {
-          metrics.ObserveReconcile("error", seconds);
-          std::cerr << "hydra-controller: " << *key << ": " << r.status().message() << "\n";
-          queue.AddAfter(*key, std::chrono::seconds(2));
-          continue;
-        }
-        metrics.ObserveReconcile(r->requeue_after.count() > 0 ? "requeue" : "success", seconds);
-        metrics.AddAssignments(r->assigned);
-        metrics.SetJobTrials(*key, r->trials_by_state);
-        if (r->requeue_after.count() > 0) queue.AddAfter(*key, r->requeue_after);
-      }
-    });
-  }
+  hydra::controller::Manager manager(kube->get(), &reconciler, &metrics, Split(namespaces), workers,
+                                     &leading);
+  manager.Start();
   std::cout << "hydra-controller " << HYDRA_VERSION << ": watching MultiModelJobs in "
             << (namespaces.empty() ? "all namespaces" : namespaces) << ", inventory from "
             << prometheus_url << "\n"
             << std::flush;
   while (!g_stop) {
-    bool all = true;
-    for (const auto& w : watchers) all = all && w->synced();
-    synced = all;
-    metrics.SetQueueDepth(queue.Depth());
+    synced = manager.synced();
+    metrics.SetQueueDepth(manager.queue_depth());
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   std::cout << "hydra-controller: stopping\n" << std::flush;
-  queue.ShutDown();
-  for (auto& t : threads) t.join();
-  for (auto& w : watchers) w->Stop();
+  manager.Stop();
   if (elector) elector->Stop(/*release=*/true);
   return 0;
 }

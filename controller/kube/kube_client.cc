@@ -80,6 +80,7 @@ struct KubeClient::Impl {
   RetryPolicy retry;
   http::client::http_client_config http_config;
   std::unique_ptr<http::client::http_client> client;
+  std::atomic<int64_t> requests{0};
 
   http::http_request NewRequest(const std::string& method, const std::string& path_and_query) {
     http::http_request req(method);
@@ -115,6 +116,7 @@ struct KubeClient::Impl {
       const bool last = attempt + 1 >= std::max(1, retry.attempts);
       auto req = NewRequest(method, path_and_query);
       if (!body.is_null()) req.set_body(payload, content_type);
+      ++requests;
       try {
         http::http_response resp = client->request(req).get();
         const int code = resp.status_code();
@@ -145,6 +147,7 @@ KubeClient::KubeClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 KubeClient::~KubeClient() = default;
 
 const KubeConfig& KubeClient::config() const { return impl_->config; }
+int64_t KubeClient::requests() const { return impl_->requests.load(); }
 
 StatusOr<std::unique_ptr<KubeClient>> KubeClient::Create(const KubeConfig& config,
                                                          RetryPolicy retry) {
@@ -310,6 +313,7 @@ Status KubeClient::WatchOnce(const ResourceKind& kind, const std::string& ns,
   };
   try {
     http::client::http_client client(impl_->config.server, cfg);
+    ++impl_->requests;
     http::http_response resp = client.request(impl_->NewRequest("GET", q), cts.get_token()).get();
     if (resp.status_code() >= 300) {
       return done(ApiError(what, resp.status_code(), resp.extract_utf8string(true).get()));

@@ -64,6 +64,8 @@ class KubeClient {
   ~KubeClient();
 
   const KubeConfig& config() const;
+  /// HTTP requests sent so far (retries and watch requests included).
+  int64_t requests() const;
 
   /// The collection path: /api/v1/namespaces/NS/configmaps, /apis/G/V/PLURAL, ...
   static std::string Path(const ResourceKind& kind, const std::string& ns,

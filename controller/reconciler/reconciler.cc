@@ -166,16 +166,15 @@ StatusOr<ReconcileResult> Reconciler::Reconcile(const std::string& ns, const std
     has_finalizer = has_finalizer || f == cond::kFinalizer;
   }
   if (!has_finalizer) {
-    auto added = kube_->UpdateWithRetry(kMultiModelJobs, ns, name, [](Json& o) {
-      auto& f = o["metadata"]["finalizers"];
-      if (!f.is_array()) f = Json::array();
-      for (const auto& x : f) {
-        if (x == cond::kFinalizer) return false;
-      }
-      f.push_back(cond::kFinalizer);
-      return true;
-    });
-    if (!added.ok()) return added.status();
+    // With the resourceVersion just read; a conflict means someone else wrote: start over.
+    md["finalizers"] = md.value("finalizers", Json::array());
+    md["finalizers"].push_back(cond::kFinalizer);
+    auto added = kube_->Update(kMultiModelJobs, ns, job);
+    if (!added.ok()) {
+      if (!kube::IsConflict(added.status())) return added.status();
+      result.requeue_after = std::chrono::milliseconds(100);
+      return result;
+    }
     job = std::move(added).value();
   }
 
@@ -304,6 +303,7 @@ StatusOr<ReconcileResult> Reconciler::Reconcile(const std::string& ns, const std
     }
   }
   std::map<std::string, std::string> no_room;
+  std::vector<std::string> assigned_now;
   if (!waiting.empty() && inventory.ok()) {
     for (const auto& p : PlaceTrials(waiting, *inventory, &load, &no_room)) {
       const Trial& t = by_name[p.trial];
@@ -323,9 +323,9 @@ StatusOr<ReconcileResult> Reconciler::Reconcile(const std::string& ns, const std
         e["shardPlan"] = PlanJson(*req.mutable_shard_plan());
         e.erase("message");
         ++result.assigned;
-        Event(job, "Normal", cond::kEventTrialAssigned,
-              p.trial + " assigned to " + p.node + " (" + std::to_string(p.plan.shards.size()) +
-                  " shard" + (p.plan.shards.size() == 1 ? "" : "s") + ")");
+        assigned_now.push_back(p.trial + " to " + p.node + " (" +
+                               std::to_string(p.plan.shards.size()) + " shard" +
+                               (p.plan.shards.size() == 1 ? "" : "s") + ")");
       } else {
         e["message"] = s.message();
         no_room[p.trial] = s.message();
@@ -333,6 +333,12 @@ StatusOr<ReconcileResult> Reconciler::Reconcile(const std::string& ns, const std
     }
   } else if (!waiting.empty()) {
     for (const auto& w : waiting) no_room[w.trial.name] = inventory.status().message();
+  }
+  if (!assigned_now.empty()) {
+    // One Event per pass, not per trial: a 100-trial job would otherwise cost 100 requests.
+    std::string text;
+    for (const auto& a : assigned_now) text += (text.empty() ? "" : ", ") + a;
+    Event(job, "Normal", cond::kEventTrialAssigned, "assigned " + text);
   }
   for (const auto& [n, why] : no_room) entries[n]["message"] = "waiting for an agent: " + why;
 

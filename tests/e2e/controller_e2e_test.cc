@@ -164,6 +164,12 @@ TEST_F(ControllerE2eTest, TheApiServerRejectsInvalidManifestsWithTheRulesMessage
     rejected += rc != 0;
   }
   EXPECT_GE(rejected, 12);
+  // Every example is a valid MultiModelJob for the API server too.
+  for (const auto& e : fs::directory_iterator(kSource + "/examples")) {
+    if (e.path().extension() != ".yaml") continue;
+    auto [erc, eout] = Sh("kubectl apply --dry-run=server -f " + e.path().string());
+    EXPECT_EQ(erc, 0) << e.path() << ": " << eout;
+  }
   // A running job's spec cannot change.
   ASSERT_EQ(Apply(Manifest("immutable", "", ""), dir_).first, 0);
   auto [rc, out] = Apply(Manifest("immutable", "steps: 10", "steps: 20"), dir_);

@@ -1,0 +1,221 @@
+// bench/controller: hydra-controller against the real Kubernetes test control plane
+// (tests/envtest) with agents faked at the gRPC boundary. N MultiModelJobs of 8 trials are
+// created at once; measured: time from a job's create to all its trials assigned (p50, p99),
+// API requests the controller made per job, and the controller's resident memory.
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "common/process_memory.h"
+#include "common/units.h"
+#include "controller/kube/kube_client.h"
+#include "controller/kube/kube_config.h"
+#include "controller/reconciler/manager.h"
+#include "controller/reconciler/reconciler.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+using hydra::kube::Json;
+namespace v1 = ::hydra::agent::v1;
+using hydra::controller::kMultiModelJobs;
+
+/// Agents that accept every assignment and report every assigned trial as running.
+class FakeAgents : public hydra::controller::AgentPoolInterface,
+                   public hydra::controller::InventorySourceInterface {
+ public:
+  explicit FakeAgents(int agents) {
+    for (int i = 0; i < agents; ++i) {
+      hydra::controller::AgentInventory a;
+      a.node = "node-" + std::to_string(i);
+      a.endpoint = a.node + ":9443";
+      for (int d = 0; d < 4; ++d) {
+        a.devices.push_back({"cuda:" + std::to_string(d), int64_t{16} << 30, int64_t{16} << 30});
+      }
+      inventory_.push_back(a);
+    }
+  }
+  hydra::Status Assign(const std::string& endpoint, const v1::AssignTrialRequest& request,
+                       v1::AssignTrialResponse*) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& t = trials_[endpoint][request.trial().name()];
+    t.set_name(request.trial().name());
+    t.set_job(request.trial().job());
+    t.set_state(v1::RUNNING);
+    t.set_steps(request.trial().training().steps());
+    t.set_last_checkpoint_step(-1);
+    auto& job = assigned_[request.trial().namespace_() + "/" + request.trial().job()];
+    if (++job.first == 8) job.second = Clock::now();
+    return hydra::OkStatus();
+  }
+  hydra::Status Cancel(const std::string&, const std::string&, bool) override {
+    return hydra::OkStatus();
+  }
+  hydra::StatusOr<v1::GetStatusResponse> LastStatus(const std::string& endpoint) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    v1::GetStatusResponse r;
+    for (const auto& [name, t] : trials_[endpoint]) *r.add_trials() = t;
+    return r;
+  }
+  void Track(const std::vector<std::string>&) override {}
+  hydra::StatusOr<std::vector<hydra::controller::AgentInventory>> Inventory() override {
+    return inventory_;
+  }
+  /// Jobs with all 8 trials assigned, and when that happened.
+  std::map<std::string, Clock::time_point> Done() {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::map<std::string, Clock::time_point> out;
+    for (const auto& [k, v] : assigned_) {
+      if (v.first >= 8) out[k] = v.second;
+    }
+    return out;
+  }
+
+ private:
+  std::vector<hydra::controller::AgentInventory> inventory_;
+  std::mutex mu_;
+  std::map<std::string, std::map<std::string, v1::TrialStatus>> trials_;
+  std::map<std::string, std::pair<int, Clock::time_point>> assigned_;
+};
+
+Json Job(const std::string& name) {
+  return {{"apiVersion", "hydra.dev/v1alpha1"},
+          {"kind", "MultiModelJob"},
+          {"metadata", {{"name", name}}},
+          {"spec",
+           {{"model",
+             {{"family", "gpt2"},
+              {"nLayer", 12},
+              {"nEmbd", 768},
+              {"nHead", 12},
+              {"contextLength", 1024},
+              {"vocabSize", 50257}}},
+            {"dataset", {{"path", "data/corpus.txt"}, {"format", "tokens-u16"}}},
+            {"search",
+             {{"grid", {{"learningRate", {1e-4, 3e-4, 1e-3, 3e-3}}, {"batchSize", {8, 16}}}}}},
+            {"training", {{"steps", 1000}}}}}};
+}
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1,
+                    static_cast<size_t>(p * static_cast<double>(v.size() - 1) + 0.5))];
+}
+
+int Sh(const std::string& cmd) { return std::system(cmd.c_str()); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"hydra-controller on the real control plane: N jobs x 8 trials at once"};
+  int jobs = 200, agents = 16, workers = 2;
+  bool smoke = false;
+  app.add_option("--jobs", jobs)->capture_default_str();
+  app.add_option("--agents", agents, "fake agents of 4 x 16 GiB devices")->capture_default_str();
+  app.add_option("--workers", workers, "reconcile workers")->capture_default_str();
+  app.add_flag("--smoke", smoke, "5 jobs, to check that it runs");
+  CLI11_PARSE(app, argc, argv);
+  if (smoke) jobs = 5;
+
+  const std::string src = HYDRA_SOURCE_DIR;
+  const fs::path dir =
+      fs::temp_directory_path() / ("hydra-envtest-bench-" + std::to_string(getpid()));
+  if (Sh(src + "/tests/envtest/up --dir " + dir.string() + " > /dev/null") != 0) {
+    std::fprintf(stderr, "the test control plane did not start\n");
+    return 1;
+  }
+  int rc = 0;
+  {
+    auto config = hydra::kube::LoadKubeconfig((dir / "kubeconfig").string());
+    auto user = hydra::kube::KubeClient::Create(*config);        // the bench's own requests
+    auto controller = hydra::kube::KubeClient::Create(*config);  // the controller's, counted
+    if (!user.ok() || !controller.ok()) return 1;
+    Sh("KUBECONFIG=" + (dir / "kubeconfig").string() + " kubectl apply -f " + src +
+       "/crds/multimodeljob.yaml > /dev/null && KUBECONFIG=" + (dir / "kubeconfig").string() +
+       " kubectl wait --for=condition=Established crd/multimodeljobs.hydra.dev > /dev/null");
+    (void)(*user)->Create(
+        hydra::kube::kNamespaces, "",
+        {{"apiVersion", "v1"}, {"kind", "Namespace"}, {"metadata", {{"name", "bench"}}}});
+
+    FakeAgents fake(agents);
+    hydra::controller::ReconcilerOptions ro;
+    ro.data_root = "/data";
+    ro.checkpoint_root = "/checkpoints";
+    hydra::controller::Reconciler reconciler(controller->get(), &fake, &fake, ro);
+    hydra::controller::Manager manager(controller->get(), &reconciler, nullptr, {"bench"}, workers,
+                                       nullptr);
+    hydra::ResidentPeakSampler peak(std::chrono::milliseconds(20));
+    const int64_t rss_before = hydra::ResidentBytes();
+    manager.Start();
+    while (!manager.synced()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    const int64_t requests_before = (*controller)->requests();
+
+    // All jobs at once (4 client threads).
+    std::map<std::string, Clock::time_point> created;
+    std::mutex mu;
+    std::vector<std::thread> creators;
+    const auto t0 = Clock::now();
+    for (int c = 0; c < 4; ++c) {
+      creators.emplace_back([&, c] {
+        for (int i = c; i < jobs; i += 4) {
+          const std::string name = "job-" + std::to_string(i);
+          auto r = (*user)->Create(kMultiModelJobs, "bench", Job(name));
+          std::lock_guard<std::mutex> lock(mu);
+          if (!r.ok()) {
+            std::fprintf(stderr, "create %s: %s\n", name.c_str(), r.status().ToString().c_str());
+          } else {
+            created["bench/" + name] = Clock::now();
+          }
+        }
+      });
+    }
+    for (auto& t : creators) t.join();
+    const double create_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    auto done = fake.Done();
+    const auto give_up = Clock::now() + std::chrono::minutes(10);
+    while (static_cast<int>(done.size()) < jobs && Clock::now() < give_up) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      done = fake.Done();
+    }
+    const double all_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    const int64_t requests = (*controller)->requests() - requests_before;
+    const int64_t rss = hydra::ResidentBytes();
+    manager.Stop();
+    std::vector<double> latencies;
+    for (const auto& [key, at] : done) {
+      auto it = created.find(key);
+      if (it != created.end())
+        latencies.push_back(std::chrono::duration<double>(at - it->second).count());
+    }
+    std::printf(
+        "%d jobs x 8 trials (%d trials) created in %.2f s; all assigned after %.2f s on %d fake "
+        "agents, %d workers\n",
+        jobs, jobs * 8, create_s, all_s, agents, workers);
+    std::printf("create -> all 8 trials assigned: p50 %.3f s, p99 %.3f s, max %.3f s (%zu jobs)\n",
+                Percentile(latencies, 0.5), Percentile(latencies, 0.99), Percentile(latencies, 1.0),
+                latencies.size());
+    std::printf("controller API requests: %lld in all, %.1f per job (until all were assigned)\n",
+                static_cast<long long>(requests), static_cast<double>(requests) / jobs);
+    std::printf(
+        "resident memory of the bench process (controller + client): %s before, %s after, %s "
+        "peak\n",
+        hydra::FormatBytes(rss_before).c_str(), hydra::FormatBytes(rss).c_str(),
+        hydra::FormatBytes(peak.peak()).c_str());
+    if (static_cast<int>(latencies.size()) < jobs) {
+      std::fprintf(stderr, "only %zu of %d jobs had every trial assigned\n", latencies.size(),
+                   jobs);
+      rc = 1;
+    }
+  }
+  Sh(src + "/tests/envtest/down --dir " + dir.string() + " 2> /dev/null");
+  return rc;
+}

@@ -25,9 +25,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::atomic<bool> g_stop{false};
+std::atomic<bool> g_stop{false}, g_second_signal{false};
 
-void OnSignal(int) { g_stop = true; }
+void OnSignal(int) {
+  if (g_stop.exchange(true)) g_second_signal = true;
+}
 
 std::string Hostname() {
   char buf[256] = {};
@@ -72,6 +74,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> data_roots, checkpoint_roots;
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   size_t max_trials = 1000;
+  double linger_s = 3;
   app.add_option("--node-name", node_name, "This node's name in metrics and status")
       ->capture_default_str();
   app.add_option("--grpc-bind-address", grpc_bind, "Where the gRPC service listens (port 0: any)")
@@ -103,6 +106,10 @@ int main(int argc, char** argv) {
                  "Directory trials may write checkpoints under (repeatable; required)")
       ->required();
   app.add_option("--max-trials", max_trials, "Trials this agent holds at once, finished included")
+      ->capture_default_str();
+  app.add_option("--shutdown-linger-seconds", linger_s,
+                 "After SIGTERM's checkpoints, keep answering GetStatus this long so that the "
+                 "controller sees the trials INTERRUPTED and moves them at once")
       ->capture_default_str();
   app.add_option("--tls-cert-file", tls_cert, "PEM certificate of the gRPC server (enables TLS)");
   app.add_option("--tls-key-file", tls_key, "PEM private key of --tls-cert-file");
@@ -209,6 +216,12 @@ int main(int argc, char** argv) {
   std::cout << "hydra-agent: shutting down: checkpointing every unfinished trial\n" << std::flush;
   hydra::Status s = service.Shutdown("agent shut down");
   if (!s.ok()) std::cerr << "hydra-agent: " << s.message() << "\n";
+  std::cout << "hydra-agent: trials checkpointed; serving status for " << linger_s << " s more\n"
+            << std::flush;
+  for (int i = 0; i < static_cast<int>(linger_s * 10) && !g_second_signal.load(); ++i) {
+    service.Tick();
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   server->Wait();
   std::cout << "hydra-agent: stopped\n";

@@ -66,6 +66,10 @@ class FakeAgents : public hydra::controller::AgentPoolInterface,
     return r;
   }
   void Track(const std::vector<std::string>&) override {}
+  hydra::StatusOr<v1::GetStatusResponse> FreshStatus(const std::string& endpoint) override {
+    return LastStatus(endpoint);
+  }
+  double SecondsSinceContact(const std::string&) override { return 0; }
   hydra::StatusOr<std::vector<hydra::controller::AgentInventory>> Inventory() override {
     return inventory_;
   }

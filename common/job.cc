@@ -468,6 +468,18 @@ void ParseGrid(Checker& c, const YAML::Node& node, std::vector<GridAxis>* grid) 
     }
     grid->push_back(std::move(axis));
   }
+  // A canonical axis order (the field table's), not the manifest's: Kubernetes stores objects
+  // with their keys sorted, so only a fixed order gives `hydra run` and the controller the
+  // same trial names and the same expansion order.
+  auto rank = [](const GridAxis& a) {
+    const auto& fields = Fields();
+    for (size_t i = 0; i < fields.size(); ++i) {
+      if (a.field == fields[i].name) return i;
+    }
+    return fields.size();
+  };
+  std::stable_sort(grid->begin(), grid->end(),
+                   [&](const GridAxis& a, const GridAxis& b) { return rank(a) < rank(b); });
 }
 
 /// Cross-field rules of one trial's configuration; `where` prefixes the messages.
@@ -608,7 +620,7 @@ StatusOr<MultiModelJob> ParseJobYaml(const std::string& yaml_text, const std::st
           c.Error("spec", root, "required field is missing");
         } else if (c.Map(spec, "spec",
                          {"model", "dataset", "search", "training", "resources",
-                          "checkpointRetention"})) {
+                          "checkpointRetention", "maxRestarts"})) {
           TrialConfig base;
           if (!spec["model"]) {
             c.Error("spec.model", spec, "required field is missing");
@@ -631,6 +643,18 @@ StatusOr<MultiModelJob> ParseJobYaml(const std::string& yaml_text, const std::st
             if (spec["search"]["grid"]) ParseGrid(c, spec["search"]["grid"], &job.spec.grid);
           }
           if (spec["resources"]) ParseResources(c, spec["resources"], &job.spec.resources);
+          if (const auto& r = spec["maxRestarts"]; r) {
+            int64_t v = -1;
+            try {
+              v = r.as<int64_t>();
+            } catch (...) {
+            }
+            if (v < 0 || v > 1000) {
+              c.Error("spec.maxRestarts", r, "must be an integer from 0 to 1000");
+            } else {
+              job.spec.max_restarts = v;
+            }
+          }
           if (const auto& r = spec["checkpointRetention"]; r) {
             if (!r.IsScalar() || (r.Scalar() != "Retain" && r.Scalar() != "Delete")) {
               c.Error("spec.checkpointRetention", r, "must be one of: Retain, Delete");

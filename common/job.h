@@ -85,11 +85,14 @@ struct GridAxis {
 struct MultiModelJobSpec {
   ModelSpec model;
   DatasetSpec dataset;
-  std::vector<GridAxis> grid;  ///< in manifest order; the first axis varies slowest
+  std::vector<GridAxis> grid;  ///< in the field table's order; the first axis varies slowest
   TrainingSpec training;
   ResourcesSpec resources;
   /// On deletion of the job in Kubernetes: Retain (keep checkpoints) | Delete.
   std::string checkpoint_retention = "Retain";
+  /// In Kubernetes: how often a trial may be moved to another agent (its agent was lost or
+  /// preempted) before it is Failed.
+  int64_t max_restarts = 10;
 };
 
 struct MultiModelJob {

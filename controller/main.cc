@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
   std::string lease_ns = "hydra-system", lease_name = "hydra-controller", identity = Hostname();
   bool leader_elect = false;
   int workers = 2;
-  double resync_s = 2.0, inventory_s = 2.0;
+  double resync_s = 2.0, inventory_s = 2.0, lost_s = 15.0;
   app.add_option("--kubeconfig", kubeconfig,
                  "kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster)");
   app.add_option("--namespaces", namespaces, "Comma-separated namespaces to watch (default: all)");
@@ -91,6 +91,9 @@ int main(int argc, char** argv) {
   app.add_option("--resync-seconds", resync_s, "How often running jobs re-read their agents")
       ->capture_default_str();
   app.add_option("--inventory-seconds", inventory_s, "How often Prometheus is queried")
+      ->capture_default_str();
+  app.add_option("--agent-lost-seconds", lost_s,
+                 "An agent silent this long and gone from Prometheus is lost: its trials move")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
@@ -124,6 +127,7 @@ int main(int argc, char** argv) {
   ro.data_root = data_root;
   ro.checkpoint_root = checkpoint_root;
   ro.progress_resync = std::chrono::milliseconds(static_cast<int64_t>(resync_s * 1000));
+  ro.agent_lost_after = std::chrono::milliseconds(static_cast<int64_t>(lost_s * 1000));
   hydra::controller::Reconciler reconciler(kube->get(), pool->get(), &inventory, ro);
 
   std::atomic<bool> leading{!leader_elect}, synced{false};

@@ -9,7 +9,7 @@ PACKAGES=(
   libcpprest-dev prometheus-cpp-dev
   libgtest-dev libgmock-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev zlib1g-dev
   libxxhash-dev
-  gnuplot-nox openssl curl prometheus
+  gnuplot-nox openssl curl iproute2 prometheus
   python3 python3-torch
 )
 

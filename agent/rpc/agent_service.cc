@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "agent/executor/checkpoint.h"
+#include "common/file_util.h"
 #include "common/partitioner.h"
 #include "common/units.h"
 #include "proto/trial_proto.h"
@@ -22,6 +23,17 @@ constexpr int kMaxHyperparameters = 64;
 constexpr double kBusyWindowSeconds = 60;
 
 double Now() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
+
+/// The attempt recorded in an ATTEMPT file; -1 if there is none (or it is unreadable).
+int64_t RecordedAttempt(const std::string& path) {
+  auto text = ReadFile(path);
+  if (!text.ok()) return -1;
+  try {
+    return std::stoll(*text);
+  } catch (...) {
+    return -1;
+  }
+}
 
 bool IsFinal(const std::string& state) {
   return IsFinalTrialState(state) || state == kTrialInterrupted;
@@ -205,12 +217,43 @@ grpc::Status AgentService::AssignTrial(grpc::ServerContext* context,
             " is " +
             (steps.empty() ? std::string("none") : "of step " + std::to_string(steps.back())));
   }
+  const int64_t attempt = request->attempt();
+  if (attempt < 0) return grpc::Status(grpc::INVALID_ARGUMENT, "attempt: must be >= 0");
+  const std::string attempt_file = (fs::path(ckpt_dir) / "ATTEMPT").string();
+  if (attempt > 0) {
+    const int64_t recorded = RecordedAttempt(attempt_file);
+    if (recorded > attempt) {
+      return grpc::Status(grpc::FAILED_PRECONDITION,
+                          "stale assignment: attempt " + std::to_string(attempt) + " of trial " +
+                              trial.name + ", but attempt " + std::to_string(recorded) +
+                              " already owns " + ckpt_dir);
+    }
+  }
   auto prepared = scheduler_->Prepare(trial, ckpt_dir);
   if (!prepared.ok()) return ToGrpc(prepared.status());
+  if (attempt > 0) {
+    // Record our fencing token; from now on an older holder of the trial stops at its next
+    // step or checkpoint, and we stop if a newer one appears.
+    std::error_code ec;
+    fs::create_directories(ckpt_dir, ec);
+    Status written = WriteFileAtomically(attempt_file, std::to_string(attempt) + "\n");
+    if (!written.ok()) return ToGrpc(written.WithContext("recording the attempt"));
+    const std::string name = trial.name;
+    prepared->fence = [attempt_file, attempt, name]() -> Status {
+      const int64_t now = RecordedAttempt(attempt_file);
+      if (now == attempt) return OkStatus();
+      return Status(StatusCode::kAborted,
+                    now < 0
+                        ? "superseded: the checkpoint directory of " + name + " is gone"
+                        : "superseded: attempt " + std::to_string(now) + " of " + name +
+                              " runs elsewhere (this was attempt " + std::to_string(attempt) + ")");
+    };
+  }
   TrialInfo info;
   info.job = request->trial().job();
   info.ns = request->trial().namespace_();
   info.checkpoint_dir = ckpt_dir;
+  info.attempt = attempt;
   if (auto plan = PlanShards(trial, PartitionOptionsFor(trial)); plan.ok()) {
     wire::ShardPlanToProto(*plan, &info.plan);
   }
@@ -318,6 +361,8 @@ v1::TrialStatus AgentService::ToStatus(const TrialResult& r) const {
     out.set_namespace_(it->second.ns);
     out.set_checkpoint_dir(it->second.checkpoint_dir);
     *out.mutable_shard_plan() = it->second.plan;
+    out.set_attempt(it->second.attempt);
+    for (const auto& w : it->second.warnings) out.add_warnings(w);
   }
   return out;
 }
@@ -459,6 +504,11 @@ void AgentService::OnTrialUpdate(const TrialResult& snapshot) {
 
 void AgentService::OnTrialMessage(const std::string& trial, const std::string& message) {
   std::fprintf(stderr, "hydra-agent: %s: %s\n", trial.c_str(), message.c_str());
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = trials_.find(trial);
+  if (it == trials_.end()) return;
+  it->second.warnings.push_back(message);
+  if (it->second.warnings.size() > 10) it->second.warnings.erase(it->second.warnings.begin());
 }
 
 void AgentService::OnStep(const std::string&, int, double, int64_t shards, bool evaluated) {

@@ -75,6 +75,8 @@ class AgentService final : public v1::AgentService::Service, private TrialObserv
     std::string job, ns, checkpoint_dir;
     v1::ShardPlan plan;
     std::string last_state;  // to tell state changes from steps in the event stream
+    int64_t attempt = 0;
+    std::vector<std::string> warnings;  // the trial's notices, newest last (at most 10)
   };
   struct Watcher {
     std::string job;                                // filter; empty: all

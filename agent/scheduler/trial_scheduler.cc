@@ -395,7 +395,8 @@ void TrialScheduler::Worker(int device) {
       s = InternalError(std::string("unexpected error: ") + e.what());
     }
     if (!s.ok()) {
-      slot.r.state = kTrialFailed;
+      // ABORTED: fenced off (the trial moved to another agent); not a failure of the trial.
+      slot.r.state = s.code() == StatusCode::kAborted ? kTrialCancelled : kTrialFailed;
       slot.r.message = s.message();
       slot.exec.reset();
     }
@@ -446,6 +447,7 @@ void TrialScheduler::Worker(int device) {
 }
 
 Status TrialScheduler::Start(Slot& slot) {
+  if (slot.p.fence) RETURN_IF_ERROR(slot.p.fence());
   TrialResult* r = &slot.r;
   const Trial& trial = r->trial;
   auto created = factory_->Create(trial, slot.p.data);
@@ -487,6 +489,7 @@ Status TrialScheduler::Start(Slot& slot) {
 }
 
 Status TrialScheduler::SaveCheckpoint(Slot& slot) {
+  if (slot.p.fence) RETURN_IF_ERROR(slot.p.fence());
   const auto t0 = Clock::now();
   auto state = slot.exec->ExportState();
   if (!state.ok()) return state.status();
@@ -499,6 +502,7 @@ Status TrialScheduler::SaveCheckpoint(Slot& slot) {
 }
 
 Status TrialScheduler::StepOnce(Slot& slot, bool* evaluated) {
+  if (slot.p.fence) RETURN_IF_ERROR(slot.p.fence());
   TrialResult* r = &slot.r;
   const auto& tr = r->trial.training;
   const auto start = Clock::now();

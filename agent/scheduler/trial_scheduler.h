@@ -4,6 +4,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -62,6 +63,9 @@ struct PreparedTrial {
   int64_t host_bytes = 0;       ///< host memory its state takes while admitted
   double est_step_seconds = 0;  ///< first estimate of an optimizer step
   std::string fingerprint;      ///< of its configuration; guards resuming
+  /// Called before every step and checkpoint; ABORTED stops the trial as Cancelled with its
+  /// message (another agent took the trial over: fencing). May be empty.
+  std::function<Status()> fence;
 };
 
 /// The node's device loop, shared by `hydra run` and hydra-agent: trials arrive (Submit), wait

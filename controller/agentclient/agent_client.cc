@@ -98,30 +98,45 @@ void GrpcAgentPool::Track(const std::vector<std::string>& endpoints) {
   for (const auto& e : endpoints) StubFor(e);
 }
 
+double GrpcAgentPool::SecondsSinceContact(const std::string& endpoint) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(endpoint);
+  if (it == entries_.end()) return 0;
+  const auto since = it->second.ever_ok ? it->second.last_ok_at : it->second.tracked_since;
+  return std::chrono::duration<double>(Clock::now() - since).count();
+}
+
+void GrpcAgentPool::Refresh(const std::string& endpoint) {
+  auto* stub = StubFor(endpoint);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + rpc_timeout_);
+  v1::GetStatusResponse resp;
+  grpc::Status s = stub->GetStatus(&ctx, {}, &resp);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& e = entries_[endpoint];
+  e.last_ok = s.ok();
+  if (s.ok()) {
+    e.last = std::move(resp);
+    e.ever_ok = true;
+    e.last_ok_at = Clock::now();
+    e.last_error.clear();
+  } else {
+    e.last_error = s.error_message();
+  }
+}
+
+StatusOr<v1::GetStatusResponse> GrpcAgentPool::FreshStatus(const std::string& endpoint) {
+  Refresh(endpoint);
+  return LastStatus(endpoint);
+}
+
 void GrpcAgentPool::RefreshAll() {
   std::vector<std::string> endpoints;
   {
     std::lock_guard<std::mutex> lock(mu_);
     endpoints = tracked_;
   }
-  for (const auto& endpoint : endpoints) {
-    auto* stub = StubFor(endpoint);
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + rpc_timeout_);
-    v1::GetStatusResponse resp;
-    grpc::Status s = stub->GetStatus(&ctx, {}, &resp);
-    std::lock_guard<std::mutex> lock(mu_);
-    auto& e = entries_[endpoint];
-    e.last_ok = s.ok();
-    if (s.ok()) {
-      e.last = std::move(resp);
-      e.ever_ok = true;
-      e.last_ok_at = Clock::now();
-      e.last_error.clear();
-    } else {
-      e.last_error = s.error_message();
-    }
-  }
+  for (const auto& endpoint : endpoints) Refresh(endpoint);
 }
 
 void GrpcAgentPool::Loop() {

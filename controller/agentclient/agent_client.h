@@ -37,8 +37,12 @@ class AgentPoolInterface {
   /// The latest GetStatus of `endpoint` (refreshed in the background); NOT_FOUND if it was
   /// never reached, UNAVAILABLE if the last refresh failed (with the age of the data).
   virtual StatusOr<v1::GetStatusResponse> LastStatus(const std::string& endpoint) = 0;
+  /// Asks the agent now (not the background copy); updates the copy.
+  virtual StatusOr<v1::GetStatusResponse> FreshStatus(const std::string& endpoint) = 0;
   /// The endpoints to keep refreshing (the inventory's agents and those holding trials).
   virtual void Track(const std::vector<std::string>& endpoints) = 0;
+  /// Seconds since `endpoint` last answered (since tracking began if it never did).
+  virtual double SecondsSinceContact(const std::string& endpoint) = 0;
 };
 
 /// gRPC implementation: one channel per endpoint, GetStatus polled every `refresh`.
@@ -55,6 +59,8 @@ class GrpcAgentPool : public AgentPoolInterface {
                 bool delete_checkpoints) override;
   StatusOr<v1::GetStatusResponse> LastStatus(const std::string& endpoint) override;
   void Track(const std::vector<std::string>& endpoints) override;
+  StatusOr<v1::GetStatusResponse> FreshStatus(const std::string& endpoint) override;
+  double SecondsSinceContact(const std::string& endpoint) override;
 
   /// Refreshes every tracked endpoint now (the background thread does this periodically).
   void RefreshAll();
@@ -66,9 +72,11 @@ class GrpcAgentPool : public AgentPoolInterface {
     bool ever_ok = false, last_ok = false;
     std::string last_error;
     std::chrono::steady_clock::time_point last_ok_at;
+    std::chrono::steady_clock::time_point tracked_since = std::chrono::steady_clock::now();
   };
   GrpcAgentPool() = default;
   v1::AgentService::Stub* StubFor(const std::string& endpoint);
+  void Refresh(const std::string& endpoint);
   void Loop();
 
   std::shared_ptr<grpc::ChannelCredentials> creds_;

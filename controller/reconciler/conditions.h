@@ -33,6 +33,8 @@ inline constexpr char kEventJobComplete[] = "JobComplete";
 inline constexpr char kEventJobFailed[] = "JobFailed";
 inline constexpr char kEventInvalidSpec[] = "InvalidSpec";
 inline constexpr char kEventTrialsCancelled[] = "TrialsCancelled";
+inline constexpr char kEventAgentNotice[] = "AgentNotice";
+inline constexpr char kEventStaleTrialCancelled[] = "StaleTrialCancelled";
 
 /// The finalizer the controller puts on every MultiModelJob before touching agents.
 inline constexpr char kFinalizer[] = "hydra.dev/trials";

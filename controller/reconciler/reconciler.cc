@@ -186,8 +186,10 @@ StatusOr<ReconcileResult> Reconciler::Reconcile(const std::string& ns, const std
 
   // The spec as `hydra run` reads it: the same parser, the same rules.
   std::vector<Trial> trials;
+  int64_t max_restarts = 10;
   {
     auto parsed = ParseJobYaml(ManifestText(job), options_.data_root);
+    if (parsed.ok()) max_restarts = parsed->spec.max_restarts;
     StatusOr<std::vector<Trial>> expanded =
         parsed.ok() ? ExpandTrials(*parsed) : StatusOr<std::vector<Trial>>(parsed.status());
     if (!expanded.ok()) {
@@ -248,32 +250,68 @@ StatusOr<ReconcileResult> Reconciler::Reconcile(const std::string& ns, const std
     }
     reports[ep] = std::move(r).value();
   }
+  std::set<std::string> in_inventory;
+  if (inventory.ok()) {
+    for (const auto& a : *inventory) in_inventory.insert(a.endpoint);
+  }
+  auto requeue = [&](const std::string& n, Json& e, const std::string& why) {
+    e["restarts"] = e.value("restarts", 0) + 1;
+    e.erase("agent");
+    e.erase("agentEndpoint");
+    if (e["restarts"].get<int64_t>() > max_restarts) {
+      e["state"] = kTrialFailed;
+      e["message"] = why + "; restarted " + std::to_string(e["restarts"].get<int64_t>()) +
+                     " times, more than spec.maxRestarts (" + std::to_string(max_restarts) + ")";
+      return;
+    }
+    e["state"] = kTrialPending;
+    e["message"] = why;
+    Event(job, "Normal", cond::kEventTrialRequeued, n + ": " + why + "; placing it again");
+  };
   for (auto& [n, e] : entries) {
     const std::string ep = e.value("agentEndpoint", "");
     if (ep.empty() || Final(e.value("state", ""))) continue;
     auto report = reports.find(ep);
     if (report == reports.end()) {
+      const double silent = agents_->SecondsSinceContact(ep);
+      const bool lost = silent * 1000 > static_cast<double>(options_.agent_lost_after.count()) &&
+                        !in_inventory.count(ep);
+      if (lost) {
+        requeue(n, e,
+                "agent " + e.value("agent", ep) + " lost (no answer for " +
+                    std::to_string(static_cast<int>(silent)) + " s and gone from Prometheus)");
+        continue;
+      }
       auto why = agents_->LastStatus(ep);
       if (why.status().code() == StatusCode::kUnavailable) {
         unreachable = why.status().message();
         e["message"] = unreachable;
       }
-      continue;  // not reached yet: keep the last known state
+      continue;  // not reached yet, or a blip: keep the last known state
     }
     const v1::TrialStatus* found = nullptr;
     for (const auto& t : report->second.trials()) {
-      if (t.name() == n) found = &t;
+      if (t.name() == n && t.job() == name && t.namespace_() == ns) found = &t;
     }
-    if (found == nullptr || found->state() == v1::INTERRUPTED) {
-      // The agent lost it (restarted) or drained it: place it again; it resumes from its
-      // newest checkpoint.
-      Event(job, "Normal", cond::kEventTrialRequeued,
-            n + ": " + (found ? "interrupted on " : "no longer on ") + e.value("agent", ep) +
-                "; placing it again");
-      e["state"] = kTrialPending;
-      e["restarts"] = e.value("restarts", 0) + 1;
-      e.erase("agent");
-      e.erase("agentEndpoint");
+    if (found == nullptr) {
+      // The background copy may predate the assignment: ask the agent itself before
+      // concluding that it lost the trial.
+      auto fresh = agents_->FreshStatus(ep);
+      if (!fresh.ok()) continue;  // unreachable now: the lost-agent rule decides later
+      report->second = std::move(fresh).value();
+      for (const auto& t : report->second.trials()) {
+        if (t.name() == n && t.job() == name && t.namespace_() == ns) found = &t;
+      }
+    }
+    if (found == nullptr || found->state() == v1::INTERRUPTED ||
+        (found->state() == v1::CANCELLED && found->attempt() == e.value("attempt", int64_t{0}))) {
+      // The agent lost it (restarted), drained it (preemption notice) or had it cancelled
+      // under it: place it again; it resumes from its newest checkpoint.
+      requeue(n, e,
+              found ? std::string(found->state() == v1::INTERRUPTED ? "interrupted on "
+                                                                    : "cancelled on ") +
+                          e.value("agent", ep) + " at step " + std::to_string(found->step())
+                    : "no longer on " + e.value("agent", ep));
       continue;
     }
     const std::string state = wire::TrialStateFromProto(found->state());
@@ -291,6 +329,39 @@ StatusOr<ReconcileResult> Reconciler::Reconcile(const std::string& ns, const std
       e.erase("message");
     } else {
       e["message"] = found->message();
+    }
+    // The agent's notices (a corrupt checkpoint skipped, a resume) become Events once.
+    const int seen = e.value("notices", 0);
+    for (int i = seen; i < found->warnings_size(); ++i) {
+      Event(job, "Normal", cond::kEventAgentNotice,
+            n + " on " + e.value("agent", ep) + ": " + found->warnings(i));
+    }
+    e["notices"] = found->warnings_size();
+  }
+
+  // Trials the agents hold that our entries do not point at: adopt one that an earlier pass
+  // assigned but could not record (a controller restart between AssignTrial and the status
+  // write), and cancel copies left on an agent the trial moved away from (a stale agent that
+  // came back; fencing already keeps it from writing checkpoints).
+  for (const auto& [ep, report] : reports) {
+    for (const auto& t : report.trials()) {
+      if (t.job() != name || t.namespace_() != ns || !entries.count(t.name())) continue;
+      if (t.state() != v1::PENDING && t.state() != v1::RUNNING) continue;
+      Json& e = entries[t.name()];
+      const std::string mine = e.value("agentEndpoint", "");
+      if (mine == ep) continue;
+      if (mine.empty() && !Final(e.value("state", "")) && t.attempt() >= e.value("attempt", 0)) {
+        e["agent"] = report.node_name();
+        e["agentEndpoint"] = ep;
+        e["attempt"] = t.attempt();
+        e["state"] = wire::TrialStateFromProto(t.state());
+        continue;
+      }
+      Status s = agents_->Cancel(ep, t.name(), false);
+      Event(job, "Warning", cond::kEventStaleTrialCancelled,
+            t.name() + " was still running on " + report.node_name() + " (attempt " +
+                std::to_string(t.attempt()) + ") after moving to " + e.value("agent", "?") +
+                ": cancelled there" + (s.ok() ? "" : " (" + s.message() + ")"));
     }
   }
 
@@ -313,6 +384,8 @@ StatusOr<ReconcileResult> Reconciler::Reconcile(const std::string& ns, const std
       req.set_checkpoint_dir(
           (fs::path(options_.checkpoint_root) / ns / name / t.name).lexically_normal().string());
       req.set_resume_from_step(0);  // the newest intact checkpoint, if an earlier run left one
+      auto& entry = entries[p.trial];
+      req.set_attempt(entry.value("restarts", int64_t{0}) + 1);  // the fencing token
       v1::AssignTrialResponse resp;
       Status s = agents_->Assign(p.endpoint, req, &resp);
       auto& e = entries[p.trial];
@@ -320,6 +393,7 @@ StatusOr<ReconcileResult> Reconciler::Reconcile(const std::string& ns, const std
         // ALREADY_EXISTS: assigned by an earlier pass whose status write was lost.
         e["agent"] = p.node;
         e["agentEndpoint"] = p.endpoint;
+        e["attempt"] = req.attempt();
         e["shardPlan"] = PlanJson(*req.mutable_shard_plan());
         e.erase("message");
         ++result.assigned;

@@ -49,6 +49,9 @@ struct ReconcilerOptions {
   std::string checkpoint_root;  ///< trials checkpoint to <root>/<namespace>/<job>/<trial>
   std::string component = "hydra-controller";       ///< Event source and field manager
   std::chrono::milliseconds progress_resync{2000};  ///< re-read agents while trials train
+  /// An agent is lost (its trials move) once it has not answered for this long and
+  /// Prometheus no longer lists it (a blip in one of the two is tolerated).
+  std::chrono::milliseconds agent_lost_after{15000};
 };
 
 /// Reconciles one MultiModelJob at a time, level-based: it recomputes everything from the

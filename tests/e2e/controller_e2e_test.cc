@@ -18,6 +18,7 @@
 
 #include "hydra/agent/v1/agent.grpc.pb.h"
 #include "tests/fakes/agent_process.h"
+#include "tests/fakes/control_plane.h"
 
 namespace {
 
@@ -31,52 +32,18 @@ using Json = nlohmann::json;
 const std::string kSource = HYDRA_SOURCE_DIR;
 const std::string kBinary = HYDRA_BINARY_DIR;
 
-/// Runs a shell command; its exit code and combined output.
-std::pair<int, std::string> Sh(const std::string& cmd) {
-  std::string out;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return {-1, ""};
-  std::array<char, 4096> buf{};
-  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
-
-bool Eventually(const std::function<bool()>& pred, int seconds) {
-  for (int i = 0; i < seconds * 5; ++i) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  }
-  return pred();
-}
+using hydra::fakes::Eventually;
+using hydra::fakes::Sh;
 
 class ControllerE2eTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = fs::temp_directory_path() / ("hydra-envtest-e2e-" + std::to_string(::getpid()));
-    auto [rc, out] = Sh(kSource + "/tests/envtest/up --dir " + dir_.string());
-    if (rc != 0) {
-      std::fprintf(stderr, "envtest/up failed:\n%s\n", out.c_str());
-      return;
-    }
-    // `up` prints export lines: KUBECONFIG, and PATH when it built its own kubectl.
-    std::istringstream lines(out);
-    for (std::string line; std::getline(lines, line);) {
-      if (line.rfind("export ", 0) != 0) continue;
-      const auto eq = line.find('=');
-      std::string value = line.substr(eq + 1);
-      if (!value.empty() && value.front() == '"') value = value.substr(1, value.size() - 2);
-      const std::string name = line.substr(7, eq - 7);
-      if (name == "PATH") value.replace(value.find("$PATH"), 5, getenv("PATH"));
-      setenv(name.c_str(), value.c_str(), 1);
-    }
-    auto crd = Sh("kubectl apply -f " + kSource +
-                  "/crds/multimodeljob.yaml && kubectl wait "
-                  "--for=condition=Established crd/multimodeljobs.hydra.dev --timeout=60s");
-    ok_ = crd.first == 0;
-    if (!ok_) std::fprintf(stderr, "CRD: %s\n", crd.second.c_str());
+    const std::string error = hydra::fakes::StartControlPlaneWithCrd(dir_);
+    ok_ = error.empty();
+    if (!ok_) std::fprintf(stderr, "%s\n", error.c_str());
   }
-  static void TearDownTestSuite() { Sh(kSource + "/tests/envtest/down --dir " + dir_.string()); }
+  static void TearDownTestSuite() { hydra::fakes::StopControlPlane(dir_); }
   void SetUp() override { ASSERT_TRUE(ok_) << "the test control plane did not start"; }
 
   static inline fs::path dir_;

@@ -52,19 +52,17 @@ inline AgentProcess StartAgentProcess(const std::string& node, const std::string
   return a;
 }
 
-/// Starts Debian's Prometheus on a free port scraping the agents' /metrics every second, with
-/// honor_labels (the agents' `job` label is the MultiModelJob). Returns the process; `port`
-/// receives its port. Its log is `work/prometheus.log`.
+/// Starts Debian's Prometheus on a free port scraping `targets` ("host:port" of /metrics) every
+/// second, with honor_labels (the agents' `job` label is the MultiModelJob). Returns the
+/// process; `port` receives its port. Its log is `work/prometheus.log`.
 inline Proc StartPrometheus(const std::filesystem::path& work,
-                            const std::vector<AgentProcess>& agents, int* port) {
+                            const std::vector<std::string>& targets, int* port) {
   *port = FreePort();
   std::ofstream cfg(work / "prometheus.yml");
   cfg << "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
       << "scrape_configs:\n  - job_name: hydra-agent\n    honor_labels: true\n"
       << "    static_configs:\n      - targets: [";
-  for (size_t i = 0; i < agents.size(); ++i) {
-    cfg << (i ? ", " : "") << "'127.0.0.1:" << agents[i].metrics << "'";
-  }
+  for (size_t i = 0; i < targets.size(); ++i) cfg << (i ? ", " : "") << "'" << targets[i] << "'";
   cfg << "]\n";
   cfg.close();
   return Start("/usr/bin/prometheus",
@@ -72,6 +70,14 @@ inline Proc StartPrometheus(const std::filesystem::path& work,
                 "--storage.tsdb.path=" + (work / "prom").string(),
                 "--web.listen-address=127.0.0.1:" + std::to_string(*port)},
                (work / "prometheus.log").string());
+}
+
+/// The same, scraping agents on loopback.
+inline Proc StartPrometheus(const std::filesystem::path& work,
+                            const std::vector<AgentProcess>& agents, int* port) {
+  std::vector<std::string> targets;
+  for (const auto& a : agents) targets.push_back("127.0.0.1:" + std::to_string(a.metrics));
+  return StartPrometheus(work, targets, port);
 }
 
 }  // namespace hydra::fakes

@@ -239,7 +239,7 @@ TEST(JobTest, GridRuleViolationNamesTheTrial) {
   std::vector<FieldError> errors;
   auto job = ParseJobYaml(yaml, "/base", &errors);
   ASSERT_FALSE(job.ok());
-  EXPECT_THAT(job.status().message(), HasSubstr("gpt2-sweep-lr1e-3-h3"));
+  EXPECT_THAT(job.status().message(), HasSubstr("gpt2-sweep-h3-lr1e-3"));
   EXPECT_THAT(job.status().message(), HasSubstr("nHead (3) must divide nEmbd (128)"));
 }
 
@@ -264,6 +264,36 @@ TEST(JobTest, LearningRateSchedules) {
   EXPECT_DOUBLE_EQ(LearningRateAt(t, 0), 1.0);
   EXPECT_NEAR(LearningRateAt(t, 5), 0.55, 1e-12);
   EXPECT_NEAR(LearningRateAt(t, 10), 0.1, 1e-12);
+}
+
+}  // namespace
+}  // namespace hydra
+
+namespace hydra {
+namespace {
+
+TEST(JobGridOrderTest, AxesFollowTheFieldTableWhateverTheManifestOrder) {
+  auto parse = [](const std::string& grid) {
+    auto job = ParseJobYaml(R"(apiVersion: hydra.dev/v1alpha1
+kind: MultiModelJob
+metadata: {name: j}
+spec:
+  model: {family: gpt2}
+  dataset: {path: c.txt}
+  search: {grid: )" + grid + R"(}
+  training: {steps: 5}
+)",
+                            "/");
+    EXPECT_TRUE(job.ok()) << job.status();
+    std::vector<std::string> names;
+    const auto trials = ExpandTrials(*job);
+    for (const auto& t : *trials) names.push_back(t.name);
+    return names;
+  };
+  // Kubernetes hands the controller the keys sorted; `hydra run` reads them as written.
+  EXPECT_EQ(parse("{batchSize: [4, 8], learningRate: [0.001, 0.002]}"),
+            parse("{learningRate: [0.001, 0.002], batchSize: [4, 8]}"));
+  EXPECT_EQ(parse("{batchSize: [4], learningRate: [0.001]}").front(), "j-lr1e-3-bs4");
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include "agent/rpc/tls.h"
 #include "proto/trial_proto.h"
 #include "tests/fakes/fake_executor.h"
+#include "tests/fakes/subprocess.h"
 #include "tests/fakes/test_certs.h"
 
 namespace hydra::agent {
@@ -408,6 +409,43 @@ TEST(TlsFilesTest, MissingOrBrokenFilesAreNamed) {
   auto ca_only = MakeServerCredentials({"", "", "/ca.pem"});
   EXPECT_EQ(ca_only.status().code(), StatusCode::kInvalidArgument);
   EXPECT_TRUE(MakeServerCredentials({"", "", ""}).ok());
+}
+
+}  // namespace
+}  // namespace hydra::agent
+
+namespace hydra::agent {
+namespace {
+
+TEST_F(AgentServiceTest, FencingStopsTheOlderHolderAndRefusesOlderAssignments) {
+  factory_.step_delay = std::chrono::milliseconds(5);
+  StartServer();
+  auto stub = Client();
+  auto first = Request("moving", 100000);
+  first.set_attempt(1);
+  ASSERT_TRUE(Assign(*stub, first).ok());
+  ASSERT_TRUE(WaitFor(*stub, [](const v1::GetStatusResponse& s) {
+    return s.trials_size() == 1 && s.trials(0).step() >= 3;
+  }));
+  EXPECT_EQ(StatusOf(*stub).trials(0).attempt(), 1);
+  // Another agent takes the trial over (attempt 2 in the same shared checkpoint directory):
+  // this one stops before its next step and never writes another checkpoint.
+  std::ofstream(dir_ / "ckpt" / "moving" / "ATTEMPT") << "2\n";
+  ASSERT_TRUE(WaitFor(
+      *stub, [](const v1::GetStatusResponse& s) { return s.trials(0).state() == v1::CANCELLED; }));
+  EXPECT_THAT(StatusOf(*stub).trials(0).message(), HasSubstr("superseded: attempt 2"));
+  // An assignment older than the recorded attempt is refused, and changes nothing.
+  auto stale = Request("moving", 100000);
+  stale.set_attempt(1);
+  grpc::Status s = Assign(*stub, stale);
+  EXPECT_EQ(s.error_code(), grpc::FAILED_PRECONDITION);
+  EXPECT_THAT(s.error_message(), HasSubstr("stale assignment"));
+  EXPECT_EQ(StatusOf(*stub).trials(0).state(), v1::CANCELLED);
+  // The current attempt may come here.
+  auto current = Request("moving", 100000);
+  current.set_attempt(2);
+  EXPECT_TRUE(Assign(*stub, current).ok());
+  EXPECT_EQ(fakes::Slurp((dir_ / "ckpt" / "moving" / "ATTEMPT").string()), "2\n");
 }
 
 }  // namespace

@@ -1,0 +1,66 @@
+#pragma once
+
+#include <stdlib.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <utility>
+
+/// Helpers for tests on the Kubernetes test control plane (tests/envtest).
+namespace hydra::fakes {
+
+/// Runs a shell command; its exit code and combined output.
+inline std::pair<int, std::string> Sh(const std::string& cmd) {
+  std::string out;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return {-1, ""};
+  std::array<char, 4096> buf{};
+  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+/// Polls `pred` every 200 ms for at most `seconds`.
+inline bool Eventually(const std::function<bool()>& pred, int seconds) {
+  for (int i = 0; i < seconds * 5; ++i) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  return pred();
+}
+
+/// tests/envtest/up into `dir`, exporting what it prints (KUBECONFIG, and PATH when it built
+/// its own kubectl) into this process's environment, then applies crds/multimodeljob.yaml.
+/// Returns "" on success, else what went wrong.
+inline std::string StartControlPlaneWithCrd(const std::filesystem::path& dir) {
+  const std::string src = HYDRA_SOURCE_DIR;
+  auto [rc, out] = Sh(src + "/tests/envtest/up --dir " + dir.string());
+  if (rc != 0) return "envtest/up failed:\n" + out;
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("export ", 0) != 0) continue;
+    const auto eq = line.find('=');
+    std::string value = line.substr(eq + 1);
+    if (!value.empty() && value.front() == '"') value = value.substr(1, value.size() - 2);
+    const std::string name = line.substr(7, eq - 7);
+    if (name == "PATH") value.replace(value.find("$PATH"), 5, getenv("PATH"));
+    setenv(name.c_str(), value.c_str(), 1);
+  }
+  auto crd = Sh("kubectl apply -f " + src +
+                "/crds/multimodeljob.yaml && kubectl wait --for=condition=Established "
+                "crd/multimodeljobs.hydra.dev --timeout=60s");
+  return crd.first == 0 ? "" : "CRD: " + crd.second;
+}
+
+inline void StopControlPlane(const std::filesystem::path& dir) {
+  Sh(std::string(HYDRA_SOURCE_DIR) + "/tests/envtest/down --dir " + dir.string());
+}
+
+}  // namespace hydra::fakes

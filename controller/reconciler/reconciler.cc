@@ -18,8 +18,11 @@ namespace cond = conditions;
 using kube::Json;
 using Clock = std::chrono::steady_clock;
 
-bool Final(const std::string& state) {
-  return state == kTrialSucceeded || state == kTrialFailed || state == kTrialCancelled;
+bool HasOurFinalizer(const Json& metadata) {
+  for (const auto& f : metadata.value("finalizers", Json::array())) {
+    if (f == cond::kFinalizer) return true;
+  }
+  return false;
 }
 
 void SetNumber(Json& j, const char* key, double v) {
@@ -113,7 +116,7 @@ Status Reconciler::Finalize(Json& job) {
   for (const auto& t : job["status"].value("trials", Json::array())) {
     const std::string endpoint = t.value("agentEndpoint", "");
     if (endpoint.empty()) continue;
-    if (Final(t.value("state", "")) && !delete_checkpoints) continue;
+    if (IsFinalTrialState(t.value("state", "")) && !delete_checkpoints) continue;
     Status s = agents_->Cancel(endpoint, t.value("name", ""), delete_checkpoints);
     if (s.ok()) {
       ++cancelled;
@@ -154,18 +157,11 @@ StatusOr<ReconcileResult> Reconciler::Reconcile(const std::string& ns, const std
   const int64_t generation = md.value("generation", int64_t{1});
 
   if (md.contains("deletionTimestamp")) {
-    bool ours = false;
-    for (const auto& f : md.value("finalizers", Json::array()))
-      ours = ours || f == cond::kFinalizer;
-    if (ours) RETURN_IF_ERROR(Finalize(job));
+    if (HasOurFinalizer(md)) RETURN_IF_ERROR(Finalize(job));
     return result;
   }
   // The finalizer comes before any state outside the API server (trials on agents).
-  bool has_finalizer = false;
-  for (const auto& f : md.value("finalizers", Json::array())) {
-    has_finalizer = has_finalizer || f == cond::kFinalizer;
-  }
-  if (!has_finalizer) {
+  if (!HasOurFinalizer(md)) {
     // With the resourceVersion just read; a conflict means someone else wrote: start over.
     md["finalizers"] = md.value("finalizers", Json::array());
     md["finalizers"].push_back(cond::kFinalizer);
@@ -270,7 +266,7 @@ StatusOr<ReconcileResult> Reconciler::Reconcile(const std::string& ns, const std
   };
   for (auto& [n, e] : entries) {
     const std::string ep = e.value("agentEndpoint", "");
-    if (ep.empty() || Final(e.value("state", ""))) continue;
+    if (ep.empty() || IsFinalTrialState(e.value("state", ""))) continue;
     auto report = reports.find(ep);
     if (report == reports.end()) {
       const double silent = agents_->SecondsSinceContact(ep);
@@ -350,7 +346,8 @@ StatusOr<ReconcileResult> Reconciler::Reconcile(const std::string& ns, const std
       Json& e = entries[t.name()];
       const std::string mine = e.value("agentEndpoint", "");
       if (mine == ep) continue;
-      if (mine.empty() && !Final(e.value("state", "")) && t.attempt() >= e.value("attempt", 0)) {
+      if (mine.empty() && !IsFinalTrialState(e.value("state", "")) &&
+          t.attempt() >= e.value("attempt", 0)) {
         e["agent"] = report.node_name();
         e["agentEndpoint"] = ep;
         e["attempt"] = t.attempt();
@@ -417,6 +414,10 @@ StatusOr<ReconcileResult> Reconciler::Reconcile(const std::string& ns, const std
   for (const auto& [n, why] : no_room) entries[n]["message"] = "waiting for an agent: " + why;
 
   // Counts, best trial, conditions, times.
+  std::map<std::string, std::string> old_states;  // as last written, for transition Events
+  for (const auto& o : old_status.value("trials", Json::array())) {
+    old_states[o.value("name", "")] = o.value("state", "");
+  }
   Json list = Json::array();
   int pending = 0, running = 0, succeeded = 0, failed = 0;
   std::string best;
@@ -435,10 +436,7 @@ StatusOr<ReconcileResult> Reconciler::Reconcile(const std::string& ns, const std
       best = t.name;
     }
     // Events on state changes since the last written status.
-    std::string before;
-    for (const auto& o : old_status.value("trials", Json::array())) {
-      if (o.value("name", "") == t.name) before = o.value("state", "");
-    }
+    const std::string before = old_states.count(t.name) ? old_states[t.name] : "";
     if (before != state && state == kTrialSucceeded) {
       Event(job, "Normal", cond::kEventTrialSucceeded,
             t.name + " succeeded; validation loss " +
@@ -470,8 +468,8 @@ StatusOr<ReconcileResult> Reconciler::Reconcile(const std::string& ns, const std
   if (all_final && !was_final) status["completionTime"] = kube::TimeNow();
   int unplaced = 0;
   for (const auto& [n, e] : entries) {
-    unplaced +=
-        by_name.count(n) && !Final(e.value("state", "")) && e.value("agentEndpoint", "").empty();
+    unplaced += by_name.count(n) && !IsFinalTrialState(e.value("state", "")) &&
+                e.value("agentEndpoint", "").empty();
   }
   SetCondition(conds, cond::kProgressing, !all_final,
                all_final ? cond::kFinished : cond::kTrialsTraining,

@@ -18,9 +18,9 @@
 #include <fstream>
 #include <thread>
 
-#include "common/http/http_server.h"
 #include "agent/metrics/agent_metrics.h"
 #include "agent/rpc/agent_service.h"
+#include "common/http/http_server.h"
 #include "proto/trial_proto.h"
 #include "tests/fakes/fake_executor.h"
 #include "tests/fakes/subprocess.h"
@@ -161,8 +161,8 @@ int main(int argc, char** argv) {
                       int64_t{8} << 30, 0.97);
   }
   for (int i = 0; i < trials; ++i) {
-    metrics.SetTrialProgress("sweep", "sweep-trial-" + std::to_string(i), 1234 + i, 3.2, 3.4,
-                             15000.0 + i);
+    metrics.SetTrialProgress("default", "sweep", "sweep-trial-" + std::to_string(i), 1234 + i, 3.2,
+                             3.4, 15000.0 + i);
   }
   metrics.AddSpillBytes("disk", "read", 1 << 30);
   metrics.AddSpillBytes("disk", "write", 1 << 30);

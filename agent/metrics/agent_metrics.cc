@@ -150,17 +150,21 @@ void AgentMetrics::SetTrialsByState(const std::map<std::string, int64_t>& counts
   }
 }
 
-void AgentMetrics::SetTrialProgress(const std::string& job, const std::string& trial, int64_t step,
-                                    double train_loss, double validation_loss,
-                                    double tokens_per_second) {
-  const prometheus::Labels l{{"job", job}, {"trial", trial}};
+void AgentMetrics::SetTrialProgress(const std::string& ns, const std::string& job,
+                                    const std::string& trial, int64_t step, double train_loss,
+                                    double validation_loss, double tokens_per_second) {
+  const prometheus::Labels l{{"namespace", ns}, {"job", job}, {"trial", trial}};
   impl_->step.Add(l).Set(static_cast<double>(step));
   impl_->tokens.Add(l).Set(tokens_per_second);
   if (std::isfinite(train_loss)) {
-    impl_->loss.Add({{"job", job}, {"trial", trial}, {"split", "train"}}).Set(train_loss);
+    auto split = l;
+    split["split"] = "train";
+    impl_->loss.Add(split).Set(train_loss);
   }
   if (std::isfinite(validation_loss)) {
-    impl_->loss.Add({{"job", job}, {"trial", trial}, {"split", "validation"}}).Set(validation_loss);
+    auto split = l;
+    split["split"] = "validation";
+    impl_->loss.Add(split).Set(validation_loss);
   }
 }
 

@@ -29,8 +29,9 @@ class AgentMetrics {
   /// Trials per state; states missing from `counts` read 0.
   void SetTrialsByState(const std::map<std::string, int64_t>& counts);
   /// A trial's latest progress; a NaN loss leaves that split's series out.
-  void SetTrialProgress(const std::string& job, const std::string& trial, int64_t step,
-                        double train_loss, double validation_loss, double tokens_per_second);
+  void SetTrialProgress(const std::string& ns, const std::string& job, const std::string& trial,
+                        int64_t step, double train_loss, double validation_loss,
+                        double tokens_per_second);
   void AddSpillBytes(const std::string& tier, const std::string& direction, int64_t bytes);
   void AddShardTasks(const std::string& phase, int64_t tasks);
   void ObserveCheckpoint(double seconds);

@@ -178,6 +178,7 @@ grpc::Status AgentService::AssignTrial(grpc::ServerContext* context,
   const std::string ckpt_dir = fs::path(request->checkpoint_dir()).lexically_normal().string();
   std::map<std::string, std::string> states;
   for (const auto& [name, state] : scheduler_->States()) states[name] = state;
+  int64_t superseded_here = -1;  // an older attempt of this trial still active on this node
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (shut_down_) return grpc::Status(grpc::UNAVAILABLE, "the agent is shutting down");
@@ -186,6 +187,13 @@ grpc::Status AgentService::AssignTrial(grpc::ServerContext* context,
       auto it = states.find(name);
       const bool active = it != states.end() && !IsFinal(it->second);
       known += 1;
+      if (name == trial.name && it != states.end() && active && request->attempt() > 0 &&
+          info.attempt < request->attempt()) {
+        // The controller gave up on that attempt (this node was cut off, say) and now brings
+        // the trial back: the old copy must stop before the new one may start.
+        superseded_here = info.attempt;
+        break;
+      }
       if (name == trial.name && it != states.end() && (active || it->second == kTrialSucceeded)) {
         return grpc::Status(grpc::ALREADY_EXISTS, "trial " + name + " is already on node " +
                                                       config_.node_name + " (" + it->second + ")");
@@ -200,6 +208,14 @@ grpc::Status AgentService::AssignTrial(grpc::ServerContext* context,
                                                         " already holds " + std::to_string(known) +
                                                         " trials (the limit)");
     }
+  }
+  if (superseded_here >= 0) {
+    Status cancelled = scheduler_->Cancel(trial.name);
+    return grpc::Status(grpc::UNAVAILABLE,
+                        "trial " + trial.name + ": attempt " + std::to_string(superseded_here) +
+                            " is still stopping on node " + config_.node_name + " (" +
+                            (cancelled.ok() ? "cancelled" : cancelled.message()) +
+                            "); retry attempt " + std::to_string(request->attempt()));
   }
   // Resume-from: what the checkpoint directory holds must match what the controller expects.
   const auto steps = executor::CheckpointStore(ckpt_dir).Steps();
@@ -495,8 +511,9 @@ void AgentService::OnTrialUpdate(const TrialResult& snapshot) {
     Broadcast(event);
   }
   if (metrics_) {
-    metrics_->SetTrialProgress(job, snapshot.trial.name, snapshot.step, event.trial().train_loss(),
-                               event.trial().validation_loss(), snapshot.tokens_per_second);
+    metrics_->SetTrialProgress(event.trial().namespace_(), job, snapshot.trial.name, snapshot.step,
+                               event.trial().train_loss(), event.trial().validation_loss(),
+                               snapshot.tokens_per_second);
     metrics_->AddSpillBytes("disk", "read", read_delta);
     metrics_->AddSpillBytes("disk", "write", write_delta);
   }

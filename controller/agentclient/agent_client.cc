@@ -18,10 +18,12 @@ hydra::Status FromGrpc(const grpc::Status& s, const std::string& what) {
 }
 
 StatusOr<std::unique_ptr<GrpcAgentPool>> GrpcAgentPool::Create(
-    const AgentTls& tls, std::chrono::milliseconds refresh, std::chrono::milliseconds rpc_timeout) {
+    const AgentTls& tls, std::chrono::milliseconds refresh, std::chrono::milliseconds rpc_timeout,
+    std::chrono::milliseconds status_timeout) {
   std::unique_ptr<GrpcAgentPool> pool(new GrpcAgentPool());
   pool->refresh_ = refresh;
   pool->rpc_timeout_ = rpc_timeout;
+  pool->status_timeout_ = status_timeout;
   if (tls.ca_file.empty()) {
     if (!tls.cert_file.empty()) {
       return InvalidArgumentError("--agent-tls-cert-file needs --agent-tls-ca-file");
@@ -82,10 +84,17 @@ StatusOr<v1::GetStatusResponse> GrpcAgentPool::LastStatus(const std::string& end
                               ? std::string()
                               : ": " + it->second.last_error));
   }
+  const auto age = Clock::now() - it->second.last_ok_at;
+  const double seconds = std::chrono::duration<double>(age).count();
   if (!it->second.last_ok) {
-    const double age = std::chrono::duration<double>(Clock::now() - it->second.last_ok_at).count();
     return UnavailableError("agent " + endpoint + " unreachable for " +
-                            std::to_string(static_cast<int>(age)) + " s: " + it->second.last_error);
+                            std::to_string(static_cast<int>(seconds)) +
+                            " s: " + it->second.last_error);
+  }
+  if (age > refresh_ + status_timeout_) {
+    // The poll in flight has not come back: a cut network drops packets without an error.
+    return UnavailableError("agent " + endpoint + " has not answered for " +
+                            std::to_string(static_cast<int>(seconds)) + " s");
   }
   return it->second.last;
 }
@@ -109,7 +118,7 @@ double GrpcAgentPool::SecondsSinceContact(const std::string& endpoint) {
 void GrpcAgentPool::Refresh(const std::string& endpoint) {
   auto* stub = StubFor(endpoint);
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + rpc_timeout_);
+  ctx.set_deadline(std::chrono::system_clock::now() + status_timeout_);
   v1::GetStatusResponse resp;
   grpc::Status s = stub->GetStatus(&ctx, {}, &resp);
   std::lock_guard<std::mutex> lock(mu_);
@@ -136,7 +145,12 @@ void GrpcAgentPool::RefreshAll() {
     std::lock_guard<std::mutex> lock(mu_);
     endpoints = tracked_;
   }
-  for (const auto& endpoint : endpoints) Refresh(endpoint);
+  // All at once: an endpoint whose calls hang until the deadline delays no other.
+  std::vector<std::thread> polls;
+  polls.reserve(endpoints.size());
+  for (const auto& endpoint : endpoints)
+    polls.emplace_back([this, endpoint] { Refresh(endpoint); });
+  for (auto& t : polls) t.join();
 }
 
 void GrpcAgentPool::Loop() {

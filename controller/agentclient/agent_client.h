@@ -45,12 +45,16 @@ class AgentPoolInterface {
   virtual double SecondsSinceContact(const std::string& endpoint) = 0;
 };
 
-/// gRPC implementation: one channel per endpoint, GetStatus polled every `refresh`.
+/// gRPC implementation: one channel per endpoint, GetStatus polled every `refresh` on every
+/// tracked endpoint at once (a silent one does not hold up the others), each call bounded by
+/// `status_timeout`. A copy older than `refresh + status_timeout` (a call hangs: the network
+/// is cut) reads UNAVAILABLE, so a cut-off agent is not reported alive from its last answer.
 class GrpcAgentPool : public AgentPoolInterface {
  public:
   static StatusOr<std::unique_ptr<GrpcAgentPool>> Create(
       const AgentTls& tls, std::chrono::milliseconds refresh = std::chrono::milliseconds(1000),
-      std::chrono::milliseconds rpc_timeout = std::chrono::milliseconds(10000));
+      std::chrono::milliseconds rpc_timeout = std::chrono::milliseconds(10000),
+      std::chrono::milliseconds status_timeout = std::chrono::milliseconds(3000));
   ~GrpcAgentPool() override;
 
   Status Assign(const std::string& endpoint, const v1::AssignTrialRequest& request,
@@ -80,7 +84,7 @@ class GrpcAgentPool : public AgentPoolInterface {
   void Loop();
 
   std::shared_ptr<grpc::ChannelCredentials> creds_;
-  std::chrono::milliseconds refresh_{1000}, rpc_timeout_{10000};
+  std::chrono::milliseconds refresh_{1000}, rpc_timeout_{10000}, status_timeout_{3000};
   std::mutex mu_;
   std::map<std::string, Entry> entries_;
   std::vector<std::string> tracked_;

@@ -6,7 +6,10 @@
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 
+#include <algorithm>
 #include <mutex>
+#include <utility>
+#include <vector>
 
 #include "common/trial_result.h"
 #include "controller/metrics/metric_names.h"
@@ -40,8 +43,19 @@ struct ControllerMetrics::Impl {
                                  .Add({});
   prometheus::Family<prometheus::Gauge>& trials = prometheus::BuildGauge()
                                                       .Name(mn::kTrials)
-                                                      .Help("Trials of all jobs by state")
+                                                      .Help("Trials of a job by state")
                                                       .Register(*registry);
+  prometheus::Family<prometheus::Counter>& restarts =
+      prometheus::BuildCounter()
+          .Name(mn::kTrialRestartsTotal)
+          .Help("Trials sent back to placement (or failed for spec.maxRestarts), by reason")
+          .Register(*registry);
+  prometheus::Counter& agents_lost =
+      prometheus::BuildCounter()
+          .Name(mn::kAgentsLostTotal)
+          .Help("Agents found lost: no answer over gRPC and gone from Prometheus")
+          .Register(*registry)
+          .Add({});
   prometheus::Gauge& leader = prometheus::BuildGauge()
                                   .Name(mn::kIsLeader)
                                   .Help("1 while this replica leads")
@@ -53,24 +67,12 @@ struct ControllerMetrics::Impl {
                                          .Register(*registry)
                                          .Add({});
   std::mutex mu;
-  std::map<std::string, std::map<std::string, int>> per_job;
-
-  void Publish() {
-    std::map<std::string, int> sum;
-    for (const auto& [job, states] : per_job) {
-      for (const auto& [s, n] : states) sum[s] += n;
-    }
-    for (const char* s : {kTrialPending, kTrialRunning, kTrialSucceeded, kTrialFailed,
-                          kTrialInterrupted, kTrialCancelled}) {
-      trials.Add({{"state", s}}).Set(sum.count(s) ? sum[s] : 0);
-    }
-  }
+  /// Series per job, removed when the job is deleted.
+  std::map<std::pair<std::string, std::string>, std::vector<prometheus::Gauge*>> job_gauges;
+  std::map<std::pair<std::string, std::string>, std::vector<prometheus::Counter*>> job_counters;
 };
 
-ControllerMetrics::ControllerMetrics() : impl_(std::make_unique<Impl>()) {
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  impl_->Publish();
-}
+ControllerMetrics::ControllerMetrics() : impl_(std::make_unique<Impl>()) {}
 ControllerMetrics::~ControllerMetrics() = default;
 
 void ControllerMetrics::ObserveReconcile(const std::string& result, double seconds) {
@@ -81,16 +83,37 @@ void ControllerMetrics::ObserveReconcile(const std::string& result, double secon
 void ControllerMetrics::SetQueueDepth(size_t depth) {
   impl_->depth.Set(static_cast<double>(depth));
 }
-void ControllerMetrics::SetJobTrials(const std::string& job_key,
+void ControllerMetrics::SetJobTrials(const std::string& ns, const std::string& job,
                                      const std::map<std::string, int>& by_state) {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  impl_->per_job[job_key] = by_state;
-  impl_->Publish();
+  auto& gauges = impl_->job_gauges[{ns, job}];
+  gauges.clear();
+  for (const char* s : {kTrialPending, kTrialRunning, kTrialSucceeded, kTrialFailed,
+                        kTrialInterrupted, kTrialCancelled}) {
+    auto it = by_state.find(s);
+    auto& g = impl_->trials.Add({{"namespace", ns}, {"job", job}, {"state", s}});
+    g.Set(it == by_state.end() ? 0 : it->second);
+    gauges.push_back(&g);
+  }
 }
-void ControllerMetrics::ForgetJob(const std::string& job_key) {
+void ControllerMetrics::AddTrialRestarts(const std::string& ns, const std::string& job,
+                                         const std::string& reason, int n) {
+  if (n <= 0) return;
   std::lock_guard<std::mutex> lock(impl_->mu);
-  impl_->per_job.erase(job_key);
-  impl_->Publish();
+  auto& c = impl_->restarts.Add({{"namespace", ns}, {"job", job}, {"reason", reason}});
+  c.Increment(n);
+  auto& mine = impl_->job_counters[{ns, job}];
+  if (std::find(mine.begin(), mine.end(), &c) == mine.end()) mine.push_back(&c);
+}
+void ControllerMetrics::ForgetJob(const std::string& ns, const std::string& job) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  for (auto* g : impl_->job_gauges[{ns, job}]) impl_->trials.Remove(g);
+  for (auto* c : impl_->job_counters[{ns, job}]) impl_->restarts.Remove(c);
+  impl_->job_gauges.erase({ns, job});
+  impl_->job_counters.erase({ns, job});
+}
+void ControllerMetrics::AddAgentsLost(int n) {
+  if (n > 0) impl_->agents_lost.Increment(n);
 }
 void ControllerMetrics::SetLeader(bool leader) { impl_->leader.Set(leader ? 1 : 0); }
 void ControllerMetrics::AddAssignments(int n) {

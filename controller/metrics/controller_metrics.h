@@ -14,9 +14,16 @@ class ControllerMetrics {
   ~ControllerMetrics();
   void ObserveReconcile(const std::string& result, double seconds);
   void SetQueueDepth(size_t depth);
-  /// Trials by state of one job; the gauge sums over jobs.
-  void SetJobTrials(const std::string& job_key, const std::map<std::string, int>& by_state);
-  void ForgetJob(const std::string& job_key);
+  /// Trials by state of one job (`hydra_controller_trials{namespace,job,state}`).
+  void SetJobTrials(const std::string& ns, const std::string& job,
+                    const std::map<std::string, int>& by_state);
+  /// Adds n restarts of a job's trials for one reason (agent_lost, agent_drained, ...).
+  void AddTrialRestarts(const std::string& ns, const std::string& job, const std::string& reason,
+                        int n);
+  /// Adds agents found lost (no answer and gone from Prometheus).
+  void AddAgentsLost(int n);
+  /// Drops a deleted job's series.
+  void ForgetJob(const std::string& ns, const std::string& job);
   void SetLeader(bool leader);
   void AddAssignments(int n);
   std::string Render() const;

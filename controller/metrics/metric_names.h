@@ -17,5 +17,7 @@ inline constexpr char kTrials[] = "hydra_controller_trials";
 inline constexpr char kIsLeader[] = "hydra_controller_is_leader";
 // Counter: trials assigned to agents.
 inline constexpr char kAssignmentsTotal[] = "hydra_controller_assignments_total";
+inline constexpr char kAgentsLostTotal[] = "hydra_controller_agents_lost_total";
+inline constexpr char kTrialRestartsTotal[] = "hydra_controller_trial_restarts_total";
 
 }  // namespace hydra::controller::metric_names

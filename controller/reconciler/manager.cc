@@ -23,7 +23,10 @@ void Manager::Start() {
         kube_, kMultiModelJobs, ns, [this](const std::string& type, const kube::Json& o) {
           const std::string key = kube::ObjectKey(o);
           if (type == "DELETED") {
-            if (metrics_) metrics_->ForgetJob(key);
+            if (metrics_) {
+              metrics_->ForgetJob(o["metadata"].value("namespace", ""),
+                                  o["metadata"].value("name", ""));
+            }
             return;
           }
           queue_.Add(key);
@@ -74,7 +77,11 @@ void Manager::Work() {
     if (metrics_) {
       metrics_->ObserveReconcile(r->requeue_after.count() > 0 ? "requeue" : "success", seconds);
       metrics_->AddAssignments(r->assigned);
-      metrics_->SetJobTrials(*key, r->trials_by_state);
+      metrics_->SetJobTrials(ns, name, r->trials_by_state);
+      metrics_->AddAgentsLost(r->agents_lost);
+      for (const auto& [reason, n] : r->restarts_by_reason) {
+        metrics_->AddTrialRestarts(ns, name, reason, n);
+      }
     }
     if (r->requeue_after.count() > 0) queue_.AddAfter(*key, r->requeue_after);
   }

@@ -246,11 +246,18 @@ StatusOr<ReconcileResult> Reconciler::Reconcile(const std::string& ns, const std
     }
     reports[ep] = std::move(r).value();
   }
+  {
+    std::lock_guard<std::mutex> lock(lost_mu_);
+    for (const auto& [ep, r] : reports) lost_agents_.erase(ep);
+  }
   std::set<std::string> in_inventory;
   if (inventory.ok()) {
     for (const auto& a : *inventory) in_inventory.insert(a.endpoint);
   }
-  auto requeue = [&](const std::string& n, Json& e, const std::string& why) {
+  std::map<std::string, int> restarts;
+  auto requeue = [&](const std::string& n, Json& e, const std::string& reason,
+                     const std::string& why) {
+    restarts[reason] += 1;
     e["restarts"] = e.value("restarts", 0) + 1;
     e.erase("agent");
     e.erase("agentEndpoint");
@@ -270,10 +277,16 @@ StatusOr<ReconcileResult> Reconciler::Reconcile(const std::string& ns, const std
     auto report = reports.find(ep);
     if (report == reports.end()) {
       const double silent = agents_->SecondsSinceContact(ep);
+      // Both signals must agree; without an inventory (Prometheus unreachable) nothing is
+      // declared lost: the controller's own blip must not move every trial.
       const bool lost = silent * 1000 > static_cast<double>(options_.agent_lost_after.count()) &&
-                        !in_inventory.count(ep);
+                        inventory.ok() && !in_inventory.count(ep);
       if (lost) {
-        requeue(n, e,
+        {
+          std::lock_guard<std::mutex> lock(lost_mu_);
+          result.agents_lost += lost_agents_.insert(ep).second;
+        }
+        requeue(n, e, "agent_lost",
                 "agent " + e.value("agent", ep) + " lost (no answer for " +
                     std::to_string(static_cast<int>(silent)) + " s and gone from Prometheus)");
         continue;
@@ -285,9 +298,16 @@ StatusOr<ReconcileResult> Reconciler::Reconcile(const std::string& ns, const std
       }
       continue;  // not reached yet, or a blip: keep the last known state
     }
+    // A copy of an older attempt is not ours (it is stopping: the agent refuses to start a
+    // newer attempt next to it), unless it finished: its results are the trial's results.
+    const int64_t attempt = e.value("attempt", int64_t{0});
+    auto ours = [&](const v1::TrialStatus& t) {
+      return t.name() == n && t.job() == name && t.namespace_() == ns &&
+             (t.attempt() >= attempt || t.state() == v1::SUCCEEDED);
+    };
     const v1::TrialStatus* found = nullptr;
     for (const auto& t : report->second.trials()) {
-      if (t.name() == n && t.job() == name && t.namespace_() == ns) found = &t;
+      if (ours(t)) found = &t;
     }
     if (found == nullptr) {
       // The background copy may predate the assignment: ask the agent itself before
@@ -296,7 +316,7 @@ StatusOr<ReconcileResult> Reconciler::Reconcile(const std::string& ns, const std
       if (!fresh.ok()) continue;  // unreachable now: the lost-agent rule decides later
       report->second = std::move(fresh).value();
       for (const auto& t : report->second.trials()) {
-        if (t.name() == n && t.job() == name && t.namespace_() == ns) found = &t;
+        if (ours(t)) found = &t;
       }
     }
     if (found == nullptr || found->state() == v1::INTERRUPTED ||
@@ -304,6 +324,9 @@ StatusOr<ReconcileResult> Reconciler::Reconcile(const std::string& ns, const std
       // The agent lost it (restarted), drained it (preemption notice) or had it cancelled
       // under it: place it again; it resumes from its newest checkpoint.
       requeue(n, e,
+              found == nullptr                    ? "agent_forgot"
+              : found->state() == v1::INTERRUPTED ? "agent_drained"
+                                                  : "cancelled",
               found ? std::string(found->state() == v1::INTERRUPTED ? "interrupted on "
                                                                     : "cancelled on ") +
                           e.value("agent", ep) + " at step " + std::to_string(found->step())
@@ -522,6 +545,7 @@ StatusOr<ReconcileResult> Reconciler::Reconcile(const std::string& ns, const std
       return result;
     }
   }
+  result.restarts_by_reason = std::move(restarts);
   if (!all_final) result.requeue_after = options_.progress_resync;
   return result;
 }

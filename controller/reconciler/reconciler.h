@@ -4,6 +4,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,12 @@ struct ReconcileResult {
   std::chrono::milliseconds requeue_after{0};  ///< 0: until the next watch event
   int assigned = 0;
   std::map<std::string, int> trials_by_state;
+  /// Trials this pass sent back to placement (or failed for spec.maxRestarts), by reason:
+  /// agent_lost, agent_drained, agent_forgot, cancelled. Only passes whose status write
+  /// landed report them, so a retried pass does not count twice.
+  std::map<std::string, int> restarts_by_reason;
+  /// Agents this pass found lost (each counted once until it answers again).
+  int agents_lost = 0;
 };
 
 struct ReconcilerOptions {
@@ -74,6 +81,8 @@ class Reconciler {
   AgentPoolInterface* agents_;
   InventorySourceInterface* inventory_;
   ReconcilerOptions options_;
+  std::mutex lost_mu_;
+  std::set<std::string> lost_agents_;  ///< endpoints found lost that have not answered since
 };
 
 /// Sets condition `type` in a status's conditions array; lastTransitionTime changes only when

@@ -325,6 +325,7 @@ TEST_F(ChaosTest, EveryTrialSucceedsWithTheUndisturbedLossesAndBoundedRework) {
               kCheckpointEvery);
   for (const auto& k : kills) {
     int64_t worst = 0;
+    int moved = 0;
     std::string detail;
     for (const auto& [key, step] : k.steps) {
       int64_t next_resume = -1;
@@ -339,6 +340,7 @@ TEST_F(ChaosTest, EveryTrialSucceedsWithTheUndisturbedLossesAndBoundedRework) {
         detail += " " + key.first + ":stayed";
         continue;
       }
+      ++moved;
       const int64_t redone = std::max<int64_t>(0, step - next_resume);
       worst = std::max(worst, redone);
       detail += " " + key.first + ":" + std::to_string(redone);
@@ -347,6 +349,17 @@ TEST_F(ChaosTest, EveryTrialSucceedsWithTheUndisturbedLossesAndBoundedRework) {
     std::printf("  %-24s max %3lld steps redone;%s\n", k.what.c_str(),
                 static_cast<long long>(worst),
                 k.steps.empty() ? " (no trial was running there)" : detail.c_str());
+    if (k.what.rfind("network cut", 0) == 0) {
+      // Cut for longer than --agent-lost-seconds: the controller must have moved its trials.
+      EXPECT_GT(moved, 0) << "no trial moved off the cut-off node:" << detail;
+      // The cut-off node came back with its old copies: none may have run to the end.
+      const auto back = StatusOf(nodes_[2]);
+      for (const auto& t : back.trials()) {
+        if (k.steps.count({t.name(), t.attempt()})) {
+          EXPECT_NE(t.state(), v1::SUCCEEDED) << t.name() << " finished on the stale node";
+        }
+      }
+    }
   }
   // The stale node-c copies stopped: nothing but the final attempts ran to the end.
   for (const auto& n : nodes_) {

@@ -145,7 +145,10 @@ TEST_F(AgentServiceTest, AssignedTrialsTrainAndReportThroughStatusAndMetrics) {
   }
   service_->Tick();
   const std::string text = metrics_->Render();
-  EXPECT_THAT(text, HasSubstr("hydra_trial_step{node=\"node-a\",job=\"job-1\",trial=\"t-a\"} 12"));
+  EXPECT_THAT(
+      text,
+      HasSubstr(
+          "hydra_trial_step{node=\"node-a\",job=\"job-1\",namespace=\"ns\",trial=\"t-a\"} 12"));
   EXPECT_THAT(text, HasSubstr("split=\"validation\""));
   EXPECT_THAT(text, HasSubstr("hydra_shard_tasks_total{node=\"node-a\",phase=\"forward\"} 20"));
   EXPECT_THAT(text, HasSubstr("hydra_agent_trials{node=\"node-a\",state=\"Succeeded\"} 2"));
@@ -446,6 +449,34 @@ TEST_F(AgentServiceTest, FencingStopsTheOlderHolderAndRefusesOlderAssignments) {
   current.set_attempt(2);
   EXPECT_TRUE(Assign(*stub, current).ok());
   EXPECT_EQ(fakes::Slurp((dir_ / "ckpt" / "moving" / "ATTEMPT").string()), "2\n");
+}
+
+TEST_F(AgentServiceTest, ANewerAttemptOfATrialStillHereStopsTheOldCopyFirst) {
+  // The controller lost this node (a network cut), moved the trial away and, later, back here
+  // while the old copy still runs: ALREADY_EXISTS would make it believe the new attempt runs.
+  factory_.step_delay = std::chrono::milliseconds(5);
+  StartServer();
+  auto stub = Client();
+  auto first = Request("returning", 100000);
+  first.set_attempt(1);
+  ASSERT_TRUE(Assign(*stub, first).ok());
+  ASSERT_TRUE(WaitFor(*stub, [](const v1::GetStatusResponse& s) {
+    return s.trials_size() == 1 && s.trials(0).step() >= 3;
+  }));
+  auto again = Request("returning", 100000);
+  again.set_attempt(3);
+  grpc::Status s = Assign(*stub, again);
+  EXPECT_EQ(s.error_code(), grpc::UNAVAILABLE);
+  EXPECT_THAT(s.error_message(), HasSubstr("attempt 1 is still stopping"));
+  ASSERT_TRUE(WaitFor(
+      *stub, [](const v1::GetStatusResponse& s) { return s.trials(0).state() == v1::CANCELLED; }));
+  // The retry lands, and what runs is the new attempt.
+  ASSERT_TRUE(Assign(*stub, again).ok());
+  ASSERT_TRUE(WaitFor(*stub, [](const v1::GetStatusResponse& s) {
+    return s.trials_size() == 1 && s.trials(0).attempt() == 3 && s.trials(0).state() == v1::RUNNING;
+  }));
+  // The same attempt again is the idempotent retry of a lost answer.
+  EXPECT_EQ(Assign(*stub, again).error_code(), grpc::ALREADY_EXISTS);
 }
 
 }  // namespace

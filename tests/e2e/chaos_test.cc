@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
@@ -427,6 +428,87 @@ TEST_F(ChaosTest, ATrialThatKeepsLosingItsAgentFailsAfterMaxRestarts) {
   EXPECT_THAT(t.value("message", ""), ::testing::HasSubstr("more than spec.maxRestarts (1)"));
   auto events = Sh("kubectl get events --field-selector involvedObject.name=fragile");
   EXPECT_THAT(events.second, ::testing::HasSubstr("TrialRequeued"));
+}
+
+TEST_F(ChaosTest, ACorruptNewestCheckpointFallsBackToThePreviousOneWithAnEvent) {
+  std::string m = kManifest;
+  auto replace = [&](const std::string& from, const std::string& to) {
+    m.replace(m.find(from), from.size(), to);
+  };
+  replace("name: chaos", "name: scarred");
+  replace("learningRate: [1.0e-3, 2.0e-3, 3.0e-3]", "learningRate: [1.0e-3]");
+  replace("batchSize: [4, 8]", "batchSize: [4]");
+  replace("steps: 1600", "steps: 400");
+  std::ofstream(work_ / "scarred.yaml") << m;
+  auto [ref_rc, ref_out] = Sh(kBinary + "/cli/hydra run " + (work_ / "scarred.yaml").string() +
+                              " -o " + (work_ / "ref").string() + " --progress quiet");
+  ASSERT_EQ(ref_rc, 0) << ref_out;
+  const Json ref =
+      Json::parse(hydra::fakes::Slurp((work_ / "ref" / "results.json").string()))["trials"][0];
+
+  nodes_.resize(1);
+  Node& n = nodes_[0];
+  n.name = "node-a";
+  n.grpc = hydra::fakes::FreePort();
+  n.metrics = hydra::fakes::FreePort();
+  StartNode(n);
+  prometheus_ = hydra::fakes::StartPrometheus(
+      work_, std::vector<std::string>{"127.0.0.1:" + std::to_string(n.metrics)}, &prom_port_);
+  StartController();
+  auto applied = Sh("kubectl apply -f " + (work_ / "scarred.yaml").string());
+  ASSERT_EQ(applied.first, 0) << applied.second;
+  ASSERT_TRUE(Eventually(
+      [&] {
+        const auto st = StatusOf(n);
+        for (const auto& t : st.trials()) {
+          if (t.state() == v1::RUNNING && t.last_checkpoint_step() >= 3 * kCheckpointEvery) {
+            return true;
+          }
+        }
+        return false;
+      },
+      90))
+      << hydra::fakes::Slurp((work_ / "controller.log").string());
+  // The node dies; its newest checkpoint on the shared storage is damaged (a torn write
+  // that a checksum catches, bit rot).
+  hydra::fakes::Stop(n.proc, SIGKILL, std::chrono::seconds(5));
+  const fs::path dir = work_ / "ckpt" / "default" / "scarred" / ref["name"].get<std::string>();
+  std::vector<fs::path> files;
+  for (const auto& f : fs::directory_iterator(dir)) {
+    if (f.path().extension() == ".hck") files.push_back(f.path());
+  }
+  std::sort(files.begin(), files.end());
+  ASSERT_GE(files.size(), 2u) << "two checkpoints are kept";
+  {
+    std::fstream f(files.back(), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(fs::file_size(files.back()) / 2));
+    f.put('\x5a').put('\xa5');
+  }
+  StartNode(n);
+
+  Json job;
+  ASSERT_TRUE(Eventually(
+      [&] {
+        auto [rc, text] = Sh("kubectl get mmj scarred -o json");
+        job = Json::parse(text, nullptr, false);
+        if (rc != 0 || job.is_discarded()) return false;
+        for (const auto& c : job["status"].value("conditions", Json::array())) {
+          if (c["type"] == "Complete" && c["status"] == "True") return true;
+        }
+        return false;
+      },
+      120))
+      << job.dump(2) << hydra::fakes::Slurp((work_ / "controller.log").string());
+  const Json& t = job["status"]["trials"][0];
+  EXPECT_EQ(t["restarts"], 1);
+  // Resumed from the previous checkpoint, the trial ends exactly as if nothing happened.
+  EXPECT_EQ(t["validationLoss"].get<double>(), ref["finalValLoss"].get<double>());
+  EXPECT_EQ(t["trainLoss"].get<double>(), ref["trainLoss"].back()[1].get<double>());
+  auto events =
+      Sh("kubectl get events --field-selector involvedObject.name=scarred,reason=AgentNotice "
+         "-o jsonpath='{.items[*].message}'");
+  EXPECT_THAT(events.second, ::testing::HasSubstr(files.back().string() + " is corrupt"));
+  EXPECT_THAT(events.second, ::testing::HasSubstr("falling back to an older checkpoint"));
 }
 
 }  // namespace

@@ -55,7 +55,8 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("hydra-controller ") + HYDRA_VERSION);
   std::string kubeconfig, namespaces, prometheus_url, data_root = "/data",
                                                       checkpoint_root = "/checkpoints";
-  std::string metrics_bind = ":8080", health_bind = ":8081", tls_ca, tls_cert, tls_key;
+  std::string metrics_bind = ":8080", health_bind = ":8081", tls_ca, tls_cert, tls_key,
+              tls_server_name;
   std::string lease_ns = "hydra-system", lease_name = "hydra-controller", identity = Hostname();
   bool leader_elect = false;
   int workers = 2;
@@ -75,6 +76,10 @@ int main(int argc, char** argv) {
   app.add_option("--agent-tls-ca-file", tls_ca, "CA of the agents' gRPC certificates (TLS)");
   app.add_option("--agent-tls-cert-file", tls_cert, "Client certificate for mutual TLS");
   app.add_option("--agent-tls-key-file", tls_key, "Key of --agent-tls-cert-file");
+  app.add_option("--agent-tls-server-name", tls_server_name,
+                 "Name every agent's certificate is checked against (default: the host of its "
+                 "endpoint). Agents advertise pod IPs; one certificate for a fixed name such as "
+                 "hydra-agent.<namespace>.svc fits them all");
   app.add_flag("--leader-elect", leader_elect,
                "Run as one of several replicas: only the Lease holder reconciles");
   app.add_option("--leader-election-namespace", lease_ns)->capture_default_str();
@@ -107,13 +112,17 @@ int main(int argc, char** argv) {
     std::cerr << "error: " << kube.status().message() << "\n";
     return 2;
   }
-  auto pool = hydra::controller::GrpcAgentPool::Create({tls_ca, tls_cert, tls_key});
+  auto pool =
+      hydra::controller::GrpcAgentPool::Create({tls_ca, tls_cert, tls_key, tls_server_name});
   if (!pool.ok()) {
     std::cerr << "error: " << pool.status().message() << "\n";
     return 2;
   }
   // The CRD must be installed: a clear error beats a watcher that retries forever.
-  if (auto probe = (*kube)->List(kMultiModelJobs, "", "", 1); !probe.ok()) {
+  // Probe where this replica will watch: with --namespaces it may hold no cluster-wide list.
+  const auto watched = Split(namespaces);
+  if (auto probe = (*kube)->List(kMultiModelJobs, watched.empty() ? "" : watched.front(), "", 1);
+      !probe.ok()) {
     std::cerr << "error: cannot list MultiModelJobs (is crds/multimodeljob.yaml applied, and may "
                  "this service account list them?): "
               << probe.status().message() << "\n";

@@ -28,6 +28,9 @@ StatusOr<std::unique_ptr<GrpcAgentPool>> GrpcAgentPool::Create(
     if (!tls.cert_file.empty()) {
       return InvalidArgumentError("--agent-tls-cert-file needs --agent-tls-ca-file");
     }
+    if (!tls.server_name.empty()) {
+      return InvalidArgumentError("--agent-tls-server-name needs --agent-tls-ca-file");
+    }
     pool->creds_ = grpc::InsecureChannelCredentials();
   } else {
     grpc::SslCredentialsOptions o;
@@ -37,6 +40,7 @@ StatusOr<std::unique_ptr<GrpcAgentPool>> GrpcAgentPool::Create(
       ASSIGN_OR_RETURN(o.pem_private_key, ReadPemFile("--agent-tls-key-file", tls.key_file));
     }
     pool->creds_ = grpc::SslCredentials(o);
+    pool->server_name_ = tls.server_name;
   }
   pool->thread_ = std::thread(&GrpcAgentPool::Loop, pool.get());
   return pool;
@@ -50,7 +54,11 @@ GrpcAgentPool::~GrpcAgentPool() {
 v1::AgentService::Stub* GrpcAgentPool::StubFor(const std::string& endpoint) {
   std::lock_guard<std::mutex> lock(mu_);
   auto& e = entries_[endpoint];
-  if (!e.stub) e.stub = v1::AgentService::NewStub(grpc::CreateChannel(endpoint, creds_));
+  if (!e.stub) {
+    grpc::ChannelArguments args;
+    if (!server_name_.empty()) args.SetSslTargetNameOverride(server_name_);
+    e.stub = v1::AgentService::NewStub(grpc::CreateCustomChannel(endpoint, creds_, args));
+  }
   return e.stub.get();
 }
 

@@ -23,6 +23,8 @@ struct AgentTls {
   std::string ca_file;    ///< the agents' CA
   std::string cert_file;  ///< the controller's client certificate (mutual TLS)
   std::string key_file;
+  /// The name the agents' certificates are checked against; empty: each endpoint's host.
+  std::string server_name;
 };
 
 /// The agents as the controller uses them. An interface so that the reconciler's tests and the
@@ -84,6 +86,7 @@ class GrpcAgentPool : public AgentPoolInterface {
   void Loop();
 
   std::shared_ptr<grpc::ChannelCredentials> creds_;
+  std::string server_name_;
   std::chrono::milliseconds refresh_{1000}, rpc_timeout_{10000}, status_timeout_{3000};
   std::mutex mu_;
   std::map<std::string, Entry> entries_;

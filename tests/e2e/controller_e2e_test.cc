@@ -108,6 +108,9 @@ TEST_F(ControllerE2eTest, TheApiServerRejectsInvalidManifestsWithTheRulesMessage
       {"shard boundaries not increasing", "training: {steps: 10, batchSize: 8}",
        "training: {steps: 10, batchSize: 8}\n  resources: {shardBoundaries: [3, 2]}",
        "shard boundaries must be increasing"},
+      {"shard boundary repeated", "training: {steps: 10, batchSize: 8}",
+       "training: {steps: 10, batchSize: 8}\n  resources: {shardBoundaries: [1, 1]}",
+       "Duplicate value: 1"},
       {"vocabulary too small for text", "contextLength: 32", "contextLength: 32, vocabSize: 100",
        "vocabSize must be >= 256 for the text format"},
       {"missing steps", "training: {steps: 10, batchSize: 8}", "training: {batchSize: 8}",
@@ -136,6 +139,16 @@ TEST_F(ControllerE2eTest, TheApiServerRejectsInvalidManifestsWithTheRulesMessage
     if (e.path().extension() != ".yaml") continue;
     auto [erc, eout] = Sh("kubectl apply --dry-run=server -f " + e.path().string());
     EXPECT_EQ(erc, 0) << e.path() << ": " << eout;
+  }
+  // Increasing boundaries are fine, one or several.
+  for (const std::string b : {"[1]", "[1, 2]", "[1, 3, 4]"}) {
+    auto [brc, bout] = Apply(Manifest("bounds", "training: {steps: 10, batchSize: 8}",
+                                      "training: {steps: 10, batchSize: 8}\n  resources: "
+                                      "{shardBoundaries: " +
+                                          b + "}"),
+                             dir_);
+    EXPECT_EQ(brc, 0) << b << ": " << bout;
+    Sh("kubectl delete mmj bounds --wait=true");
   }
   // A running job's spec cannot change.
   ASSERT_EQ(Apply(Manifest("immutable", "", ""), dir_).first, 0);

@@ -10,7 +10,8 @@ namespace hydra::fakes {
 /// ca.pem/ca.key (the cluster CA), server.pem/server.key (SAN 127.0.0.1, localhost),
 /// controller.pem/.key (CN hydra-controller, signed by the CA), intruder.pem/.key (CN intruder,
 /// signed by the CA), rogue-ca.pem and rogue.pem/.key (CN hydra-controller, signed by another
-/// CA). Returns false if openssl failed.
+/// CA), named.pem/.key (SAN DNS:hydra-agent.hydra.svc only: one certificate for every agent,
+/// checked against a fixed name). Returns false if openssl failed.
 inline bool MakeTestCertificates(const std::filesystem::path& dir) {
   std::filesystem::create_directories(dir);
   const std::string d = dir.string();
@@ -35,7 +36,8 @@ inline bool MakeTestCertificates(const std::filesystem::path& dir) {
          leaf("server", "hydra-agent", "ca", "IP:127.0.0.1,DNS:localhost") &&
          leaf("controller", "hydra-controller", "ca", "DNS:hydra-controller") &&
          leaf("intruder", "intruder", "ca", "DNS:intruder") &&
-         leaf("rogue", "hydra-controller", "rogue-ca", "DNS:hydra-controller");
+         leaf("rogue", "hydra-controller", "rogue-ca", "DNS:hydra-controller") &&
+         leaf("named", "hydra-agent", "ca", "DNS:hydra-agent.hydra.svc");
 }
 
 }  // namespace hydra::fakes

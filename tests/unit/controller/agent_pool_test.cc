@@ -1,0 +1,120 @@
+// GrpcAgentPool against real gRPC servers on loopback: a cut-off agent (calls that hang) reads
+// UNAVAILABLE instead of its last answer and holds up no other agent; TLS checks every agent's
+// certificate against one fixed name when asked to.
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <thread>
+
+#include "common/file_util.h"
+#include "controller/agentclient/agent_client.h"
+#include "tests/fakes/test_certs.h"
+
+namespace hydra::controller {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+/// GetStatus answers with the node name, or hangs for `hang` while `cut` is set.
+class StatusOnlyAgent final : public v1::AgentService::Service {
+ public:
+  explicit StatusOnlyAgent(std::string node) : node_(std::move(node)) {}
+  grpc::Status GetStatus(grpc::ServerContext* ctx, const v1::GetStatusRequest*,
+                         v1::GetStatusResponse* out) override {
+    while (cut && !ctx->IsCancelled()) std::this_thread::sleep_for(10ms);
+    out->set_node_name(node_);
+    return grpc::Status::OK;
+  }
+  std::atomic<bool> cut{false};
+
+ private:
+  std::string node_;
+};
+
+struct Server {
+  explicit Server(const std::string& node, std::shared_ptr<grpc::ServerCredentials> creds = nullptr)
+      : agent(node) {
+    grpc::ServerBuilder b;
+    int port = 0;
+    b.AddListeningPort("127.0.0.1:0", creds ? creds : grpc::InsecureServerCredentials(), &port);
+    b.RegisterService(&agent);
+    server = b.BuildAndStart();
+    endpoint = "127.0.0.1:" + std::to_string(port);
+  }
+  ~Server() {
+    agent.cut = false;
+    server->Shutdown(std::chrono::system_clock::now() + 1s);
+  }
+  StatusOnlyAgent agent;
+  std::unique_ptr<grpc::Server> server;
+  std::string endpoint;
+};
+
+TEST(GrpcAgentPoolTest, ACutOffAgentReadsUnavailableAndHoldsUpNoOther) {
+  Server a("node-a"), b("node-b");
+  auto pool = GrpcAgentPool::Create({}, /*refresh=*/100ms, /*rpc_timeout=*/2s,
+                                    /*status_timeout=*/300ms);
+  ASSERT_TRUE(pool.ok());
+  (*pool)->Track({a.endpoint, b.endpoint});
+  auto both_fresh = [&] {
+    return (*pool)->LastStatus(a.endpoint).ok() && (*pool)->LastStatus(b.endpoint).ok();
+  };
+  for (int i = 0; i < 100 && !both_fresh(); ++i) std::this_thread::sleep_for(20ms);
+  ASSERT_TRUE(both_fresh());
+  EXPECT_EQ((*pool)->LastStatus(b.endpoint)->node_name(), "node-b");
+
+  // Packets to node-b are dropped: its calls hang until their deadline, no error comes back.
+  b.agent.cut = true;
+  std::this_thread::sleep_for(1200ms);
+  auto last = (*pool)->LastStatus(b.endpoint);
+  EXPECT_EQ(last.status().code(), StatusCode::kUnavailable);
+  EXPECT_GE((*pool)->SecondsSinceContact(b.endpoint), 0.9);
+  // node-a's copy stays fresh although every round also calls node-b.
+  EXPECT_TRUE((*pool)->LastStatus(a.endpoint).ok());
+  EXPECT_LT((*pool)->SecondsSinceContact(a.endpoint), 0.5);
+
+  b.agent.cut = false;  // the link is back
+  for (int i = 0; i < 100 && !(*pool)->LastStatus(b.endpoint).ok(); ++i) {
+    std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_TRUE((*pool)->LastStatus(b.endpoint).ok());
+}
+
+TEST(GrpcAgentPoolTest, TlsChecksEveryAgentAgainstOneFixedNameWhenAsked) {
+  const fs::path dir = fs::temp_directory_path() / ("agent-pool-tls-" + std::to_string(::getpid()));
+  ASSERT_TRUE(fakes::MakeTestCertificates(dir));
+  auto read = [&](const std::string& f) { return *ReadPemFile(f, (dir / f).string()); };
+  grpc::SslServerCredentialsOptions o;
+  o.pem_key_cert_pairs.push_back({read("named.key"), read("named.pem")});
+  Server agent("node-a", grpc::SslServerCredentials(o));  // no SAN for 127.0.0.1
+
+  // Checked against the host it dials (127.0.0.1): the certificate does not name it.
+  auto by_host = GrpcAgentPool::Create({(dir / "ca.pem").string(), "", "", ""}, 100ms, 2s, 1s);
+  ASSERT_TRUE(by_host.ok());
+  auto refused = (*by_host)->FreshStatus(agent.endpoint);
+  EXPECT_FALSE(refused.ok());
+
+  // Checked against the fixed name the certificate carries.
+  auto by_name = GrpcAgentPool::Create({(dir / "ca.pem").string(), "", "", "hydra-agent.hydra.svc"},
+                                       100ms, 2s, 1s);
+  ASSERT_TRUE(by_name.ok());
+  auto answered = (*by_name)->FreshStatus(agent.endpoint);
+  ASSERT_TRUE(answered.ok()) << answered.status().message();
+  EXPECT_EQ(answered->node_name(), "node-a");
+
+  // Any other fixed name is refused.
+  auto wrong =
+      GrpcAgentPool::Create({(dir / "ca.pem").string(), "", "", "other.hydra.svc"}, 100ms, 2s, 1s);
+  ASSERT_TRUE(wrong.ok());
+  EXPECT_FALSE((*wrong)->FreshStatus(agent.endpoint).ok());
+  // A name without a CA is a configuration error.
+  EXPECT_EQ(GrpcAgentPool::Create({"", "", "", "x"}).status().code(), StatusCode::kInvalidArgument);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace hydra::controller

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # README command 2: set up, build, and run the whole test suite:
 #   1. every unit and integration test (ctest) in build/, the Kubernetes ones against a real
-#      kube-apiserver + etcd built from Go modules (tests/envtest),
+#      kube-apiserver + etcd built from Go modules (tests/envtest), the Helm chart rendered by
+#      helm (built from its Go module) and applied server-side, the dashboards' PromQL parsed
+#      by Prometheus's parser against the metrics real processes export,
 #   2. the torch-free libraries and their tests under ASan + UBSan in build-asan/,
 #   3. every benchmark at smoke size.
 set -euo pipefail
@@ -11,6 +13,9 @@ bash scripts/build.sh
 
 echo "== Kubernetes test control plane (tests/envtest: kube-apiserver + etcd, cached)"
 tests/envtest/build >/dev/null
+echo "== test tools from Go modules (helm, Prometheus's PromQL parser; cached)"
+tests/helm/build >/dev/null
+tests/promql/build >/dev/null
 
 echo "== tests"
 (cd build && ctest --output-on-failure --timeout 900 -j1)

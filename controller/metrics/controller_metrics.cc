@@ -95,6 +95,15 @@ void ControllerMetrics::SetJobTrials(const std::string& ns, const std::string& j
     g.Set(it == by_state.end() ? 0 : it->second);
     gauges.push_back(&g);
   }
+  // Restart counters start at 0 for every reason, so that the first restart is an increase
+  // and dashboards see the series before anything went wrong.
+  auto& counters = impl_->job_counters[{ns, job}];
+  if (counters.empty()) {
+    for (const char* reason : {"agent_lost", "agent_drained", "agent_forgot", "cancelled"}) {
+      counters.push_back(
+          &impl_->restarts.Add({{"namespace", ns}, {"job", job}, {"reason", reason}}));
+    }
+  }
 }
 void ControllerMetrics::AddTrialRestarts(const std::string& ns, const std::string& job,
                                          const std::string& reason, int n) {

@@ -14,7 +14,8 @@ class ControllerMetrics {
   ~ControllerMetrics();
   void ObserveReconcile(const std::string& result, double seconds);
   void SetQueueDepth(size_t depth);
-  /// Trials by state of one job (`hydra_controller_trials{namespace,job,state}`).
+  /// Trials by state of one job (`hydra_controller_trials{namespace,job,state}`); the job's
+  /// restart counters appear (at 0) with its first call.
   void SetJobTrials(const std::string& ns, const std::string& job,
                     const std::map<std::string, int>& by_state);
   /// Adds n restarts of a job's trials for one reason (agent_lost, agent_drained, ...).

@@ -19,6 +19,7 @@
 #include "hydra/agent/v1/agent.grpc.pb.h"
 #include "tests/fakes/agent_process.h"
 #include "tests/fakes/control_plane.h"
+#include "tests/fakes/control_plane_test.h"
 
 namespace {
 
@@ -35,19 +36,9 @@ const std::string kBinary = HYDRA_BINARY_DIR;
 using hydra::fakes::Eventually;
 using hydra::fakes::Sh;
 
-class ControllerE2eTest : public ::testing::Test {
+class ControllerE2eTest : public hydra::fakes::ControlPlaneTest {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = fs::temp_directory_path() / ("hydra-envtest-e2e-" + std::to_string(::getpid()));
-    const std::string error = hydra::fakes::StartControlPlaneWithCrd(dir_);
-    ok_ = error.empty();
-    if (!ok_) std::fprintf(stderr, "%s\n", error.c_str());
-  }
-  static void TearDownTestSuite() { hydra::fakes::StopControlPlane(dir_); }
-  void SetUp() override { ASSERT_TRUE(ok_) << "the test control plane did not start"; }
-
-  static inline fs::path dir_;
-  static inline bool ok_ = false;
+  static void SetUpTestSuite() { StartSuite("e2e"); }
 };
 
 /// kubectl apply of a manifest given as text.

@@ -11,7 +11,7 @@ TEST(ControllerMetricsTest, TrialsAndRestartsArePerJobAndGoWithTheJob) {
   m.SetJobTrials("team-b", "sweep", {{"Pending", 4}});
   m.AddTrialRestarts("team-a", "sweep", "agent_lost", 2);
   m.AddTrialRestarts("team-a", "sweep", "agent_lost", 1);
-  m.AddTrialRestarts("team-a", "sweep", "agent_drained", 0);  // nothing: no series
+  m.AddTrialRestarts("team-a", "sweep", "agent_drained", 0);
   std::string text = m.Render();
   EXPECT_NE(
       text.find(R"(hydra_controller_trials{job="sweep",namespace="team-a",state="Running"} 2)"),
@@ -27,7 +27,11 @@ TEST(ControllerMetricsTest, TrialsAndRestartsArePerJobAndGoWithTheJob) {
                       R"(reason="agent_lost"} 3)"),
             std::string::npos)
       << text;
-  EXPECT_EQ(text.find("agent_drained"), std::string::npos);
+  // Every reason's counter exists from the job's first count on, at 0 until it happens.
+  EXPECT_NE(text.find(R"(hydra_controller_trial_restarts_total{job="sweep",namespace="team-b",)"
+                      R"(reason="agent_drained"} 0)"),
+            std::string::npos)
+      << text;
 
   // A new count replaces the old one; deletion removes the job's series only.
   m.SetJobTrials("team-a", "sweep", {{"Succeeded", 3}});

@@ -164,6 +164,7 @@ int main(int argc, char** argv) {
   config.data_roots = data_roots;
   config.checkpoint_roots = checkpoint_roots;
   config.host_memory_bytes = host_bytes;
+  config.spill_dir = spill_dir;
   config.max_trials = max_trials;
   config.required_client_identity = tls_client_identity;
   hydra::agent::AgentMetrics metrics(node_name, HYDRA_VERSION);

@@ -91,6 +91,7 @@ Status LocalRunner::Run(const MultiModelJob& job, const std::vector<Trial>& tria
   agent::TrialSchedulerOptions so;
   so.devices = std::max(1, options_.devices);
   so.host_memory_bytes = options_.host_memory_bytes;
+  so.spill_dir = options_.spill_dir;
   so.hold = options_.interrupted;
   agent::TrialScheduler scheduler(factory_, &observer, so,
                                   policy_ ? std::move(policy_) : MakeShardedLrtfPolicy());

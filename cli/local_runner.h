@@ -45,6 +45,9 @@ struct RunOptions {
   /// Host memory the admitted trials' state may use; trials past it wait, in order, until
   /// earlier ones finish. <= 0: 75% of the machine's memory.
   int64_t host_memory_bytes = 0;
+  /// The executors' spill directory: trials spilling to disk are admitted while all their
+  /// spill files fit its free space. Empty: no such admission check.
+  std::string spill_dir;
 };
 
 /// Trains a job's trials on this machine: the in-process agent of `hydra run`. It checks every

@@ -267,4 +267,14 @@ std::string FormatPlan(const Trial& trial, const PartitionPlan& plan) {
   return out.str();
 }
 
+int64_t SpillDiskBytes(const Trial& trial, const PartitionPlan& plan) {
+  if (plan.state_tier != StateTier::kDisk) return 0;
+  int64_t largest = 0, gradients = 0;
+  for (const auto& sh : plan.shards) {
+    largest = std::max(largest, sh.state_bytes);
+    gradients += sh.gradient_bytes;
+  }
+  return plan.total_state_bytes + largest + (trial.training.grad_clip_norm > 0 ? gradients : 0);
+}
+
 }  // namespace hydra

@@ -69,6 +69,11 @@ PartitionOptions PartitionOptionsFor(const Trial& trial);
 /// fit; INVALID_ARGUMENT for unusable explicit boundaries.
 StatusOr<PartitionPlan> PlanShards(const Trial& trial, const PartitionOptions& options);
 
+/// Disk bytes the trial's spill files may take at once: 0 with the state in the host tier;
+/// otherwise the state, the temporary copy of the largest shard while it is rewritten, and the
+/// gradients when global clipping parks them on disk.
+int64_t SpillDiskBytes(const Trial& trial, const PartitionPlan& plan);
+
 /// A multi-line, human-readable rendering of the plan (used by `hydra plan`).
 std::string FormatPlan(const Trial& trial, const PartitionPlan& plan);
 

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,13 @@ struct StepMetrics {
   double learning_rate = 0;
 };
 
+/// What one shard-task did (TrialExecutorInterface::RunTask).
+struct TaskResult {
+  size_t task = 0;   ///< its index within the step: forwards, the last shard, backwards, applies
+  size_t tasks = 1;  ///< tasks in a step of this trial
+  std::optional<StepMetrics> step;  ///< set when this task ended the step
+};
+
 struct ExecutorStats {
   int64_t shards = 1;  ///< shards the trial's model is cut into
   int64_t parameters = 0;
@@ -42,6 +50,21 @@ class TrialExecutorInterface {
   virtual ~TrialExecutorInterface() = default;
   /// Runs optimizer step `step()` (all micro-batches) on that step's batch; step() advances.
   virtual StatusOr<StepMetrics> TrainStep() = 0;
+  /// Runs the next shard-task of the step under way, starting step `step()` if none is: a
+  /// shard's forward over all micro-batches, the last shard's forward and backward, a shard's
+  /// backward with its optimizer step, or (with clipping) a shard's clipped optimizer step.
+  /// Consecutive tasks may run on different threads (one at a time); Evaluate, ExportState and
+  /// ImportState need a step boundary (!InStep()). A task that fails abandons the step. The
+  /// default runs the whole step as one task.
+  virtual StatusOr<TaskResult> RunTask() {
+    auto m = TrainStep();
+    if (!m.ok()) return m.status();
+    TaskResult r;
+    r.step = *m;
+    return r;
+  }
+  /// Whether a step has tasks left to run.
+  virtual bool InStep() const { return false; }
   /// Mean loss over the fixed validation windows. Changes no state.
   virtual StatusOr<double> Evaluate() = 0;
   /// Optimizer steps taken so far.

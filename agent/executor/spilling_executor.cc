@@ -6,6 +6,7 @@
 #include <chrono>
 #include <filesystem>
 #include <map>
+#include <optional>
 
 #include "agent/executor/batches.h"
 #include "agent/executor/cpu_threads.h"
@@ -124,20 +125,44 @@ class SpillingExecutor : public TrialExecutorInterface {
   }
 
   StatusOr<StepMetrics> TrainStep() override {
+    while (true) {
+      auto r = RunTask();
+      if (!r.ok()) return r.status();
+      if (r->step) return *r->step;
+    }
+  }
+
+  StatusOr<TaskResult> RunTask() override {
     const auto start = std::chrono::steady_clock::now();
-    StepMetrics m;
+    TaskResult r;
+    r.tasks = TasksPerStep();
+    r.task = cur_ ? cur_->next : 0;
+    bool finished = false;
     try {
-      auto s = Step(&m);
-      if (!s.ok()) return s.WithContext(trial_.name + " step " + std::to_string(step_));
+      auto s = Task(&finished);
+      if (!s.ok()) {
+        cur_.reset();
+        return s.WithContext(trial_.name + " step " + std::to_string(step_));
+      }
     } catch (const c10::Error& e) {
+      cur_.reset();
       return InternalError("training step " + std::to_string(step_) + " of " + trial_.name + ": " +
                            e.what_without_backtrace());
     }
-    ++step_;
-    m.tokens = trial_.training.batch_size * trial_.model.context_length;
-    m.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    return m;
+    cur_->seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (finished) {
+      StepMetrics m = cur_->m;
+      m.seconds = cur_->seconds;  // compute time of the step's tasks, wherever they ran
+      m.tokens = trial_.training.batch_size * trial_.model.context_length;
+      cur_.reset();
+      ++step_;
+      r.step = m;
+    }
+    return r;
   }
+
+  bool InStep() const override { return cur_.has_value(); }
 
   StatusOr<double> Evaluate() override {
     const int64_t T = trial_.model.context_length;
@@ -435,151 +460,202 @@ class SpillingExecutor : public TrialExecutorInterface {
     return OkStatus();
   }
 
-  Status Step(StepMetrics* m) {
+  /// The step under way, between its tasks.
+  struct StepInProgress {
+    size_t next = 0;  ///< the next task
+    int64_t A = 1;    ///< micro-batches
+    // inputs[k][a]: the boundary activation entering shard k for micro-batch a.
+    std::vector<std::vector<torch::Tensor>> inputs, outputs;  // outputs: stashed graphs
+    std::vector<torch::Tensor> grad_out, targets;
+    double loss_sum = 0, seconds = 0, clip_scale = 1.0;
+    StepMetrics m;
+  };
+
+  /// Forwards of shards 0..S-2, the last shard (forward and backward), backwards of S-2..0,
+  /// and with clipping an apply of each shard.
+  size_t TasksPerStep() const {
+    const size_t S = shards_.size();
+    return 2 * S - 1 + (trial_.training.grad_clip_norm > 0 ? S : 0);
+  }
+
+  static torch::Tensor Leaf(const torch::Tensor& t, size_t k) {
+    return k == 0 ? t : t.detach().requires_grad_(true);
+  }
+
+  /// Runs the next task of the step, beginning one if none is under way.
+  Status Task(bool* finished) {
+    const auto& tr = trial_.training;
+    const size_t S = shards_.size();
+    if (!cur_) RETURN_IF_ERROR(BeginStep());
+    const size_t t = cur_->next++;
+    const size_t L = S - 1;
+    if (t < L) {
+      RETURN_IF_ERROR(ForwardTask(t));
+    } else if (t == L) {
+      RETURN_IF_ERROR(LastShardTask());
+    } else if (t < 2 * S - 1) {
+      RETURN_IF_ERROR(BackwardTask(2 * S - 2 - t));
+    } else {
+      RETURN_IF_ERROR(ApplyTask(t - (2 * S - 1)));
+    }
+    if (cur_->next == TasksPerStep()) {
+      RETURN_IF_ERROR(FinishWrites());
+      cur_->m.loss = cur_->loss_sum / static_cast<double>(cur_->A);
+      cur_->m.learning_rate = LearningRateAt(tr, step_);
+      *finished = true;
+    }
+    return OkStatus();
+  }
+
+  Status BeginStep() {
     const auto& tr = trial_.training;
     const int64_t T = trial_.model.context_length;
-    const int64_t A = tr.gradient_accumulation_steps;
-    const int64_t micro = tr.batch_size / A;
     const size_t S = shards_.size();
-    const bool clipping = tr.grad_clip_norm > 0;
+    cur_.emplace();
+    StepInProgress& c = *cur_;
+    c.A = tr.gradient_accumulation_steps;
+    const int64_t micro = tr.batch_size / c.A;
     norms_.clear();
     auto tokens = TokenWindows(
         *data_, TrainWindowOffsets(*data_, tr.seed, step_, tr.batch_size, T + 1), T + 1);
-    // inputs[k][a]: the boundary activation entering shard k for micro-batch a.
-    std::vector<std::vector<torch::Tensor>> inputs(S, std::vector<torch::Tensor>(A));
-    std::vector<std::vector<torch::Tensor>> outputs(
-        S, std::vector<torch::Tensor>(A));  // stashed graphs
-    std::vector<torch::Tensor> grad_out(A), targets(A);
-    for (int64_t a = 0; a < A; ++a) {
+    c.inputs.assign(S, std::vector<torch::Tensor>(c.A));
+    c.outputs.assign(S, std::vector<torch::Tensor>(c.A));
+    c.grad_out.assign(c.A, torch::Tensor());
+    c.targets.assign(c.A, torch::Tensor());
+    for (int64_t a = 0; a < c.A; ++a) {
       auto w = tokens.narrow(0, a * micro, micro);
-      inputs[0][a] = w.narrow(1, 0, T);
-      targets[a] = w.narrow(1, 1, T);
+      c.inputs[0][a] = w.narrow(1, 0, T);
+      c.targets[a] = w.narrow(1, 1, T);
     }
-    auto leaf = [](const torch::Tensor& t, size_t k) {
-      return k == 0 ? t : t.detach().requires_grad_(true);
-    };
+    return Fetch(0, S == 1);
+  }
 
-    // Forward, shard by shard, over all micro-batches (weights move once per step).
-    RETURN_IF_ERROR(Fetch(0, S == 1));
-    for (size_t k = 0; k + 1 < S; ++k) {
-      RETURN_IF_ERROR(Wait(k));
-      RETURN_IF_ERROR(Fetch(k + 1, k + 2 == S));
-      RETURN_IF_ERROR(ledger_.Acquire(Tier::kDevice, shards_[k].plan.workspace_bytes,
-                                      "activations of shard " + std::to_string(k)));
-      const bool stash = shards_[k].plan.policy == ActivationPolicy::kStash;
-      for (int64_t a = 0; a < A; ++a) {
-        if (stash) {
-          inputs[k][a] = leaf(inputs[k][a], k);
-          outputs[k][a] = ForwardShard(k, inputs[k][a]);
-          inputs[k + 1][a] = outputs[k][a].detach();
-        } else {
-          torch::NoGradGuard g;
-          inputs[k + 1][a] = ForwardShard(k, inputs[k][a]);
-        }
-      }
-      ledger_.Release(Tier::kDevice, shards_[k].plan.workspace_bytes);
+  /// Forward of shard k (not the last) over all micro-batches: weights move once per step.
+  Status ForwardTask(size_t k) {
+    StepInProgress& c = *cur_;
+    const size_t S = shards_.size();
+    RETURN_IF_ERROR(Wait(k));
+    RETURN_IF_ERROR(Fetch(k + 1, k + 2 == S));
+    RETURN_IF_ERROR(ledger_.Acquire(Tier::kDevice, shards_[k].plan.workspace_bytes,
+                                    "activations of shard " + std::to_string(k)));
+    const bool stash = shards_[k].plan.policy == ActivationPolicy::kStash;
+    for (int64_t a = 0; a < c.A; ++a) {
       if (stash) {
-        RETURN_IF_ERROR(
-            ledger_.Acquire(Tier::kHost, shards_[k].plan.activation_bytes * A, "stash"));
-      }
-      if (stash && disk_) {
-        // The stashed graph holds the weights (GEMMs save them for backward): keep them in the
-        // host tier rather than dropping them and reading them again for the backward.
-        RETURN_IF_ERROR(Wait(k));
-        ReleaseDevice(k);
-        RETURN_IF_ERROR(ledger_.Acquire(Tier::kHost, shards_[k].weight_bytes, "stashed weights"));
-        shards_[k].weights_in_host = true;
+        c.inputs[k][a] = Leaf(c.inputs[k][a], k);
+        c.outputs[k][a] = ForwardShard(k, c.inputs[k][a]);
+        c.inputs[k + 1][a] = c.outputs[k][a].detach();
       } else {
-        RETURN_IF_ERROR(Evict(k, /*dirty=*/false));
+        torch::NoGradGuard g;
+        c.inputs[k + 1][a] = ForwardShard(k, c.inputs[k][a]);
       }
     }
+    ledger_.Release(Tier::kDevice, shards_[k].plan.workspace_bytes);
+    if (stash) {
+      RETURN_IF_ERROR(
+          ledger_.Acquire(Tier::kHost, shards_[k].plan.activation_bytes * c.A, "stash"));
+    }
+    if (stash && disk_) {
+      // The stashed graph holds the weights (GEMMs save them for backward): keep them in the
+      // host tier rather than dropping them and reading them again for the backward.
+      RETURN_IF_ERROR(Wait(k));
+      ReleaseDevice(k);
+      RETURN_IF_ERROR(ledger_.Acquire(Tier::kHost, shards_[k].weight_bytes, "stashed weights"));
+      shards_[k].weights_in_host = true;
+      return OkStatus();
+    }
+    return Evict(k, /*dirty=*/false);
+  }
 
-    // The last shard runs forward and backward back to back, micro-batch by micro-batch.
-    const size_t L = S - 1;
+  /// The last shard runs forward and backward back to back, micro-batch by micro-batch.
+  Status LastShardTask() {
+    StepInProgress& c = *cur_;
+    const size_t L = shards_.size() - 1;
+    const bool clipping = trial_.training.grad_clip_norm > 0;
     RETURN_IF_ERROR(Wait(L));
     if (L > 0) RETURN_IF_ERROR(Fetch(L - 1, true));
     RETURN_IF_ERROR(ledger_.Acquire(Tier::kDevice,
                                     shards_[L].plan.workspace_bytes + shards_[L].grad_bytes,
                                     "activations and gradients of shard " + std::to_string(L)));
-    double loss_sum = 0;
-    for (int64_t a = 0; a < A; ++a) {
-      auto in = leaf(inputs[L][a], L);
-      auto loss = NextTokenLoss(ForwardShard(L, in), targets[a]);
-      (A == 1 ? loss : loss / A).backward();
-      loss_sum += loss.item<double>();
-      if (L > 0) grad_out[a] = in.grad();
+    for (int64_t a = 0; a < c.A; ++a) {
+      auto in = Leaf(c.inputs[L][a], L);
+      auto loss = NextTokenLoss(ForwardShard(L, in), c.targets[a]);
+      (c.A == 1 ? loss : loss / c.A).backward();
+      c.loss_sum += loss.item<double>();
+      if (L > 0) c.grad_out[a] = in.grad();
     }
     ledger_.Release(Tier::kDevice, shards_[L].plan.workspace_bytes);
     RETURN_IF_ERROR(AfterBackward(L, clipping));
-    RETURN_IF_ERROR(Evict(L, !clipping));
+    return Evict(L, !clipping);
+  }
 
-    // Backward, shard by shard, each stepping its optimizer as soon as its gradients are done.
-    for (size_t k = L; k-- > 0;) {
-      RETURN_IF_ERROR(Wait(k));
-      if (k > 0) RETURN_IF_ERROR(Fetch(k - 1, true));
-      RETURN_IF_ERROR(ledger_.Acquire(Tier::kDevice,
-                                      shards_[k].plan.workspace_bytes + shards_[k].grad_bytes,
-                                      "activations and gradients of shard " + std::to_string(k)));
-      const bool stash = shards_[k].plan.policy == ActivationPolicy::kStash;
-      for (int64_t a = 0; a < A; ++a) {
-        torch::Tensor in, out;
-        if (stash) {
-          in = inputs[k][a];
-          out = outputs[k][a];
-        } else {
-          in = leaf(inputs[k][a], k);
-          out = ForwardShard(k, in);  // recompute from the saved input
-        }
-        torch::autograd::backward({out}, {grad_out[a]});
-        outputs[k][a] = torch::Tensor();
-        grad_out[a] = k > 0 ? in.grad() : torch::Tensor();
+  /// Backward of shard k (not the last), stepping its optimizer as soon as its gradients are
+  /// done (unless clipping waits for every shard's norm).
+  Status BackwardTask(size_t k) {
+    StepInProgress& c = *cur_;
+    const size_t S = shards_.size();
+    const bool clipping = trial_.training.grad_clip_norm > 0;
+    RETURN_IF_ERROR(Wait(k));
+    if (k > 0) RETURN_IF_ERROR(Fetch(k - 1, true));
+    RETURN_IF_ERROR(ledger_.Acquire(Tier::kDevice,
+                                    shards_[k].plan.workspace_bytes + shards_[k].grad_bytes,
+                                    "activations and gradients of shard " + std::to_string(k)));
+    const bool stash = shards_[k].plan.policy == ActivationPolicy::kStash;
+    for (int64_t a = 0; a < c.A; ++a) {
+      torch::Tensor in, out;
+      if (stash) {
+        in = c.inputs[k][a];
+        out = c.outputs[k][a];
+      } else {
+        in = Leaf(c.inputs[k][a], k);
+        out = ForwardShard(k, in);  // recompute from the saved input
       }
-      ledger_.Release(Tier::kDevice, shards_[k].plan.workspace_bytes);
-      if (stash) ledger_.Release(Tier::kHost, shards_[k].plan.activation_bytes * A);
-      RETURN_IF_ERROR(AfterBackward(k, clipping));
-      if (k + 1 < S) RETURN_IF_ERROR(FinishWrite(k + 1));
-      RETURN_IF_ERROR(Evict(k, !clipping));
+      torch::autograd::backward({out}, {c.grad_out[a]});
+      c.outputs[k][a] = torch::Tensor();
+      c.grad_out[a] = k > 0 ? in.grad() : torch::Tensor();
     }
+    ledger_.Release(Tier::kDevice, shards_[k].plan.workspace_bytes);
+    if (stash) ledger_.Release(Tier::kHost, shards_[k].plan.activation_bytes * c.A);
+    RETURN_IF_ERROR(AfterBackward(k, clipping));
+    if (k + 1 < S) RETURN_IF_ERROR(FinishWrite(k + 1));
+    return Evict(k, !clipping);
+  }
 
-    const double lr = LearningRateAt(tr, step_);
-    if (clipping) {
-      // Every shard's gradient norm is known: clip globally, then step each shard.
+  /// With clipping: shard k's optimizer step, its gradients scaled by the global clip factor
+  /// (computed before the first apply, once every shard's gradient norm is known).
+  Status ApplyTask(size_t k) {
+    StepInProgress& c = *cur_;
+    const auto& tr = trial_.training;
+    if (k == 0) {
       std::vector<torch::Tensor> ordered;
       for (const auto& [i, t] : norms_) ordered.push_back(t);
-      m->grad_norm = GlobalNorm(ordered);
-      const double scale =
-          m->grad_norm > tr.grad_clip_norm ? ClipScale(tr.grad_clip_norm, m->grad_norm) : 1.0;
+      c.m.grad_norm = GlobalNorm(ordered);
+      c.clip_scale =
+          c.m.grad_norm > tr.grad_clip_norm ? ClipScale(tr.grad_clip_norm, c.m.grad_norm) : 1.0;
       RETURN_IF_ERROR(FinishWrites());
-      for (size_t k = 0; k < S; ++k) {
-        RETURN_IF_ERROR(Fetch(k, true));
-        RETURN_IF_ERROR(Wait(k));
-        RETURN_IF_ERROR(ledger_.Acquire(Tier::kDevice, shards_[k].grad_bytes,
-                                        "gradients of shard " + std::to_string(k)));
-        if (disk_) {
-          std::vector<MutableBytes> parts;
-          for (size_t i = 0; i < shards_[k].params.size(); ++i) {
-            auto& p = shards_[k].params[i].second;
-            p.mutable_grad() = torch::empty(shards_[k].param_shapes[i], p.options());
-            parts.push_back(
-                {p.mutable_grad().data_ptr(), static_cast<size_t>(p.numel() * p.element_size())});
-          }
-          RETURN_IF_ERROR(disk_->ReadSync(Key(k, "g"), parts));
-          disk_->Remove(Key(k, "g"));
-        } else {
-          ledger_.Release(Tier::kHost, shards_[k].grad_bytes);
-        }
-        if (scale != 1.0) shards_[k].opt->ScaleGrads(scale);
-        shards_[k].opt->Step(lr, step_ + 1);
-        shards_[k].opt->ReleaseGrads();
-        ledger_.Release(Tier::kDevice, shards_[k].grad_bytes);
-        RETURN_IF_ERROR(Evict(k, true));
-        RETURN_IF_ERROR(FinishWrite(k));
-      }
     }
-    RETURN_IF_ERROR(FinishWrites());
-    m->loss = loss_sum / static_cast<double>(A);
-    m->learning_rate = lr;
-    return OkStatus();
+    RETURN_IF_ERROR(Fetch(k, true));
+    RETURN_IF_ERROR(Wait(k));
+    RETURN_IF_ERROR(ledger_.Acquire(Tier::kDevice, shards_[k].grad_bytes,
+                                    "gradients of shard " + std::to_string(k)));
+    if (disk_) {
+      std::vector<MutableBytes> parts;
+      for (size_t i = 0; i < shards_[k].params.size(); ++i) {
+        auto& p = shards_[k].params[i].second;
+        p.mutable_grad() = torch::empty(shards_[k].param_shapes[i], p.options());
+        parts.push_back(
+            {p.mutable_grad().data_ptr(), static_cast<size_t>(p.numel() * p.element_size())});
+      }
+      RETURN_IF_ERROR(disk_->ReadSync(Key(k, "g"), parts));
+      disk_->Remove(Key(k, "g"));
+    } else {
+      ledger_.Release(Tier::kHost, shards_[k].grad_bytes);
+    }
+    if (c.clip_scale != 1.0) shards_[k].opt->ScaleGrads(c.clip_scale);
+    shards_[k].opt->Step(LearningRateAt(tr, step_), step_ + 1);
+    shards_[k].opt->ReleaseGrads();
+    ledger_.Release(Tier::kDevice, shards_[k].grad_bytes);
+    RETURN_IF_ERROR(Evict(k, true));
+    return FinishWrite(k);
   }
 
   Trial trial_;
@@ -592,6 +668,7 @@ class SpillingExecutor : public TrialExecutorInterface {
   NamedTensors pinned_;  // every shard's pinned parameters
   std::map<std::string, size_t> global_order_;
   std::map<size_t, torch::Tensor> norms_;  // global parameter index -> gradient norm
+  std::optional<StepInProgress> cur_;      // the step under way, if any
   int64_t step_ = 0;
 };
 
@@ -627,15 +704,7 @@ class ExecutorFactory : public ExecutorFactoryInterface {
                                        (ec ? ": " + ec.message() : ""));
       }
       const int64_t free_bytes = static_cast<int64_t>(vfs.f_bavail) * vfs.f_frsize;
-      // The state, the temporary copy of the largest shard while it is rewritten, and the
-      // gradients when clipping parks them on disk.
-      int64_t largest = 0, gradients = 0;
-      for (const auto& sh : plan->shards) {
-        largest = std::max(largest, sh.state_bytes);
-        gradients += sh.gradient_bytes;
-      }
-      const int64_t needed =
-          plan->total_state_bytes + largest + (trial.training.grad_clip_norm > 0 ? gradients : 0);
+      const int64_t needed = SpillDiskBytes(trial, *plan);
       if (free_bytes < needed) {
         return ResourceExhaustedError("trial " + trial.name + " spills up to " +
                                       FormatBytes(needed) + " to " + options_.spill_dir +

@@ -52,6 +52,7 @@ AgentService::AgentService(AgentConfig config, executor::ExecutorFactoryInterfac
   TrialSchedulerOptions options;
   options.devices = static_cast<int>(std::max<size_t>(1, config_.devices.size()));
   options.host_memory_bytes = config_.host_memory_bytes;
+  options.spill_dir = config_.spill_dir;
   options.refuse_over_host_memory = true;
   options.record_schedule = false;
   busy_history_.resize(options.devices);

@@ -30,6 +30,7 @@ struct AgentConfig {
   std::vector<std::string> data_roots;
   std::vector<std::string> checkpoint_roots;
   int64_t host_memory_bytes = 0;  ///< host memory for trials' state; <= 0: 75% of the RAM
+  std::string spill_dir;          ///< the executors' spill directory (disk admission)
   size_t max_trials = 1000;       ///< trials known at once (finished ones count)
   /// With mutual TLS: the identity (certificate SAN or CN) callers must present; empty: any
   /// certificate the CA signed.

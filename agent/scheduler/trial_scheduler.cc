@@ -1,8 +1,11 @@
 #include "agent/scheduler/trial_scheduler.h"
 
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <limits>
 
 #include "agent/executor/checkpoint.h"
 #include "common/cost_model.h"
@@ -25,6 +28,19 @@ double MeanOfLast(const std::vector<CurvePoint>& curve, size_t n) {
   double sum = 0;
   for (size_t i = curve.size() - n; i < curve.size(); ++i) sum += curve[i].loss;
   return sum / static_cast<double>(n);
+}
+
+/// Bytes free to unprivileged writers under `dir` (its nearest existing ancestor); a huge number
+/// when it cannot be read, leaving the executor's own check to report the problem.
+int64_t FreeDiskBytes(const std::string& dir) {
+  std::filesystem::path p(dir);
+  struct statvfs vfs {};
+  while (!p.empty() && ::statvfs(p.c_str(), &vfs) != 0) {
+    if (p == p.parent_path()) return std::numeric_limits<int64_t>::max() / 4;
+    p = p.parent_path();
+  }
+  if (p.empty()) return std::numeric_limits<int64_t>::max() / 4;
+  return static_cast<int64_t>(vfs.f_bavail) * static_cast<int64_t>(vfs.f_frsize);
 }
 
 /// What a checkpoint carries besides the tensors: enough to continue the trial's record.
@@ -59,8 +75,9 @@ void RestoreProgress(const nlohmann::json& meta, TrialResult* r) {
 struct TrialScheduler::Slot {
   size_t index = 0;
   PreparedTrial p;
-  TrialResult r;          // the worker's record
-  TrialResult published;  // what readers see; copied from r at report points
+  TrialResult r;                 // the worker's record
+  double last_step_seconds = 0;  // compute time of its latest optimizer step
+  TrialResult published;         // what readers see; copied from r at report points
   std::unique_ptr<executor::TrialExecutorInterface> exec;
   std::unique_ptr<CheckpointStore> store;
   int64_t saved_step = 0;
@@ -130,6 +147,7 @@ StatusOr<PreparedTrial> TrialScheduler::Prepare(const Trial& trial,
                                   ? plan->total_state_bytes + plan->peak_device_bytes
                                   : plan->peak_device_bytes)
                            : fp.total_bytes();
+  p.disk_bytes = plan.ok() ? SpillDiskBytes(trial, *plan) : 0;
   if (options_.refuse_over_host_memory && p.host_bytes > HostLimit()) {
     return ResourceExhaustedError("trial " + trial.name + " needs " + FormatBytes(p.host_bytes) +
                                   " (" + std::to_string(p.host_bytes) +
@@ -249,6 +267,24 @@ Status TrialScheduler::Drain(const std::string& reason) {
   }
   Status first;
   for (Slot* slot : todo) {
+    // A step half done (some shards stepped) cannot be checkpointed: finish it first.
+    Status finished;
+    while (finished.ok() && slot->exec && slot->exec->InStep()) {
+      bool stepped = false, evaluated = false;
+      size_t task = 0;
+      try {
+        finished = TaskOnce(*slot, &stepped, &evaluated, &task);
+      } catch (const std::exception& e) {
+        finished = InternalError(std::string("unexpected error: ") + e.what());
+      }
+    }
+    if (!finished.ok()) {
+      observer_->OnTrialMessage(slot->r.trial.name,
+                                "finishing the step on drain: " + finished.message());
+      if (first.ok()) first = finished;
+      EndClaimed(*slot, kTrialInterrupted, reason);
+      continue;
+    }
     if (slot->started && slot->r.step > slot->saved_step) {
       Status s = SaveCheckpoint(*slot);
       if (!s.ok()) {
@@ -343,17 +379,33 @@ void TrialScheduler::Worker(int device) {
       cv_.wait_for(lock, std::chrono::milliseconds(20));  // the flag changes without a notify
       continue;
     }
-    // Admission: trials join, in order, while their state fits the host memory.
-    int64_t admitted_bytes = 0;
+    // Admission: trials join, in order, while their state fits the host memory and their
+    // spill files fit the spill directory's free space.
+    int64_t admitted_bytes = 0, unwritten_disk = 0;
+    bool any_admitted = false;
     for (auto& s : slots_) {
-      if (s->admitted && !s->done) admitted_bytes += s->p.host_bytes;
+      if (!s->admitted || s->done) continue;
+      any_admitted = true;
+      admitted_bytes += s->p.host_bytes;
+      if (!s->started) unwritten_disk += s->p.disk_bytes;  // not yet taken from the free space
     }
+    int64_t disk_free = -1;  // read once per pass, only when a waiting trial spills to disk
     for (auto& s : slots_) {
       if (s->admitted || s->done) continue;
-      // The first waiting trial is admitted even alone over the limit: it must run sometime.
-      if (admitted_bytes > 0 && admitted_bytes + s->p.host_bytes > host_limit) break;
+      // The first waiting trial is admitted even alone over a limit: it must run sometime (and
+      // fails with the numbers if it cannot).
+      if (any_admitted && admitted_bytes + s->p.host_bytes > host_limit) break;
+      if (any_admitted && s->p.disk_bytes > 0 && !options_.spill_dir.empty()) {
+        if (disk_free < 0) {
+          disk_free = options_.free_disk_bytes ? options_.free_disk_bytes(options_.spill_dir)
+                                               : FreeDiskBytes(options_.spill_dir);
+        }
+        if (unwritten_disk + s->p.disk_bytes > disk_free) break;
+      }
       s->admitted = true;
+      any_admitted = true;
       admitted_bytes += s->p.host_bytes;
+      unwritten_disk += s->p.disk_bytes;
     }
     std::vector<RunnableTrial> runnable;
     for (auto& s : slots_) {
@@ -378,16 +430,18 @@ void TrialScheduler::Worker(int device) {
     }
 
     Status s;
-    bool stepped = false, evaluated = false;
+    bool tasked = false, stepped = false, evaluated = false;
+    size_t task = 0;
+    const int64_t task_step = slot.r.step;
     Clock::time_point t0, t1;
     try {
       if (!slot.started) s = Start(slot);
       // A trial resumed from its final checkpoint only needs finishing.
       if (s.ok() && slot.r.step < slot.r.trial.training.steps) {
         t0 = Clock::now();
-        s = StepOnce(slot, &evaluated);
+        s = TaskOnce(slot, &stepped, &evaluated, &task);
         t1 = Clock::now();
-        stepped = true;
+        tasked = true;
       }
       if (s.ok() && slot.r.step >= slot.r.trial.training.steps) s = Finish(slot);
     } catch (const std::exception& e) {
@@ -411,17 +465,19 @@ void TrialScheduler::Worker(int device) {
       slot.r.message = "cancelled at step " + std::to_string(slot.r.step);
     }
     if (stepped && observer_) {
-      observer_->OnStep(slot.r.trial.name, device, Seconds(t1 - t0), slot.r.shards, evaluated);
+      observer_->OnStep(slot.r.trial.name, device, slot.last_step_seconds, slot.r.shards,
+                        evaluated);
     }
 
     lock.lock();
     if (!s.ok() || cancelled || slot.r.state == kTrialSucceeded) slot.done = true;
-    if (stepped) {
-      // One task per optimizer step, timed without set-up and finishing.
+    if (tasked) {
+      // One shard-task (a whole step for an unsharded trial), timed without set-up and
+      // finishing; the next task of the trial may run on any device.
       const double start = Seconds(t0 - start_);
       const double end = Seconds(t1 - start_);
       if (options_.record_schedule) {
-        schedule_.tasks.push_back({slot.index, slot.r.step - 1, 0, device, start, end});
+        schedule_.tasks.push_back({slot.index, task_step, task, device, start, end});
       }
       slot.ready_since = end;
     }
@@ -501,18 +557,27 @@ Status TrialScheduler::SaveCheckpoint(Slot& slot) {
   return OkStatus();
 }
 
-Status TrialScheduler::StepOnce(Slot& slot, bool* evaluated) {
-  if (slot.p.fence) RETURN_IF_ERROR(slot.p.fence());
+Status TrialScheduler::TaskOnce(Slot& slot, bool* stepped, bool* evaluated, size_t* task) {
+  // Fencing at step boundaries: an older holder stops before its next step or checkpoint.
+  if (slot.p.fence && !slot.exec->InStep()) RETURN_IF_ERROR(slot.p.fence());
+  auto t = slot.exec->RunTask();
+  if (!t.ok()) return t.status();
+  *task = t->task;
+  if (!t->step) return OkStatus();
+  *stepped = true;
+  return AfterStep(slot, *t->step, evaluated);
+}
+
+Status TrialScheduler::AfterStep(Slot& slot, const executor::StepMetrics& m, bool* evaluated) {
   TrialResult* r = &slot.r;
   const auto& tr = r->trial.training;
   const auto start = Clock::now();
-  auto m = slot.exec->TrainStep();
-  if (!m.ok()) return m.status();
+  slot.last_step_seconds = m.seconds;
   r->step = slot.exec->step();
-  r->train_curve.push_back({r->step, m->loss});
-  r->last_loss = m->loss;
-  r->train_seconds += m->seconds;
-  r->trained_tokens += m->tokens;
+  r->train_curve.push_back({r->step, m.loss});
+  r->last_loss = m.loss;
+  r->train_seconds += m.seconds;
+  r->trained_tokens += m.tokens;
   r->tokens_per_second = static_cast<double>(r->trained_tokens) / r->train_seconds;
   const auto stats = slot.exec->stats();
   r->disk_bytes_read = stats.disk_bytes_read;
@@ -525,7 +590,7 @@ Status TrialScheduler::StepOnce(Slot& slot, bool* evaluated) {
     r->val_curve.push_back({r->step, *val});
     *evaluated = true;
   }
-  r->wall_seconds += Seconds(Clock::now() - start);
+  r->wall_seconds += m.seconds + Seconds(Clock::now() - start);
   if (tr.checkpoint_every_steps > 0 && r->step % tr.checkpoint_every_steps == 0 &&
       r->step < tr.steps) {
     const auto c0 = Clock::now();

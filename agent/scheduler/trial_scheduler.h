@@ -51,6 +51,11 @@ struct TrialSchedulerOptions {
   /// When it reads true, devices take no new steps (a Ctrl-C handler sets it; Drain follows).
   /// May be null. Borrowed.
   const std::atomic<bool>* hold = nullptr;
+  /// Where disk-tier trials spill (ExecutorOptions::spill_dir): trials are admitted only while
+  /// the spill files of all admitted trials fit its free space. Empty: no disk admission.
+  std::string spill_dir = {};
+  /// Free bytes under a directory; empty: statvfs. Tests set it.
+  std::function<int64_t(const std::string& dir)> free_disk_bytes = {};
   /// Keep every step in schedule() (the local runner draws it); a long-lived agent does not.
   bool record_schedule = true;
 };
@@ -61,6 +66,7 @@ struct PreparedTrial {
   std::string checkpoint_dir;  ///< where its checkpoints are written and resumed from
   std::shared_ptr<const executor::TokenDataset> data;
   int64_t host_bytes = 0;       ///< host memory its state takes while admitted
+  int64_t disk_bytes = 0;       ///< spill-directory bytes its state takes while admitted
   double est_step_seconds = 0;  ///< first estimate of an optimizer step
   std::string fingerprint;      ///< of its configuration; guards resuming
   /// Called before every step and checkpoint; ABORTED stops the trial as Cancelled with its
@@ -133,7 +139,10 @@ class TrialScheduler {
  private:
   struct Slot;
   Status Start(Slot& slot);
-  Status StepOnce(Slot& slot, bool* evaluated);
+  /// Runs the trial's next shard-task; when it ends an optimizer step, does the step's
+  /// bookkeeping (curves, evaluation, checkpoint) and sets *stepped.
+  Status TaskOnce(Slot& slot, bool* stepped, bool* evaluated, size_t* task);
+  Status AfterStep(Slot& slot, const executor::StepMetrics& m, bool* evaluated);
   Status Finish(Slot& slot);
   Status SaveCheckpoint(Slot& slot);
   void Worker(int device);

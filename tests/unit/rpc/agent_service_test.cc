@@ -433,7 +433,9 @@ TEST_F(AgentServiceTest, FencingStopsTheOlderHolderAndRefusesOlderAssignments) {
   EXPECT_EQ(StatusOf(*stub).trials(0).attempt(), 1);
   // Another agent takes the trial over (attempt 2 in the same shared checkpoint directory):
   // this one stops before its next step and never writes another checkpoint.
-  std::ofstream(dir_ / "ckpt" / "moving" / "ATTEMPT") << "2\n";
+  // Written as the agents write it: a complete file renamed into place.
+  std::ofstream(dir_ / "ckpt" / "moving" / "ATTEMPT.tmp") << "2\n";
+  fs::rename(dir_ / "ckpt" / "moving" / "ATTEMPT.tmp", dir_ / "ckpt" / "moving" / "ATTEMPT");
   ASSERT_TRUE(WaitFor(
       *stub, [](const v1::GetStatusResponse& s) { return s.trials(0).state() == v1::CANCELLED; }));
   EXPECT_THAT(StatusOf(*stub).trials(0).message(), HasSubstr("superseded: attempt 2"));

@@ -4,11 +4,13 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
 
 #include "agent/executor/checkpoint.h"
+#include "common/partitioner.h"
 #include "tests/fakes/fake_executor.h"
 
 namespace hydra::agent {
@@ -41,6 +43,49 @@ class RecordingObserver : public TrialObserverInterface {
   std::map<int, int> steps_per_device;
   std::vector<std::string> messages;
   int checkpoints = 0;
+};
+
+/// Counts the executors alive (a disk-tier trial's spill files exist while it has one).
+class HoldingFactory : public executor::ExecutorFactoryInterface {
+ public:
+  explicit HoldingFactory(executor::ExecutorFactoryInterface* inner) : inner_(inner) {}
+  Status Check(const Trial& t, const executor::TokenDataset& d) override {
+    return inner_->Check(t, d);
+  }
+  StatusOr<std::unique_ptr<executor::TrialExecutorInterface>> Create(
+      const Trial& t, std::shared_ptr<const executor::TokenDataset> d) override {
+    auto e = inner_->Create(t, d);
+    if (!e.ok()) return e.status();
+    return std::unique_ptr<executor::TrialExecutorInterface>(new Held(std::move(e).value(), &held));
+  }
+  std::atomic<int> held{0};
+
+ private:
+  class Held : public executor::TrialExecutorInterface {
+   public:
+    Held(std::unique_ptr<executor::TrialExecutorInterface> e, std::atomic<int>* n)
+        : e_(std::move(e)), n_(n) {
+      ++*n_;
+    }
+    ~Held() override { --*n_; }
+    StatusOr<executor::StepMetrics> TrainStep() override { return e_->TrainStep(); }
+    StatusOr<executor::TaskResult> RunTask() override { return e_->RunTask(); }
+    bool InStep() const override { return e_->InStep(); }
+    StatusOr<double> Evaluate() override { return e_->Evaluate(); }
+    int64_t step() const override { return e_->step(); }
+    StatusOr<std::vector<executor::NamedBuffer>> ExportState() override {
+      return e_->ExportState();
+    }
+    Status ImportState(int64_t step, const std::vector<executor::NamedBuffer>& s) override {
+      return e_->ImportState(step, s);
+    }
+    executor::ExecutorStats stats() const override { return e_->stats(); }
+
+   private:
+    std::unique_ptr<executor::TrialExecutorInterface> e_;
+    std::atomic<int>* n_;
+  };
+  executor::ExecutorFactoryInterface* inner_;
 };
 
 class TrialSchedulerTest : public ::testing::Test {
@@ -214,6 +259,54 @@ TEST_F(TrialSchedulerTest, RefusesATrialLargerThanTheHostMemoryWhenAskedTo) {
   EXPECT_THAT(p.status().message(), HasSubstr("host memory"));
   EXPECT_THAT(p.status().message(), HasSubstr("1000 bytes"));
   EXPECT_TRUE(s.Snapshot().empty());
+}
+
+TEST_F(TrialSchedulerTest, DiskSpillingTrialsAreAdmittedWhileAllTheirSpillFilesFit) {
+  // Four trials whose state lives on disk; the spill directory holds two trials' files.
+  std::vector<Trial> trials;
+  for (const char* n : {"d1", "d2", "d3", "d4"}) {
+    Trial t = MakeTrial(n, 6);
+    t.model = {"gpt2", 4, 32, 2, 16, 256};
+    t.resources.device_memory_budget = 900 * 1024;
+    t.resources.offload = "disk";
+    trials.push_back(t);
+  }
+  auto plan = PlanShards(trials[0], PartitionOptionsFor(trials[0]));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const int64_t need = SpillDiskBytes(trials[0], *plan);
+  ASSERT_GT(need, 0) << "the trial must spill to disk";
+  TrialSchedulerOptions o;
+  o.devices = 4;  // devices and host memory are plentiful: only the disk limits
+  o.spill_dir = (dir_ / "spill").string();
+  // Free space as a disk would show it: each trial holding an executor has its files there.
+  factory_.step_delay = std::chrono::milliseconds(20);
+  HoldingFactory holding(&factory_);
+  std::vector<std::string> asked;
+  o.free_disk_bytes = [&](const std::string& d) {
+    asked.push_back(d);
+    return need * 5 / 2 - need * holding.held.load();
+  };
+  TrialScheduler s(&holding, &observer_, o);
+  for (const auto& t : trials) ASSERT_TRUE(Submit(s, t).ok());
+  ASSERT_TRUE(s.WaitIdle(std::chrono::seconds(30)));
+  for (const auto& r : s.Snapshot()) EXPECT_EQ(r.state, kTrialSucceeded) << r.message;
+  EXPECT_FALSE(asked.empty());
+  EXPECT_EQ(asked.front(), o.spill_dir);
+  // Never more than two trials held at once: count overlaps of their first and last steps.
+  std::map<size_t, std::pair<double, double>> span;
+  for (const auto& t : s.schedule().tasks) {
+    auto [it, fresh] = span.emplace(t.trial, std::make_pair(t.start, t.end));
+    if (!fresh) {
+      it->second.first = std::min(it->second.first, t.start);
+      it->second.second = std::max(it->second.second, t.end);
+    }
+  }
+  ASSERT_EQ(span.size(), 4u);
+  for (const auto& [i, a] : span) {
+    int together = 0;
+    for (const auto& [j, b] : span) together += b.first <= a.first && a.first < b.second;
+    EXPECT_LE(together, 2) << "trial " << i << " started while two others held the disk";
+  }
 }
 
 TEST_F(TrialSchedulerTest, BusySecondsGrowOnlyOnDevicesThatRan) {

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "agent/executor/cpu_threads.h"
+#include "agent/executor/model_loader.h"
 #include "agent/executor/pilot.h"
 #include "agent/executor/spilling_executor.h"
 #include "cli/local_runner.h"
@@ -48,6 +49,14 @@ int LoadOrExplain(const std::string& path, hydra::MultiModelJob* job,
   }
   *job = std::move(loaded).value();
   *trials = std::move(expanded).value();
+  // A TorchScript model is loaded and checked now: a bad file is an error before anything
+  // runs, and its layers are known to the planner.
+  for (auto& t : *trials) {
+    if (auto s = hydra::executor::ResolveModel(&t); !s.ok()) {
+      std::cerr << "error: " << path << ": " << s.message() << "\n";
+      return 2;
+    }
+  }
   return 0;
 }
 
@@ -74,6 +83,11 @@ int Plan(const std::string& path, bool pilot, int threads) {
   double flops = 1e11;
   if (pilot) {
     hydra::executor::ConfigureCpuThreads(threads);
+    if (trials.front().model.family != "gpt2") {
+      std::cerr << "error: --pilot times a GPT-2 block; it does not apply to family "
+                << trials.front().model.family << "\n";
+      return 2;
+    }
     auto p = hydra::executor::RunPilot(trials.front());
     if (!p.ok()) {
       std::cerr << "error: " << p.status().message() << "\n";

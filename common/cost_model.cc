@@ -2,7 +2,34 @@
 
 namespace hydra {
 
+namespace {
+
+/// A TorchScript model's children as measured at load time. What autograd saves inside a child
+/// is not visible from outside, so its activations are estimated as kSavedPerOutput times its
+/// output (a transformer block saves about 16x its output per token plus attention scores;
+/// an MLP layer 2-3x): an estimate for planning, which the budget ledger then enforces.
+std::vector<LayerCost> ModuleLayerCosts(const ModelSpec& m, int64_t micro_batch) {
+  constexpr int64_t kSavedPerOutput = 16;
+  std::vector<LayerCost> layers;
+  for (const auto& l : m.layers) {
+    LayerCost c;
+    c.name = l.name;
+    c.parameters = l.parameters;
+    c.tied_parameters = l.tied_parameters;
+    c.output_bytes = micro_batch * l.output_elements * 4;
+    c.activation_bytes = kSavedPerOutput * c.output_bytes;
+    // A dense layer: 2 FLOPs per parameter per token.
+    c.forward_flops = 2.0 * static_cast<double>(l.parameters) *
+                      static_cast<double>(micro_batch * m.context_length);
+    layers.push_back(c);
+  }
+  return layers;
+}
+
+}  // namespace
+
 std::vector<LayerCost> ModelLayerCosts(const ModelSpec& m, int64_t micro_batch) {
+  if (m.family == "torchscript") return ModuleLayerCosts(m, micro_batch);
   const int64_t B = micro_batch, T = m.context_length, C = m.n_embd, H = m.n_head, V = m.vocab_size;
   const int64_t tokens = B * T;
   const int64_t f = 4;  // fp32

@@ -22,7 +22,8 @@ struct LayerCost {
   double forward_flops = 0;      ///< per micro-batch
 };
 
-/// Per-layer costs of the trial's model, in execution order.
+/// Per-layer costs of the trial's model, in execution order. For family torchscript they come
+/// from ModelSpec::layers (empty until the module was loaded).
 std::vector<LayerCost> ModelLayerCosts(const ModelSpec& model, int64_t micro_batch);
 
 /// Bytes of optimizer state per parameter: 8 for AdamW (two moments), 4 for SGD with momentum.

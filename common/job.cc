@@ -65,7 +65,7 @@ struct FieldDef {
 
 const std::vector<FieldDef>& Fields() {
   static const std::vector<FieldDef> kFields = {
-      HYDRA_ENUM_FIELD(model, "family", "f", family, "gpt2"),
+      HYDRA_ENUM_FIELD(model, "family", "f", family, "gpt2", "torchscript"),
       HYDRA_INT_FIELD(model, "nLayer", "l", n_layer, 1, 1024),
       HYDRA_INT_FIELD(model, "nEmbd", "d", n_embd, 1, 65536),
       HYDRA_INT_FIELD(model, "nHead", "h", n_head, 1, 1024),
@@ -246,8 +246,9 @@ class Checker {
 
 void ParseSection(Checker& c, const YAML::Node& node, const std::string& section,
                   const std::string& path, TrialConfig* config,
-                  const std::vector<std::string>& required) {
-  std::vector<std::string> known;
+                  const std::vector<std::string>& required,
+                  const std::vector<std::string>& other_keys = {}) {
+  std::vector<std::string> known = other_keys;  // parsed by the caller
   for (const auto& f : Fields()) {
     if (section == f.section) known.push_back(f.name);
   }
@@ -315,6 +316,30 @@ void ParseMetadata(Checker& c, const YAML::Node& node, JobMetadata* md) {
   if (node["annotations"]) {
     ParseStringMap(c, node["annotations"], "metadata.annotations", &md->annotations);
   }
+}
+
+/// spec.model.path: required by (and only allowed with) family torchscript.
+void ParseModelPath(Checker& c, const YAML::Node& node, const std::string& base_dir, ModelSpec* m) {
+  if (!node.IsMap()) return;  // reported by ParseSection
+  const std::string p = "spec.model.path";
+  if (!node["path"]) {
+    if (m->family == "torchscript") {
+      c.Error(p, node, "required field is missing (family torchscript loads its module from it)");
+    }
+    return;
+  }
+  if (m->family != "torchscript") {
+    c.Error(p, node["path"], "only family torchscript reads a model file");
+    return;
+  }
+  if (!node["path"].IsScalar() || node["path"].Scalar().empty()) {
+    c.Error(p, node["path"], "must be a non-empty path");
+    return;
+  }
+  m->path = node["path"].Scalar();
+  fs::path resolved(m->path);
+  if (resolved.is_relative()) resolved = fs::path(base_dir) / resolved;
+  m->resolved_path = resolved.lexically_normal().string();
 }
 
 void ParseDataset(Checker& c, const YAML::Node& node, const std::string& base_dir,
@@ -488,7 +513,7 @@ void CheckTrialRules(const TrialConfig& t, const DatasetSpec& ds, const Resource
   auto err = [&](const std::string& path, const std::string& msg) {
     errors->push_back(FieldError{path, where + msg, -1});
   };
-  if (t.model.n_embd % t.model.n_head != 0) {
+  if (t.model.family == "gpt2" && t.model.n_embd % t.model.n_head != 0) {
     err("spec.model.nHead", "nHead (" + std::to_string(t.model.n_head) + ") must divide nEmbd (" +
                                 std::to_string(t.model.n_embd) + ")");
   }
@@ -504,7 +529,8 @@ void CheckTrialRules(const TrialConfig& t, const DatasetSpec& ds, const Resource
   if (ds.format == "tokens-u16" && t.model.vocab_size > 65536) {
     err("spec.model.vocabSize", "must be <= 65536 for the tokens-u16 format");
   }
-  if (!res.shard_boundaries.empty() && res.shard_boundaries.back() > t.model.n_layer + 1) {
+  if (t.model.family == "gpt2" && !res.shard_boundaries.empty() &&
+      res.shard_boundaries.back() > t.model.n_layer + 1) {
     err("spec.resources.shardBoundaries",
         "layer index " + std::to_string(res.shard_boundaries.back()) + " is past the last layer (" +
             std::to_string(t.model.n_layer + 1) + ": the head) of a model with nLayer " +
@@ -625,7 +651,8 @@ StatusOr<MultiModelJob> ParseJobYaml(const std::string& yaml_text, const std::st
           if (!spec["model"]) {
             c.Error("spec.model", spec, "required field is missing");
           } else {
-            ParseSection(c, spec["model"], "model", "spec.model", &base, {"family"});
+            ParseSection(c, spec["model"], "model", "spec.model", &base, {"family"}, {"path"});
+            ParseModelPath(c, spec["model"], base_dir, &base.model);
           }
           if (!spec["training"]) {
             c.Error("spec.training", spec, "required field is missing");
@@ -776,6 +803,9 @@ Status ValidateTrial(const Trial& trial, const std::string& prefix) {
     err("dataset.format", "must be one of: text, tokens-u16 (got '" + ds.format + "')");
   }
   if (ds.resolved_path.empty()) err("dataset.path", "must be a non-empty path");
+  if (trial.model.family == "torchscript" && trial.model.resolved_path.empty()) {
+    err("model.path", "family torchscript needs the module's path");
+  }
   if (!(ds.validation_fraction > 0 && ds.validation_fraction < 1)) {
     err("dataset.validationFraction", "must be a number > 0 and < 1");
   }

@@ -16,13 +16,29 @@ inline constexpr const char* kApiVersion = "hydra.dev/v1alpha1";
 inline constexpr const char* kKind = "MultiModelJob";
 
 /// spec.model: the architecture. Field names are the manifest's (camelCase there).
+/// One top-level child of a TorchScript model, measured when the module is loaded (not part of
+/// the manifest): what the partitioner and the cost model know of it.
+struct ModuleLayer {
+  std::string name;             ///< the child's attribute name ("0", "blocks_3", ...)
+  int64_t parameters = 0;       ///< parameters it owns (tied ones counted at first use)
+  int64_t tied_parameters = 0;  ///< of those, the ones a later child uses too
+  int64_t output_elements = 0;  ///< elements of its output for one sequence
+};
+
 struct ModelSpec {
-  std::string family = "gpt2";   ///< gpt2
+  std::string family = "gpt2";   ///< gpt2 | torchscript
   int64_t n_layer = 4;           ///< nLayer: transformer blocks
   int64_t n_embd = 128;          ///< nEmbd: hidden width
   int64_t n_head = 4;            ///< nHead: attention heads; must divide nEmbd
   int64_t context_length = 128;  ///< contextLength: tokens per sequence
   int64_t vocab_size = 256;      ///< vocabSize
+  /// family torchscript: the module file (torch.jit.save) as written, and resolved against the
+  /// manifest's directory. Its top-level children run in order; nLayer/nEmbd/nHead are unused.
+  std::string path = {};
+  std::string resolved_path = {};
+  /// family torchscript: the module's children, filled when the module is loaded
+  /// (executor::ResolveModel); empty until then.
+  std::vector<ModuleLayer> layers = {};
 };
 
 /// spec.dataset: where the tokens come from.
@@ -118,7 +134,7 @@ struct Trial {
 
 /// A manifest problem: the field path ("spec.search.grid.batchSize[1]") and the rule broken.
 struct FieldError {
-  std::string path;
+  std::string path = {};
   std::string message;
   int line = -1;  ///< 1-based line in the manifest, -1 if unknown
   std::string ToString() const;

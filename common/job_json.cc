@@ -26,6 +26,7 @@ nlohmann::json TrialConfigJson(const Trial& t) {
                 {"nHead", m.n_head},
                 {"contextLength", m.context_length},
                 {"vocabSize", m.vocab_size}};
+  if (!m.resolved_path.empty()) j["model"]["path"] = m.resolved_path;
   j["training"] = {{"optimizer", tr.optimizer},
                    {"learningRate", tr.learning_rate},
                    {"batchSize", tr.batch_size},

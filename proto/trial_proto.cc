@@ -35,6 +35,7 @@ void TrialToProto(const Trial& t, const std::string& job, const std::string& ns,
   m->set_n_head(t.model.n_head);
   m->set_context_length(t.model.context_length);
   m->set_vocab_size(t.model.vocab_size);
+  m->set_path(t.model.resolved_path);
   auto* d = out->mutable_dataset();
   d->set_format(t.dataset.format);
   d->set_path(t.dataset.resolved_path);
@@ -84,6 +85,7 @@ StatusOr<Trial> TrialFromProto(const v1::TrialSpec& s) {
   t.model.n_head = m.n_head();
   t.model.context_length = m.context_length();
   t.model.vocab_size = m.vocab_size();
+  t.model.path = t.model.resolved_path = m.path();
   const auto& d = s.dataset();
   t.dataset.format = d.format();
   t.dataset.path = d.path();

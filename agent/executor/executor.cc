@@ -3,7 +3,7 @@
 namespace hydra::executor {
 
 Status CheckModelAndData(const Trial& trial, const TokenDataset& data) {
-  if (trial.model.family != "gpt2") {
+  if (trial.model.family != "gpt2" && trial.model.family != "torchscript") {
     return InvalidArgumentError("spec.model.family: unsupported family '" + trial.model.family +
                                 "'");
   }

@@ -91,6 +91,21 @@ class ExecutorFactoryInterface {
   /// Builds the trial's model and optimizer, initialised from training.seed; fails as Check.
   virtual StatusOr<std::unique_ptr<TrialExecutorInterface>> Create(
       const Trial& trial, std::shared_ptr<const TokenDataset> data) = 0;
+  /// Completes what a model file defines (family torchscript: loads and checks the module and
+  /// fills trial->model.layers for the planner); INVALID_ARGUMENT / NOT_FOUND naming the file.
+  /// Nothing to do for the built-in families.
+  virtual Status Resolve(Trial* trial) {
+    (void)trial;
+    return OkStatus();
+  }
+  /// Writes a finished trial's weights (an executor's ExportState) where its users read them:
+  /// for family torchscript a state dict for Python's torch.load at `path`. Nothing for the
+  /// built-in families.
+  virtual Status WriteModelFile(const Trial& trial, const std::vector<NamedBuffer>& state,
+                                const std::string& path) {
+    (void)trial, (void)state, (void)path;
+    return OkStatus();
+  }
 };
 
 }  // namespace hydra::executor

@@ -8,6 +8,7 @@
 #include "agent/executor/gpt2.h"
 #include "agent/executor/optimizer.h"
 #include "agent/executor/tensor_buffers.h"
+#include "agent/executor/torchscript.h"
 #include "common/cost_model.h"
 #include "common/units.h"
 
@@ -16,10 +17,11 @@ namespace {
 
 class InMemoryExecutor : public TrialExecutorInterface {
  public:
-  InMemoryExecutor(const Trial& trial, std::shared_ptr<const TokenDataset> data)
+  InMemoryExecutor(const Trial& trial, std::shared_ptr<const TokenDataset> data,
+                   LayerSequence model)
       : trial_(trial),
         data_(std::move(data)),
-        model_(BuildGpt2(trial.model, static_cast<uint64_t>(trial.training.seed))),
+        model_(std::move(model)),
         params_(model_.NamedParameters()),
         optimizer_(params_, trial.training) {
     for (const auto& [name, p] : params_) stats_.parameters += p.numel();
@@ -117,8 +119,10 @@ class InMemoryExecutorFactory : public ExecutorFactoryInterface {
     if (options_.threads > 0) threading_ = ConfigureCpuThreads(options_.threads);
   }
 
-  Status Check(const Trial& trial, const TokenDataset& data) override {
-    RETURN_IF_ERROR(CheckModelAndData(trial, data));
+  Status Check(const Trial& given, const TokenDataset& data) override {
+    RETURN_IF_ERROR(CheckModelAndData(given, data));
+    Trial trial = given;
+    RETURN_IF_ERROR(ResolveModel(&trial));
     const TrialFootprint fp = EstimateTrialFootprint(trial);
     if (trial.resources.device_memory_budget &&
         fp.total_bytes() > *trial.resources.device_memory_budget) {
@@ -134,12 +138,22 @@ class InMemoryExecutorFactory : public ExecutorFactoryInterface {
     return OkStatus();
   }
 
+  Status Resolve(Trial* trial) override { return ResolveModel(trial); }
+  Status WriteModelFile(const Trial& trial, const std::vector<NamedBuffer>& state,
+                        const std::string& path) override {
+    if (trial.model.family != "torchscript") return OkStatus();
+    return WriteStateDictFromState(trial.model, state, path);
+  }
+
   StatusOr<std::unique_ptr<TrialExecutorInterface>> Create(
-      const Trial& trial, std::shared_ptr<const TokenDataset> data) override {
-    RETURN_IF_ERROR(Check(trial, *data));
+      const Trial& given, std::shared_ptr<const TokenDataset> data) override {
+    RETURN_IF_ERROR(Check(given, *data));
+    Trial trial = given;
+    RETURN_IF_ERROR(ResolveModel(&trial));
     try {
+      ASSIGN_OR_RETURN(LayerSequence model, BuildModel(trial));
       return std::unique_ptr<TrialExecutorInterface>(
-          std::make_unique<InMemoryExecutor>(trial, std::move(data)));
+          std::make_unique<InMemoryExecutor>(trial, std::move(data), std::move(model)));
     } catch (const c10::Error& e) {
       return InternalError("building " + trial.name + ": " + e.what_without_backtrace());
     }

@@ -16,6 +16,7 @@
 #include "agent/executor/optimizer.h"
 #include "agent/executor/tensor_buffers.h"
 #include "agent/executor/tier_ledger.h"
+#include "agent/executor/torchscript.h"
 #include "common/partitioner.h"
 #include "common/units.h"
 
@@ -76,14 +77,15 @@ class SpillingExecutor : public TrialExecutorInterface {
     if (disk_) RETURN_IF_ERROR(disk_->Init());
     Status status;
     size_t next = 0;
-    model_ = BuildGpt2(trial_.model, static_cast<uint64_t>(trial_.training.seed),
-                       [&](const LayerSequence& seq, size_t layer) {
-                         if (!status.ok() || next >= plan_.shards.size() ||
-                             static_cast<int>(layer) != plan_.shards[next].last_layer) {
-                           return;
-                         }
-                         status = AddShard(seq, next++);
-                       });
+    auto built = BuildModel(trial_, [&](const LayerSequence& seq, size_t layer) {
+      if (!status.ok() || next >= plan_.shards.size() ||
+          static_cast<int>(layer) != plan_.shards[next].last_layer) {
+        return;
+      }
+      status = AddShard(seq, next++);
+    });
+    if (!built.ok()) return built.status();
+    model_ = std::move(built).value();
     RETURN_IF_ERROR(status);
     for (const auto& [name, p] : model_.NamedParameters()) {
       global_order_[name] = global_order_.size();
@@ -686,8 +688,10 @@ class ExecutorFactory : public ExecutorFactoryInterface {
     return PlanShards(trial, po);
   }
 
-  Status Check(const Trial& trial, const TokenDataset& data) override {
-    RETURN_IF_ERROR(CheckModelAndData(trial, data));
+  Status Check(const Trial& given, const TokenDataset& data) override {
+    RETURN_IF_ERROR(CheckModelAndData(given, data));
+    Trial trial = given;
+    RETURN_IF_ERROR(ResolveModel(&trial));
     auto plan = Plan(trial);
     if (!plan.ok()) return plan.status().WithContext("trial " + trial.name);
     if (plan->state_tier == StateTier::kDisk) {
@@ -714,9 +718,18 @@ class ExecutorFactory : public ExecutorFactoryInterface {
     return OkStatus();
   }
 
+  Status Resolve(Trial* trial) override { return ResolveModel(trial); }
+  Status WriteModelFile(const Trial& trial, const std::vector<NamedBuffer>& state,
+                        const std::string& path) override {
+    if (trial.model.family != "torchscript") return OkStatus();
+    return WriteStateDictFromState(trial.model, state, path);
+  }
+
   StatusOr<std::unique_ptr<TrialExecutorInterface>> Create(
-      const Trial& trial, std::shared_ptr<const TokenDataset> data) override {
-    RETURN_IF_ERROR(Check(trial, *data));
+      const Trial& given, std::shared_ptr<const TokenDataset> data) override {
+    RETURN_IF_ERROR(Check(given, *data));
+    Trial trial = given;
+    RETURN_IF_ERROR(ResolveModel(&trial));
     ASSIGN_OR_RETURN(PartitionPlan plan, Plan(trial));
     if (plan.shards.size() == 1 && plan.state_tier == StateTier::kHost) {
       Trial unbounded = trial;  // the plan already checked the budget

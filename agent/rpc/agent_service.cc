@@ -126,6 +126,13 @@ Status AgentService::CheckAssignment(const v1::AssignTrialRequest& request, Tria
   ASSIGN_OR_RETURN(Trial trial, wire::TrialFromProto(spec));
   // Paths: the dataset must be readable and the checkpoints writable only inside the roots.
   RETURN_IF_ERROR(Confine("trial.dataset.path", trial.dataset.resolved_path, config_.data_roots));
+  if (!trial.model.resolved_path.empty()) {
+    if (spec.model().path().size() > kMaxPathBytes) {
+      return InvalidArgumentError("trial.model.path: longer than " + std::to_string(kMaxPathBytes) +
+                                  " bytes");
+    }
+    RETURN_IF_ERROR(Confine("trial.model.path", trial.model.resolved_path, config_.data_roots));
+  }
   RETURN_IF_ERROR(Confine("checkpoint_dir", request.checkpoint_dir(), config_.checkpoint_roots));
   // The controller's shard plan, if any: contiguous ranges covering every layer.
   const auto& plan = request.shard_plan();

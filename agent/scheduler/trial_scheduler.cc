@@ -122,10 +122,13 @@ int64_t TrialScheduler::HostLimit() const {
                               static_cast<double>(sysconf(_SC_PAGESIZE)));
 }
 
-StatusOr<PreparedTrial> TrialScheduler::Prepare(const Trial& trial,
+StatusOr<PreparedTrial> TrialScheduler::Prepare(const Trial& given,
                                                 const std::string& checkpoint_dir) {
   PreparedTrial p;
-  p.trial = trial;
+  p.trial = given;
+  // A model file (TorchScript) is loaded and checked now, and its layers become known.
+  RETURN_IF_ERROR(factory_->Resolve(&p.trial));
+  const Trial& trial = p.trial;
   p.checkpoint_dir = checkpoint_dir;
   const auto key = std::make_pair(trial.dataset.resolved_path, trial.model.context_length + 1);
   {
@@ -617,6 +620,13 @@ Status TrialScheduler::Finish(Slot& slot) {
   r->final_val_loss = r->val_curve.back().loss;
   r->final_train_loss = MeanOfLast(r->train_curve, 10);
   if (slot.saved_step != r->step) RETURN_IF_ERROR(SaveCheckpoint(slot));
+  if (r->trial.model.family == "torchscript") {
+    // The trained weights where Python reads them: torch.load(<checkpoint dir>/model.pt).
+    auto state = slot.exec->ExportState();
+    if (!state.ok()) return state.status();
+    RETURN_IF_ERROR(factory_->WriteModelFile(
+        r->trial, *state, (std::filesystem::path(slot.p.checkpoint_dir) / "model.pt").string()));
+  }
   r->wall_seconds += Seconds(Clock::now() - start);
   r->eta_seconds = 0;
   r->peak_device_bytes = slot.exec->stats().peak_device_bytes;

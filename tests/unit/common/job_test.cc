@@ -209,6 +209,11 @@ INSTANTIATE_TEST_SUITE_P(
                 "spec.training.gradientAccumulationSteps", "must divide batchSize"},
         BadCase{"model is not a mapping", "  model:\n    family: gpt2\n",
                 "  model: gpt2\n  modelx:\n    family: gpt2\n", "spec.model", "must be a mapping"},
+        BadCase{"model path with a built-in family", "    nLayer: 4\n",
+                "    nLayer: 4\n    path: model.pt\n", "spec.model.path",
+                "only family torchscript reads a model file"},
+        BadCase{"torchscript without a path", "    family: gpt2\n", "    family: torchscript\n",
+                "spec.model.path", "required field is missing"},
         BadCase{"missing steps", "    steps: 200\n", "", "spec.training.steps", "required"},
         BadCase{"malformed YAML", "  search:\n", "  search: [\n", "", "malformed YAML"}),
     [](const ::testing::TestParamInfo<BadCase>& info) {

@@ -150,7 +150,11 @@ std::vector<Placement> PlaceTrials(std::vector<TrialToPlace> trials,
         }
         on_agent.resources.device_memory_budget = device;
       }
-      auto plan = PlanShards(on_agent, PartitionOptionsFor(on_agent));
+      // A model file's layers are known only once it is loaded, which the agent does: it
+      // plans such a trial itself (an empty plan here).
+      auto plan = on_agent.model.family == "torchscript"
+                      ? StatusOr<PartitionPlan>(PartitionPlan{})
+                      : PlanShards(on_agent, PartitionOptionsFor(on_agent));
       if (!plan.ok()) {
         why = a.node + ": " + plan.status().message();
         continue;

@@ -207,7 +207,7 @@ TEST_F(ControllerE2eTest, ApplyTrainsEveryTrialDeleteCancelsAndOneReplicaLeads) 
         auto [rc2, text] = Sh("kubectl get mmj tiny-sweep -o json");
         if (rc2 != 0) return false;
         job = Json::parse(text, nullptr, false);
-        if (job.is_discarded()) return false;
+        if (job.is_discarded() || !job["status"].is_object()) return false;
         for (const auto& c : job["status"].value("conditions", Json::array())) {
           if (c["type"] == "Complete" && c["status"] == "True") return true;
         }
@@ -240,6 +240,45 @@ TEST_F(ControllerE2eTest, ApplyTrainsEveryTrialDeleteCancelsAndOneReplicaLeads) 
   auto events = Sh("kubectl get events --field-selector involvedObject.name=tiny-sweep");
   EXPECT_THAT(events.second, HasSubstr("TrialAssigned"));
   EXPECT_THAT(events.second, HasSubstr("JobComplete"));
+
+  // A model brought as TorchScript: the agents load it from the shared data root, plan its
+  // shards themselves and write its trained weights for Python next to its checkpoints.
+  auto exported =
+      Sh("/usr/bin/python3 " + kSource + "/examples/torchscript/export_gpt.py --out " +
+         (work / "data" / "gpt.pt").string() + " --layers 1 --width 32 --heads 2 --context 32");
+  ASSERT_EQ(exported.first, 0) << exported.second;
+  const std::string ts_job = R"(apiVersion: hydra.dev/v1alpha1
+kind: MultiModelJob
+metadata: {name: ts-e2e}
+spec:
+  model: {family: torchscript, path: data/gpt.pt, contextLength: 32, vocabSize: 256}
+  dataset: {path: data/corpus.txt}
+  search: {grid: {learningRate: [1.0e-3, 2.0e-3]}}
+  training: {steps: 20, batchSize: 4, evalEverySteps: 10, checkpointEverySteps: 10}
+  resources: {shardBoundaries: [1, 2]}
+)";
+  ASSERT_EQ(Apply(ts_job, work).first, 0);
+  Json ts;
+  ASSERT_TRUE(Eventually(
+      [&] {
+        auto [rc2, text] = Sh("kubectl get mmj ts-e2e -o json");
+        ts = Json::parse(text, nullptr, false);
+        if (rc2 != 0 || ts.is_discarded() || !ts["status"].is_object()) return false;
+        for (const auto& c : ts["status"].value("conditions", Json::array())) {
+          if (c["type"] == "Complete" && c["status"] == "True") return true;
+        }
+        return false;
+      },
+      180))
+      << ts.dump(2) << "\n"
+      << hydra::fakes::Slurp(c1.out_path);
+  for (const auto& t : ts["status"]["trials"]) {
+    EXPECT_EQ(t["state"], "Succeeded") << t.dump();
+    EXPECT_EQ(t["step"], 20);
+    EXPECT_TRUE(fs::exists(work / "ckpt" / "default" / "ts-e2e" / t["name"].get<std::string>() /
+                           "model.pt"))
+        << t["name"];
+  }
 
   // Only the leader reconciled: the second replica waits for the Lease.
   EXPECT_THAT(hydra::fakes::Slurp(c2.out_path), Not(HasSubstr("is the leader")));

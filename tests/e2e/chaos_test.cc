@@ -16,6 +16,8 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <utility>
+#include <vector>
 
 #include "hydra/agent/v1/agent.grpc.pb.h"
 #include "tests/fakes/agent_process.h"
@@ -133,6 +135,37 @@ class ChaosTest : public ::testing::Test {
          "0.5", "--agent-lost-seconds", "3"},
         (work_ / "controller.log").string());
     ASSERT_GT(controller_.pid, 0);
+  }
+
+  /// kManifest cut to one trial (lr 1e-3, batch 4) named `name`, with more edits, written to
+  /// <work>/<name>.yaml; returns the path.
+  std::string OneTrialManifest(const std::string& name,
+                               const std::vector<std::pair<std::string, std::string>>& edits) {
+    std::string m = kManifest;
+    auto replace = [&](const std::string& from, const std::string& to) {
+      m.replace(m.find(from), from.size(), to);
+    };
+    replace("name: chaos", "name: " + name);
+    replace("learningRate: [1.0e-3, 2.0e-3, 3.0e-3]", "learningRate: [1.0e-3]");
+    replace("batchSize: [4, 8]", "batchSize: [4]");
+    for (const auto& [from, to] : edits) replace(from, to);
+    const fs::path path = work_ / (name + ".yaml");
+    std::ofstream(path) << m;
+    return path.string();
+  }
+
+  /// One agent (node-a), a Prometheus scraping it and the controller.
+  Node& StartOneNode() {
+    nodes_.resize(1);
+    Node& n = nodes_[0];
+    n.name = "node-a";
+    n.grpc = hydra::fakes::FreePort();
+    n.metrics = hydra::fakes::FreePort();
+    StartNode(n);
+    prometheus_ = hydra::fakes::StartPrometheus(
+        work_, std::vector<std::string>{"127.0.0.1:" + std::to_string(n.metrics)}, &prom_port_);
+    StartController();
+    return n;
   }
 
   fs::path dir_, work_;
@@ -372,26 +405,10 @@ TEST_F(ChaosTest, EveryTrialSucceedsWithTheUndisturbedLossesAndBoundedRework) {
 }
 
 TEST_F(ChaosTest, ATrialThatKeepsLosingItsAgentFailsAfterMaxRestarts) {
-  nodes_.resize(1);
-  Node& n = nodes_[0];
-  n.name = "node-a";
-  n.grpc = hydra::fakes::FreePort();
-  n.metrics = hydra::fakes::FreePort();
-  StartNode(n);
-  prometheus_ = hydra::fakes::StartPrometheus(
-      work_, std::vector<std::string>{"127.0.0.1:" + std::to_string(n.metrics)}, &prom_port_);
-  StartController();
-  std::string m = kManifest;
-  auto replace = [&](const std::string& from, const std::string& to) {
-    m.replace(m.find(from), from.size(), to);
-  };
-  replace("name: chaos", "name: fragile");
-  replace("learningRate: [1.0e-3, 2.0e-3, 3.0e-3]", "learningRate: [1.0e-3]");
-  replace("batchSize: [4, 8]", "batchSize: [4]");
-  replace("steps: 1600", "steps: 100000");
-  replace("maxRestarts: 30", "maxRestarts: 1");
-  std::ofstream(work_ / "fragile.yaml") << m;
-  auto applied = Sh("kubectl apply -f " + (work_ / "fragile.yaml").string());
+  Node& n = StartOneNode();
+  const std::string manifest = OneTrialManifest(
+      "fragile", {{"steps: 1600", "steps: 100000"}, {"maxRestarts: 30", "maxRestarts: 1"}});
+  auto applied = Sh("kubectl apply -f " + manifest);
   ASSERT_EQ(applied.first, 0) << applied.second;
   auto trial = [&] {
     auto [rc, text] = Sh("kubectl get mmj fragile -o json");
@@ -431,31 +448,15 @@ TEST_F(ChaosTest, ATrialThatKeepsLosingItsAgentFailsAfterMaxRestarts) {
 }
 
 TEST_F(ChaosTest, ACorruptNewestCheckpointFallsBackToThePreviousOneWithAnEvent) {
-  std::string m = kManifest;
-  auto replace = [&](const std::string& from, const std::string& to) {
-    m.replace(m.find(from), from.size(), to);
-  };
-  replace("name: chaos", "name: scarred");
-  replace("learningRate: [1.0e-3, 2.0e-3, 3.0e-3]", "learningRate: [1.0e-3]");
-  replace("batchSize: [4, 8]", "batchSize: [4]");
-  replace("steps: 1600", "steps: 400");
-  std::ofstream(work_ / "scarred.yaml") << m;
-  auto [ref_rc, ref_out] = Sh(kBinary + "/cli/hydra run " + (work_ / "scarred.yaml").string() +
-                              " -o " + (work_ / "ref").string() + " --progress quiet");
+  const std::string manifest = OneTrialManifest("scarred", {{"steps: 1600", "steps: 400"}});
+  auto [ref_rc, ref_out] = Sh(kBinary + "/cli/hydra run " + manifest + " -o " +
+                              (work_ / "ref").string() + " --progress quiet");
   ASSERT_EQ(ref_rc, 0) << ref_out;
   const Json ref =
       Json::parse(hydra::fakes::Slurp((work_ / "ref" / "results.json").string()))["trials"][0];
 
-  nodes_.resize(1);
-  Node& n = nodes_[0];
-  n.name = "node-a";
-  n.grpc = hydra::fakes::FreePort();
-  n.metrics = hydra::fakes::FreePort();
-  StartNode(n);
-  prometheus_ = hydra::fakes::StartPrometheus(
-      work_, std::vector<std::string>{"127.0.0.1:" + std::to_string(n.metrics)}, &prom_port_);
-  StartController();
-  auto applied = Sh("kubectl apply -f " + (work_ / "scarred.yaml").string());
+  Node& n = StartOneNode();
+  auto applied = Sh("kubectl apply -f " + manifest);
   ASSERT_EQ(applied.first, 0) << applied.second;
   ASSERT_TRUE(Eventually(
       [&] {

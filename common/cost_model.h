@@ -26,6 +26,10 @@ struct LayerCost {
 /// from ModelSpec::layers (empty until the module was loaded).
 std::vector<LayerCost> ModelLayerCosts(const ModelSpec& model, int64_t micro_batch);
 
+/// Per-layer costs of the trial's model: as above, and for the image families (mlp, resnet)
+/// from the dataset's imageShape too.
+std::vector<LayerCost> ModelLayerCosts(const Trial& trial, int64_t micro_batch);
+
 /// Bytes of optimizer state per parameter: 8 for AdamW (two moments), 4 for SGD with momentum.
 int64_t OptimizerBytesPerParameter(const TrainingSpec& training);
 

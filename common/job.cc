@@ -65,12 +65,13 @@ struct FieldDef {
 
 const std::vector<FieldDef>& Fields() {
   static const std::vector<FieldDef> kFields = {
-      HYDRA_ENUM_FIELD(model, "family", "f", family, "gpt2", "torchscript"),
+      HYDRA_ENUM_FIELD(model, "family", "f", family, "gpt2", "torchscript", "mlp", "resnet"),
       HYDRA_INT_FIELD(model, "nLayer", "l", n_layer, 1, 1024),
       HYDRA_INT_FIELD(model, "nEmbd", "d", n_embd, 1, 65536),
       HYDRA_INT_FIELD(model, "nHead", "h", n_head, 1, 1024),
       HYDRA_INT_FIELD(model, "contextLength", "ctx", context_length, 2, 1 << 20),
       HYDRA_INT_FIELD(model, "vocabSize", "v", vocab_size, 2, 1 << 24),
+      HYDRA_INT_FIELD(model, "numClasses", "k", num_classes, 2, 256),
       HYDRA_ENUM_FIELD(training, "optimizer", "opt", optimizer, "adamw", "sgd"),
       HYDRA_FLOAT_FIELD(training, "learningRate", "lr", learning_rate, 0, true, 10),
       HYDRA_INT_FIELD(training, "batchSize", "bs", batch_size, 1, 1 << 20),
@@ -345,13 +346,37 @@ void ParseModelPath(Checker& c, const YAML::Node& node, const std::string& base_
 void ParseDataset(Checker& c, const YAML::Node& node, const std::string& base_dir,
                   DatasetSpec* ds) {
   const std::string p = "spec.dataset";
-  if (!c.Map(node, p, {"format", "path", "validationFraction", "evalSequences"})) return;
+  if (!c.Map(node, p, {"format", "path", "validationFraction", "evalSequences", "imageShape"})) {
+    return;
+  }
   if (node["format"]) {
     const auto& n = node["format"];
-    if (!n.IsScalar() || (n.Scalar() != "text" && n.Scalar() != "tokens-u16")) {
-      c.Error(p + ".format", n, "must be one of: text, tokens-u16");
+    if (!n.IsScalar() ||
+        (n.Scalar() != "text" && n.Scalar() != "tokens-u16" && n.Scalar() != "images-u8")) {
+      c.Error(p + ".format", n, "must be one of: text, tokens-u16, images-u8");
     } else {
       ds->format = n.Scalar();
+    }
+  }
+  if (node["imageShape"]) {
+    const auto& n = node["imageShape"];
+    std::vector<int64_t> shape;
+    bool ok = n.IsSequence() && n.size() == 3;
+    for (size_t i = 0; ok && i < n.size(); ++i) {
+      int64_t v = 0;
+      try {
+        v = n[i].as<int64_t>();
+      } catch (...) {
+      }
+      ok = v >= 1 && v <= 4096;
+      shape.push_back(v);
+    }
+    if (!ok) {
+      c.Error(p + ".imageShape", n, "must be [channels, height, width], each 1..4096");
+    } else if (ds->format != "images-u8") {
+      c.Error(p + ".imageShape", n, "only format images-u8 has images");
+    } else {
+      ds->image_shape = shape;
     }
   }
   if (!node["path"]) {
@@ -522,6 +547,14 @@ void CheckTrialRules(const TrialConfig& t, const DatasetSpec& ds, const Resource
         "gradientAccumulationSteps (" + std::to_string(t.training.gradient_accumulation_steps) +
             ") must divide batchSize (" + std::to_string(t.training.batch_size) + ")");
   }
+  const bool image_family = t.model.family == "mlp" || t.model.family == "resnet";
+  if (image_family != (ds.format == "images-u8")) {
+    err("spec.model.family",
+        image_family
+            ? "family " + t.model.family +
+                  " classifies images: spec.dataset.format must be images-u8"
+            : "format images-u8 needs an image family (mlp, resnet), not " + t.model.family);
+  }
   if (ds.format == "text" && t.model.vocab_size < 256) {
     err("spec.model.vocabSize", "must be >= 256 for the text format (one token per byte), got " +
                                     std::to_string(t.model.vocab_size));
@@ -591,6 +624,19 @@ std::string FormatParamValue(const ParamValue& value) {
   if (std::holds_alternative<int64_t>(value)) return std::to_string(std::get<int64_t>(value));
   if (std::holds_alternative<double>(value)) return FormatNumber(std::get<double>(value));
   return std::get<std::string>(value);
+}
+
+bool IsImageTask(const Trial& trial) { return trial.dataset.format == "images-u8"; }
+
+int64_t SampleWindow(const Trial& trial) {
+  if (!IsImageTask(trial)) return trial.model.context_length + 1;
+  int64_t pixels = 1;
+  for (int64_t d : trial.dataset.image_shape) pixels *= d;
+  return 1 + pixels;
+}
+
+int64_t TokensPerSample(const Trial& trial) {
+  return IsImageTask(trial) ? 1 : trial.model.context_length;
 }
 
 double LearningRateAt(const TrainingSpec& t, int64_t step) {
@@ -799,8 +845,15 @@ Status ValidateTrial(const Trial& trial, const std::string& prefix) {
     if (!problem.empty()) err(std::string(f.section) + "." + f.name, problem);
   }
   const auto& ds = trial.dataset;
-  if (ds.format != "text" && ds.format != "tokens-u16") {
-    err("dataset.format", "must be one of: text, tokens-u16 (got '" + ds.format + "')");
+  if (ds.format != "text" && ds.format != "tokens-u16" && ds.format != "images-u8") {
+    err("dataset.format", "must be one of: text, tokens-u16, images-u8 (got '" + ds.format + "')");
+  }
+  if (ds.image_shape.size() != 3) {
+    err("dataset.imageShape", "must be [channels, height, width]");
+  } else {
+    for (int64_t d : ds.image_shape) {
+      if (d < 1 || d > 4096) err("dataset.imageShape", "each must be 1..4096");
+    }
   }
   if (ds.resolved_path.empty()) err("dataset.path", "must be a non-empty path");
   if (trial.model.family == "torchscript" && trial.model.resolved_path.empty()) {

@@ -26,12 +26,13 @@ struct ModuleLayer {
 };
 
 struct ModelSpec {
-  std::string family = "gpt2";   ///< gpt2 | torchscript
-  int64_t n_layer = 4;           ///< nLayer: transformer blocks
-  int64_t n_embd = 128;          ///< nEmbd: hidden width
-  int64_t n_head = 4;            ///< nHead: attention heads; must divide nEmbd
+  std::string family = "gpt2";  ///< gpt2 | torchscript | mlp | resnet
+  int64_t n_layer = 4;          ///< nLayer: transformer blocks (mlp: hidden layers; resnet: blocks)
+  int64_t n_embd = 128;         ///< nEmbd: hidden width (resnet: channels)
+  int64_t n_head = 4;           ///< nHead: attention heads; must divide nEmbd
   int64_t context_length = 128;  ///< contextLength: tokens per sequence
   int64_t vocab_size = 256;      ///< vocabSize
+  int64_t num_classes = 10;      ///< numClasses: mlp and resnet (image classification)
   /// family torchscript: the module file (torch.jit.save) as written, and resolved against the
   /// manifest's directory. Its top-level children run in order; nLayer/nEmbd/nHead are unused.
   std::string path = {};
@@ -43,11 +44,15 @@ struct ModelSpec {
 
 /// spec.dataset: where the tokens come from.
 struct DatasetSpec {
-  std::string format = "text";  ///< text (bytes are tokens) | tokens-u16 (little-endian uint16)
-  std::string path;             ///< as written in the manifest
-  std::string resolved_path;    ///< absolute, resolved against the manifest's directory
+  /// text (bytes are tokens) | tokens-u16 (little-endian uint16) | images-u8 (records of one
+  /// label byte and imageShape pixel bytes, channel-planar: CIFAR-10's binary layout)
+  std::string format = "text";
+  std::string path;                   ///< as written in the manifest
+  std::string resolved_path;          ///< absolute, resolved against the manifest's directory
   double validation_fraction = 0.05;  ///< tail of the token stream held out for validation
   int64_t eval_sequences = 64;        ///< evalSequences: validation windows scored per evaluation
+  /// images-u8: [channels, height, width] of every image.
+  std::vector<int64_t> image_shape = {3, 32, 32};
 };
 
 /// spec.training: the optimisation settings of one trial.
@@ -162,6 +167,16 @@ Status ValidateTrial(const Trial& trial, const std::string& prefix);
 /// Learning rate of optimizer step `step` (0-based): linear warm-up over warmupSteps, then
 /// constant or cosine decay to 10% of learningRate at the last step.
 double LearningRateAt(const TrainingSpec& training, int64_t step);
+
+/// Whether the trial classifies images (dataset format images-u8) rather than modelling text.
+bool IsImageTask(const Trial& trial);
+
+/// Bytes or tokens one training sample spans in the dataset: contextLength + 1 tokens, or one
+/// images-u8 record (1 + channels x height x width bytes).
+int64_t SampleWindow(const Trial& trial);
+
+/// Tokens one sample trains on (for tokens per second): contextLength, or 1 (an image).
+int64_t TokensPerSample(const Trial& trial);
 
 /// "0.001", "8", "adamw".
 std::string FormatParamValue(const ParamValue& value);

@@ -26,6 +26,7 @@ nlohmann::json TrialConfigJson(const Trial& t) {
                 {"nHead", m.n_head},
                 {"contextLength", m.context_length},
                 {"vocabSize", m.vocab_size}};
+  if (m.family == "mlp" || m.family == "resnet") j["model"]["numClasses"] = m.num_classes;
   if (!m.resolved_path.empty()) j["model"]["path"] = m.resolved_path;
   j["training"] = {{"optimizer", tr.optimizer},
                    {"learningRate", tr.learning_rate},
@@ -45,6 +46,7 @@ nlohmann::json TrialConfigJson(const Trial& t) {
                   {"path", t.dataset.resolved_path},
                   {"validationFraction", t.dataset.validation_fraction},
                   {"evalSequences", t.dataset.eval_sequences}};
+  if (t.dataset.format == "images-u8") j["dataset"]["imageShape"] = t.dataset.image_shape;
   return j;
 }
 

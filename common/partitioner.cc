@@ -91,7 +91,7 @@ PartitionOptions PartitionOptionsFor(const Trial& trial) {
 StatusOr<PartitionPlan> PlanShards(const Trial& trial, const PartitionOptions& o) {
   const int64_t mb_count = std::max<int64_t>(1, o.micro_batches);
   const int64_t micro = trial.training.batch_size / trial.training.gradient_accumulation_steps;
-  const auto costs = ModelLayerCosts(trial.model, micro);
+  const auto costs = ModelLayerCosts(trial, micro);
   if (costs.empty()) {
     return FailedPreconditionError("the layers of " + trial.model.path +
                                    " are not known before the module is loaded");

@@ -36,11 +36,13 @@ void TrialToProto(const Trial& t, const std::string& job, const std::string& ns,
   m->set_context_length(t.model.context_length);
   m->set_vocab_size(t.model.vocab_size);
   m->set_path(t.model.resolved_path);
+  m->set_num_classes(t.model.num_classes);
   auto* d = out->mutable_dataset();
   d->set_format(t.dataset.format);
   d->set_path(t.dataset.resolved_path);
   d->set_validation_fraction(t.dataset.validation_fraction);
   d->set_eval_sequences(t.dataset.eval_sequences);
+  for (int64_t v : t.dataset.image_shape) d->add_image_shape(v);
   const auto& tr = t.training;
   auto* o = out->mutable_training();
   o->set_optimizer(tr.optimizer);
@@ -86,11 +88,14 @@ StatusOr<Trial> TrialFromProto(const v1::TrialSpec& s) {
   t.model.context_length = m.context_length();
   t.model.vocab_size = m.vocab_size();
   t.model.path = t.model.resolved_path = m.path();
+  if (m.num_classes() > 0) t.model.num_classes = m.num_classes();
   const auto& d = s.dataset();
   t.dataset.format = d.format();
   t.dataset.path = d.path();
   t.dataset.validation_fraction = d.validation_fraction();
   t.dataset.eval_sequences = d.eval_sequences();
+  if (d.image_shape_size() > 0)
+    t.dataset.image_shape.assign(d.image_shape().begin(), d.image_shape().end());
   const auto& o = s.training();
   auto& tr = t.training;
   tr.optimizer = o.optimizer();

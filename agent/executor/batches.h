@@ -21,4 +21,29 @@ std::vector<torch::Tensor> ValidationBatches(const TokenDataset& data, const Tri
 /// Mean next-token cross-entropy of `logits` [batch, time, vocab] against `targets` [batch, time].
 torch::Tensor NextTokenLoss(const torch::Tensor& logits, const torch::Tensor& targets);
 
+/// What a model trains on, for either task: token windows (input [B, T] ids, target [B, T] the
+/// next ids) or images (input [B, C, H, W] floats, target [B] labels).
+struct Batch {
+  torch::Tensor input, target;
+  int64_t size() const { return input.size(0); }
+  /// Samples [begin, begin + n): one micro-batch.
+  Batch Slice(int64_t begin, int64_t n) const {
+    return {input.narrow(0, begin, n), target.narrow(0, begin, n)};
+  }
+};
+
+/// The samples starting at `offsets` (TrainWindowOffsets / ValidationWindowOffsets) as a batch.
+/// Pixels are scaled to (p / 255 - 0.5) / 0.25.
+Batch MakeBatch(const TokenDataset& data, const Trial& trial, const std::vector<int64_t>& offsets);
+
+/// The whole batch of optimizer step `step` (all micro-batches).
+Batch TrainBatch(const TokenDataset& data, const Trial& trial, int64_t step);
+
+/// The fixed validation samples as batches of at most one micro-batch each.
+std::vector<Batch> ValidationSamples(const TokenDataset& data, const Trial& trial);
+
+/// The trial's loss: next-token cross-entropy, or cross-entropy of class logits [B, classes].
+torch::Tensor TaskLoss(const Trial& trial, const torch::Tensor& output,
+                       const torch::Tensor& target);
+
 }  // namespace hydra::executor

@@ -52,6 +52,29 @@ StatusOr<std::shared_ptr<const TokenDataset>> TokenDataset::Open(const DatasetSp
   ds->data_ = static_cast<const uint8_t*>(p);
   ds->mapped_bytes_ = st.st_size;
   ds->num_tokens_ = st.st_size / ds->bytes_per_token_;
+  if (spec.format == "images-u8") {
+    ds->record_bytes_ = window;
+    if (st.st_size % window != 0) {
+      return InvalidArgumentError(where + ": size " + std::to_string(st.st_size) +
+                                  " is not a whole number of " + std::to_string(window) +
+                                  "-byte records (1 label byte + imageShape pixels), so it is " +
+                                  "not an images-u8 file of this imageShape");
+    }
+    const int64_t records = st.st_size / window;
+    const auto train =
+        static_cast<int64_t>(static_cast<double>(records) * (1.0 - spec.validation_fraction));
+    if (train < 1 || records - train < 1) {
+      return InvalidArgumentError(where + ": " + std::to_string(records) + " images split into " +
+                                  std::to_string(train) + " training and " +
+                                  std::to_string(records - train) +
+                                  " validation images; each split needs at least one");
+    }
+    ds->train_tokens_ = train * window;
+    uint8_t mx = 0;
+    for (int64_t r = 0; r < records; ++r) mx = std::max(mx, ds->data_[r * window]);
+    ds->max_token_ = mx;
+    return std::shared_ptr<const TokenDataset>(std::move(ds));
+  }
   ds->train_tokens_ =
       static_cast<int64_t>(static_cast<double>(ds->num_tokens_) * (1.0 - spec.validation_fraction));
   if (ds->train_tokens_ <= window || ds->validation_tokens() < window) {
@@ -89,12 +112,15 @@ void TokenDataset::Read(int64_t offset, int64_t count, int64_t* out) const {
 
 std::vector<int64_t> TrainWindowOffsets(const TokenDataset& data, int64_t seed, int64_t step,
                                         int64_t batch, int64_t window) {
-  const uint64_t range = static_cast<uint64_t>(data.train_tokens() - window + 1);
+  const int64_t record = data.record_bytes();
+  const uint64_t range = record > 0 ? static_cast<uint64_t>(data.train_tokens() / record)
+                                    : static_cast<uint64_t>(data.train_tokens() - window + 1);
   const uint64_t base =
       SplitMix64(SplitMix64(static_cast<uint64_t>(seed)) ^ static_cast<uint64_t>(step));
   std::vector<int64_t> offsets(batch);
   for (int64_t i = 0; i < batch; ++i) {
     offsets[i] = static_cast<int64_t>(SplitMix64(base ^ static_cast<uint64_t>(i)) % range);
+    if (record > 0) offsets[i] *= record;  // whole records
   }
   return offsets;
 }
@@ -102,6 +128,14 @@ std::vector<int64_t> TrainWindowOffsets(const TokenDataset& data, int64_t seed, 
 std::vector<int64_t> ValidationWindowOffsets(const TokenDataset& data, int64_t count,
                                              int64_t window) {
   const int64_t begin = data.train_tokens();
+  if (const int64_t record = data.record_bytes(); record > 0) {
+    // Whole records spread evenly over the validation images.
+    const int64_t images = data.validation_tokens() / record;
+    const int64_t n = std::min<int64_t>(count, images);
+    std::vector<int64_t> offsets(n);
+    for (int64_t i = 0; i < n; ++i) offsets[i] = begin + record * (images * i / n);
+    return offsets;
+  }
   const int64_t span = data.validation_tokens() - window;  // last valid start - begin
   const int64_t n = std::min<int64_t>(count, span + 1);
   std::vector<int64_t> offsets(n);

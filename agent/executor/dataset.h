@@ -18,7 +18,8 @@ class TokenDataset {
  public:
   /// Maps `spec.resolved_path`. Fails with NOT_FOUND for a missing file and INVALID_ARGUMENT
   /// for an empty file, a tokens-u16 file of odd size, or a split too small for `window`
-  /// tokens (contextLength + 1) on either side.
+  /// tokens (contextLength + 1) on either side. For images-u8, `window` is the record size
+  /// (SampleWindow): the file must hold whole records and each split at least one.
   static StatusOr<std::shared_ptr<const TokenDataset>> Open(const DatasetSpec& spec,
                                                             int64_t window);
   ~TokenDataset();
@@ -29,8 +30,11 @@ class TokenDataset {
   /// Tokens [0, train_tokens()) train; [train_tokens(), num_tokens()) validate.
   int64_t train_tokens() const { return train_tokens_; }
   int64_t validation_tokens() const { return num_tokens_ - train_tokens_; }
-  /// Largest token id in the file (scanned once at Open).
+  /// Largest token id in the file (scanned once at Open); images-u8: the largest label.
   int64_t max_token() const { return max_token_; }
+  /// images-u8: bytes of one record (label + pixels); windows start on record boundaries and
+  /// the split falls between records. 0 for token streams.
+  int64_t record_bytes() const { return record_bytes_; }
   const std::string& path() const { return path_; }
 
   /// Copies tokens [offset, offset + count) as int64 into `out`. Caller keeps bounds.
@@ -45,6 +49,7 @@ class TokenDataset {
   int64_t num_tokens_ = 0;
   int64_t train_tokens_ = 0;
   int64_t max_token_ = 0;
+  int64_t record_bytes_ = 0;
 };
 
 /// Start offsets of the `batch` training windows of `window` tokens for optimizer step `step`.

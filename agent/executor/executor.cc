@@ -3,15 +3,19 @@
 namespace hydra::executor {
 
 Status CheckModelAndData(const Trial& trial, const TokenDataset& data) {
-  if (trial.model.family != "gpt2" && trial.model.family != "torchscript") {
-    return InvalidArgumentError("spec.model.family: unsupported family '" + trial.model.family +
-                                "'");
+  const std::string& f = trial.model.family;
+  if (f != "gpt2" && f != "torchscript" && f != "mlp" && f != "resnet") {
+    return InvalidArgumentError("spec.model.family: unsupported family '" + f + "'");
   }
-  if (data.max_token() >= trial.model.vocab_size) {
-    return InvalidArgumentError("spec.dataset.path: " + data.path() + " holds token id " +
-                                std::to_string(data.max_token()) +
-                                ", outside the model's vocabulary (spec.model.vocabSize = " +
-                                std::to_string(trial.model.vocab_size) + ")");
+  const bool images = IsImageTask(trial);
+  const int64_t limit = images ? trial.model.num_classes : trial.model.vocab_size;
+  if (data.max_token() >= limit) {
+    return InvalidArgumentError(
+        "spec.dataset.path: " + data.path() + (images ? " holds label " : " holds token id ") +
+        std::to_string(data.max_token()) +
+        (images ? ", outside the model's classes (spec.model.numClasses = "
+                : ", outside the model's vocabulary (spec.model.vocabSize = ") +
+        std::to_string(limit) + ")");
   }
   return OkStatus();
 }

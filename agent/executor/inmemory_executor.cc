@@ -32,16 +32,13 @@ class InMemoryExecutor : public TrialExecutorInterface {
   StatusOr<StepMetrics> TrainStep() override {
     const auto start = std::chrono::steady_clock::now();
     const auto& tr = trial_.training;
-    const int64_t T = trial_.model.context_length;
     const int64_t micro = tr.batch_size / tr.gradient_accumulation_steps;
     StepMetrics m;
     try {
-      torch::Tensor tokens = TokenWindows(
-          *data_, TrainWindowOffsets(*data_, tr.seed, step_, tr.batch_size, T + 1), T + 1);
+      const Batch batch = TrainBatch(*data_, trial_, step_);
       double loss_sum = 0;
       for (int64_t a = 0; a < tr.gradient_accumulation_steps; ++a) {
-        auto chunk = tokens.narrow(0, a * micro, micro);
-        auto loss = Loss(chunk);
+        auto loss = Loss(batch.Slice(a * micro, micro));
         (tr.gradient_accumulation_steps == 1 ? loss : loss / tr.gradient_accumulation_steps)
             .backward();
         loss_sum += loss.item<double>();
@@ -57,7 +54,7 @@ class InMemoryExecutor : public TrialExecutorInterface {
                            e.what_without_backtrace());
     }
     ++step_;
-    m.tokens = tr.batch_size * T;
+    m.tokens = tr.batch_size * TokensPerSample(trial_);
     m.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return m;
   }
@@ -67,9 +64,9 @@ class InMemoryExecutor : public TrialExecutorInterface {
       torch::NoGradGuard no_grad;
       double total = 0;
       int64_t sequences = 0;
-      for (const auto& batch : ValidationBatches(*data_, trial_)) {
-        total += Loss(batch).item<double>() * static_cast<double>(batch.size(0));
-        sequences += batch.size(0);
+      for (const auto& batch : ValidationSamples(*data_, trial_)) {
+        total += Loss(batch).item<double>() * static_cast<double>(batch.size());
+        sequences += batch.size();
       }
       return total / static_cast<double>(sequences);
     } catch (const c10::Error& e) {
@@ -97,11 +94,8 @@ class InMemoryExecutor : public TrialExecutorInterface {
   ExecutorStats stats() const override { return stats_; }
 
  private:
-  torch::Tensor Loss(const torch::Tensor& windows) {
-    const int64_t T = windows.size(1) - 1;
-    auto x = windows.narrow(1, 0, T);
-    auto y = windows.narrow(1, 1, T);
-    return NextTokenLoss(model_.Forward(x), y);
+  torch::Tensor Loss(const Batch& batch) {
+    return TaskLoss(trial_, model_.Forward(batch.input), batch.target);
   }
 
   Trial trial_;

@@ -156,7 +156,7 @@ class SpillingExecutor : public TrialExecutorInterface {
     if (finished) {
       StepMetrics m = cur_->m;
       m.seconds = cur_->seconds;  // compute time of the step's tasks, wherever they ran
-      m.tokens = trial_.training.batch_size * trial_.model.context_length;
+      m.tokens = trial_.training.batch_size * TokensPerSample(trial_);
       cur_.reset();
       ++step_;
       r.step = m;
@@ -167,13 +167,12 @@ class SpillingExecutor : public TrialExecutorInterface {
   bool InStep() const override { return cur_.has_value(); }
 
   StatusOr<double> Evaluate() override {
-    const int64_t T = trial_.model.context_length;
     try {
       torch::NoGradGuard no_grad;
       std::vector<torch::Tensor> acts, targets;
-      for (const auto& w : ValidationBatches(*data_, trial_)) {
-        acts.push_back(w.narrow(1, 0, T));
-        targets.push_back(w.narrow(1, 1, T));
+      for (const auto& b : ValidationSamples(*data_, trial_)) {
+        acts.push_back(b.input);
+        targets.push_back(b.target);
       }
       RETURN_IF_ERROR(Fetch(0, false));
       for (size_t k = 0; k < shards_.size(); ++k) {
@@ -185,7 +184,7 @@ class SpillingExecutor : public TrialExecutorInterface {
       double total = 0;
       int64_t sequences = 0;
       for (size_t i = 0; i < acts.size(); ++i) {
-        total += NextTokenLoss(acts[i], targets[i]).item<double>() *
+        total += TaskLoss(trial_, acts[i], targets[i]).item<double>() *
                  static_cast<double>(acts[i].size(0));
         sequences += acts[i].size(0);
       }
@@ -511,23 +510,21 @@ class SpillingExecutor : public TrialExecutorInterface {
 
   Status BeginStep() {
     const auto& tr = trial_.training;
-    const int64_t T = trial_.model.context_length;
     const size_t S = shards_.size();
     cur_.emplace();
     StepInProgress& c = *cur_;
     c.A = tr.gradient_accumulation_steps;
     const int64_t micro = tr.batch_size / c.A;
     norms_.clear();
-    auto tokens = TokenWindows(
-        *data_, TrainWindowOffsets(*data_, tr.seed, step_, tr.batch_size, T + 1), T + 1);
+    const Batch batch = TrainBatch(*data_, trial_, step_);
     c.inputs.assign(S, std::vector<torch::Tensor>(c.A));
     c.outputs.assign(S, std::vector<torch::Tensor>(c.A));
     c.grad_out.assign(c.A, torch::Tensor());
     c.targets.assign(c.A, torch::Tensor());
     for (int64_t a = 0; a < c.A; ++a) {
-      auto w = tokens.narrow(0, a * micro, micro);
-      c.inputs[0][a] = w.narrow(1, 0, T);
-      c.targets[a] = w.narrow(1, 1, T);
+      const Batch mb = batch.Slice(a * micro, micro);
+      c.inputs[0][a] = mb.input;
+      c.targets[a] = mb.target;
     }
     return Fetch(0, S == 1);
   }
@@ -580,7 +577,7 @@ class SpillingExecutor : public TrialExecutorInterface {
                                     "activations and gradients of shard " + std::to_string(L)));
     for (int64_t a = 0; a < c.A; ++a) {
       auto in = Leaf(c.inputs[L][a], L);
-      auto loss = NextTokenLoss(ForwardShard(L, in), c.targets[a]);
+      auto loss = TaskLoss(trial_, ForwardShard(L, in), c.targets[a]);
       (c.A == 1 ? loss : loss / c.A).backward();
       c.loss_sum += loss.item<double>();
       if (L > 0) c.grad_out[a] = in.grad();

@@ -10,6 +10,7 @@
 
 #include "agent/executor/gpt2.h"
 #include "agent/executor/tensor_buffers.h"
+#include "agent/executor/vision.h"
 #include "common/file_util.h"
 
 namespace hydra::executor {
@@ -111,8 +112,15 @@ torch::Tensor SampleTokens(const ModelSpec& spec, int64_t batch) {
 
 StatusOr<LayerSequence> BuildModel(
     const Trial& trial, const std::function<void(const LayerSequence&, size_t)>& on_layer_built) {
+  const auto seed = static_cast<uint64_t>(trial.training.seed);
+  if (trial.model.family == "mlp") {
+    return BuildMlp(trial.model, trial.dataset.image_shape, seed, on_layer_built);
+  }
+  if (trial.model.family == "resnet") {
+    return BuildResNet(trial.model, trial.dataset.image_shape, seed, on_layer_built);
+  }
   if (trial.model.family != "torchscript") {
-    return BuildGpt2(trial.model, static_cast<uint64_t>(trial.training.seed), on_layer_built);
+    return BuildGpt2(trial.model, seed, on_layer_built);
   }
   ASSIGN_OR_RETURN(LayerSequence seq, LoadTorchScript(trial.model));
   if (on_layer_built) {

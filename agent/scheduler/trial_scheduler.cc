@@ -130,15 +130,14 @@ StatusOr<PreparedTrial> TrialScheduler::Prepare(const Trial& given,
   RETURN_IF_ERROR(factory_->Resolve(&p.trial));
   const Trial& trial = p.trial;
   p.checkpoint_dir = checkpoint_dir;
-  const auto key = std::make_pair(trial.dataset.resolved_path, trial.model.context_length + 1);
+  const auto key = std::make_pair(trial.dataset.resolved_path, SampleWindow(trial));
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = data_.find(key);
     if (it != data_.end()) p.data = it->second;
   }
   if (!p.data) {
-    ASSIGN_OR_RETURN(p.data,
-                     executor::TokenDataset::Open(trial.dataset, trial.model.context_length + 1));
+    ASSIGN_OR_RETURN(p.data, executor::TokenDataset::Open(trial.dataset, SampleWindow(trial)));
     std::lock_guard<std::mutex> lock(mu_);
     data_.emplace(key, p.data);
   }

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -104,6 +105,10 @@ TEST_F(ControllerE2eTest, TheApiServerRejectsInvalidManifestsWithTheRulesMessage
        "Duplicate value: 1"},
       {"vocabulary too small for text", "contextLength: 32", "contextLength: 32, vocabSize: 100",
        "vocabSize must be >= 256 for the text format"},
+      {"image classifier on a text corpus", "family: gpt2", "family: mlp",
+       "families mlp and resnet classify images and need spec.dataset.format images-u8"},
+      {"image shape on a text corpus", "path: data/corpus.txt",
+       "path: data/corpus.txt, imageShape: [3, 8, 8]", "imageShape is only for format images-u8"},
       {"missing steps", "training: {steps: 10, batchSize: 8}", "training: {batchSize: 8}",
        "steps: Required value"},
       {"unknown field", "training: {steps: 10, batchSize: 8}",
@@ -126,7 +131,7 @@ TEST_F(ControllerE2eTest, TheApiServerRejectsInvalidManifestsWithTheRulesMessage
   }
   EXPECT_GE(rejected, 12);
   // Every example is a valid MultiModelJob for the API server too.
-  for (const auto& e : fs::directory_iterator(kSource + "/examples")) {
+  for (const auto& e : fs::recursive_directory_iterator(kSource + "/examples")) {
     if (e.path().extension() != ".yaml") continue;
     auto [erc, eout] = Sh("kubectl apply --dry-run=server -f " + e.path().string());
     EXPECT_EQ(erc, 0) << e.path() << ": " << eout;
@@ -201,20 +206,24 @@ TEST_F(ControllerE2eTest, ApplyTrainsEveryTrialDeleteCancelsAndOneReplicaLeads) 
   // kubectl apply the example: every trial trains to the end.
   auto [rc, out] = Sh("kubectl apply -f " + kSource + "/examples/tiny-sweep.yaml");
   ASSERT_EQ(rc, 0) << out;
+  // Waits until job `name` is Complete; `job` holds its last state either way.
+  auto complete_within = [&](const std::string& name, int seconds, Json* job) {
+    return Eventually(
+        [&] {
+          auto [rc2, text] = Sh("kubectl get mmj " + name + " -o json");
+          if (rc2 != 0) return false;
+          *job = Json::parse(text, nullptr, false);
+          if (job->is_discarded() || !(*job)["status"].is_object()) return false;
+          for (const auto& c : (*job)["status"].value("conditions", Json::array())) {
+            if (c["type"] == "Complete" && c["status"] == "True") return true;
+          }
+          return false;
+        },
+        seconds);
+  };
   Json job;
-  const bool complete = Eventually(
-      [&] {
-        auto [rc2, text] = Sh("kubectl get mmj tiny-sweep -o json");
-        if (rc2 != 0) return false;
-        job = Json::parse(text, nullptr, false);
-        if (job.is_discarded() || !job["status"].is_object()) return false;
-        for (const auto& c : job["status"].value("conditions", Json::array())) {
-          if (c["type"] == "Complete" && c["status"] == "True") return true;
-        }
-        return false;
-      },
-      240);
-  ASSERT_TRUE(complete) << job.dump(2) << "\n" << hydra::fakes::Slurp(c1.out_path);
+  ASSERT_TRUE(complete_within("tiny-sweep", 240, &job)) << job.dump(2) << "\n"
+                                                        << hydra::fakes::Slurp(c1.out_path);
   const auto& st = job["status"];
   EXPECT_EQ(st["trialCount"], 2);
   EXPECT_EQ(st["succeeded"], 2);
@@ -259,25 +268,41 @@ spec:
 )";
   ASSERT_EQ(Apply(ts_job, work).first, 0);
   Json ts;
-  ASSERT_TRUE(Eventually(
-      [&] {
-        auto [rc2, text] = Sh("kubectl get mmj ts-e2e -o json");
-        ts = Json::parse(text, nullptr, false);
-        if (rc2 != 0 || ts.is_discarded() || !ts["status"].is_object()) return false;
-        for (const auto& c : ts["status"].value("conditions", Json::array())) {
-          if (c["type"] == "Complete" && c["status"] == "True") return true;
-        }
-        return false;
-      },
-      180))
-      << ts.dump(2) << "\n"
-      << hydra::fakes::Slurp(c1.out_path);
+  ASSERT_TRUE(complete_within("ts-e2e", 180, &ts)) << ts.dump(2) << "\n"
+                                                   << hydra::fakes::Slurp(c1.out_path);
   for (const auto& t : ts["status"]["trials"]) {
     EXPECT_EQ(t["state"], "Succeeded") << t.dump();
     EXPECT_EQ(t["step"], 20);
     EXPECT_TRUE(fs::exists(work / "ckpt" / "default" / "ts-e2e" / t["name"].get<std::string>() /
                            "model.pt"))
         << t["name"];
+  }
+
+  // The built-in image classifiers on an images-u8 file: the controller plans their shards
+  // from the image shape, the agents check the labels against numClasses and train them.
+  auto images = Sh("/usr/bin/python3 " + kSource + "/examples/images/make_shapes.py --images 400 " +
+                   "--size 8 --out " + (work / "data" / "shapes.bin").string());
+  ASSERT_EQ(images.first, 0) << images.second;
+  const std::string image_job = R"(apiVersion: hydra.dev/v1alpha1
+kind: MultiModelJob
+metadata: {name: images-e2e}
+spec:
+  model: {family: mlp, nLayer: 2, nEmbd: 32, numClasses: 10}
+  dataset: {format: images-u8, path: data/shapes.bin, imageShape: [3, 8, 8], evalSequences: 40}
+  search: {grid: {family: [mlp, resnet]}}
+  training: {steps: 20, batchSize: 8, evalEverySteps: 10, checkpointEverySteps: 10}
+  resources: {deviceMemoryBudget: 64Mi}
+)";
+  ASSERT_EQ(Apply(image_job, work).first, 0);
+  Json im;
+  ASSERT_TRUE(complete_within("images-e2e", 180, &im)) << im.dump(2) << "\n"
+                                                       << hydra::fakes::Slurp(c1.out_path);
+  ASSERT_EQ(im["status"]["trials"].size(), 2u);
+  for (const auto& t : im["status"]["trials"]) {
+    EXPECT_EQ(t["state"], "Succeeded") << t.dump();
+    EXPECT_EQ(t["step"], 20);
+    EXPECT_FALSE(t["shardPlan"]["shards"].empty()) << t.dump();
+    EXPECT_LT(t["validationLoss"].get<double>(), 2 * std::log(10.0)) << "diverged: " << t.dump();
   }
 
   // Only the leader reconciled: the second replica waits for the Lease.

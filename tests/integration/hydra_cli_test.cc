@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <thread>
 
 #include "tests/fakes/subprocess.h"
@@ -122,6 +123,36 @@ TEST_F(HydraCliTest, MissingDatasetIsAClearError) {
   EXPECT_EQ(RunHydra({"run", (dir_ / "job.yaml").string(), "-o", (dir_ / "o").string()}, &out), 1);
   EXPECT_THAT(out, HasSubstr("spec.dataset.path"));
   EXPECT_THAT(out, HasSubstr("No such file"));
+}
+
+TEST_F(HydraCliTest, TheImageExampleTrainsBothFamilies) {
+  // The example's own generator and manifest, with fewer images and steps.
+  const std::string src = std::string(HYDRA_SOURCE_DIR) + "/examples/images/";
+  const fs::path data = dir_ / "shapes.bin";
+  ASSERT_EQ(std::system(("/usr/bin/python3 " + src + "make_shapes.py --images 800 --out " +
+                         data.string() + " 2>/dev/null")
+                            .c_str()),
+            0);
+  EXPECT_EQ(fs::file_size(data), 800u * (1 + 3 * 16 * 16));
+  std::string yaml = Slurp(src + "sweep.yaml");
+  yaml.replace(yaml.find("path: data/shapes.bin"), 21, "path: " + data.string());
+  yaml.replace(yaml.find("steps: 150"), 10, "steps: 25");
+  std::ofstream(dir_ / "images.yaml") << yaml;
+  std::string out;
+  ASSERT_EQ(RunHydra({"run", (dir_ / "images.yaml").string(), "-o", (dir_ / "o").string()}, &out),
+            0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("8/8 trials succeeded"));
+  auto j = nlohmann::json::parse(Slurp((dir_ / "o/results.json").string()));
+  ASSERT_EQ(j["trials"].size(), 8u);
+  std::set<std::string> families;
+  for (const auto& t : j["trials"]) {
+    families.insert(t["hyperparameters"]["family"].get<std::string>());
+    EXPECT_EQ(t["steps"], 25);
+  }
+  EXPECT_EQ(families, (std::set<std::string>{"mlp", "resnet"}));
+  // The best trial learned: below chance over 10 classes.
+  EXPECT_LT(j["trials"][0]["finalValLoss"].get<double>(), std::log(10.0));
 }
 
 TEST_F(HydraCliTest, InterruptedRunResumesToExactlyTheUninterruptedResults) {

@@ -214,6 +214,18 @@ INSTANTIATE_TEST_SUITE_P(
                 "only family torchscript reads a model file"},
         BadCase{"torchscript without a path", "    family: gpt2\n", "    family: torchscript\n",
                 "spec.model.path", "required field is missing"},
+        BadCase{"image family on a text corpus", "    family: gpt2\n", "    family: mlp\n",
+                "spec.model.family", "spec.dataset.format must be images-u8"},
+        BadCase{"image format for a language model", "format: text", "format: images-u8",
+                "spec.model.family", "format images-u8 needs an image family"},
+        BadCase{"image shape on a text corpus", "    format: text\n",
+                "    format: text\n    imageShape: [3, 32, 32]\n", "spec.dataset.imageShape",
+                "only format images-u8 has images"},
+        BadCase{"image shape of two dimensions", "    format: text\n",
+                "    format: images-u8\n    imageShape: [32, 32]\n", "spec.dataset.imageShape",
+                "[channels, height, width]"},
+        BadCase{"one class", "    vocabSize: 256\n", "    vocabSize: 256\n    numClasses: 1\n",
+                "spec.model.numClasses", "must be >= 2"},
         BadCase{"missing steps", "    steps: 200\n", "", "spec.training.steps", "required"},
         BadCase{"malformed YAML", "  search:\n", "  search: [\n", "", "malformed YAML"}),
     [](const ::testing::TestParamInfo<BadCase>& info) {
@@ -223,6 +235,24 @@ INSTANTIATE_TEST_SUITE_P(
       }
       return name;
     });
+
+TEST(JobTest, ImageClassifiersParse) {
+  std::string yaml = kGood;
+  yaml.replace(yaml.find("family: gpt2"), 12, "family: resnet\n    numClasses: 7");
+  yaml.replace(yaml.find("format: text"), 12, "format: images-u8\n    imageShape: [1, 28, 20]");
+  yaml.replace(yaml.find("nHead: 4"), 8, "nHead: 3");  // unused by image families
+  auto job = ParseJobYaml(yaml, "/base");
+  ASSERT_TRUE(job.ok()) << job.status();
+  auto trials = ExpandTrials(*job);
+  ASSERT_TRUE(trials.ok()) << trials.status();
+  const Trial& t = trials->front();
+  EXPECT_TRUE(IsImageTask(t));
+  EXPECT_EQ(t.model.num_classes, 7);
+  EXPECT_EQ(t.dataset.image_shape, (std::vector<int64_t>{1, 28, 20}));
+  EXPECT_EQ(SampleWindow(t), 1 + 28 * 20);  // one record: label byte + pixels
+  EXPECT_EQ(TokensPerSample(t), 1);
+  EXPECT_EQ(TrialConfigJson(t)["model"]["numClasses"], 7);
+}
 
 TEST(JobTest, ReportsEveryProblemWithLineNumbers) {
   std::string yaml = kGood;

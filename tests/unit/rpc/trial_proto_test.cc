@@ -10,8 +10,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-Trial Sample() {
-  const std::string yaml = R"(apiVersion: hydra.dev/v1alpha1
+const char kGpt2[] = R"(apiVersion: hydra.dev/v1alpha1
 kind: MultiModelJob
 metadata: {name: j}
 spec:
@@ -22,23 +21,39 @@ spec:
              lrSchedule: cosine, warmupSteps: 3, momentum: 0.8}
   resources: {deviceMemoryBudget: 64Mi, hostMemoryBudget: 1Gi, offload: disk}
 )";
+
+const char kImages[] = R"(apiVersion: hydra.dev/v1alpha1
+kind: MultiModelJob
+metadata: {name: j}
+spec:
+  model: {family: resnet, nLayer: 3, nEmbd: 16, numClasses: 7}
+  dataset: {format: images-u8, path: /data/images.bin, imageShape: [1, 28, 20]}
+  training: {steps: 30, batchSize: 4}
+)";
+
+Trial Sample(const std::string& yaml = kGpt2) {
   auto job = ParseJobYaml(yaml, "/");
   EXPECT_TRUE(job.ok()) << job.status();
   return ExpandTrials(*job)->front();
 }
 
 TEST(TrialProtoTest, RoundTripKeepsTheWholeConfiguration) {
-  const Trial t = Sample();
-  v1::TrialSpec spec;
-  TrialToProto(t, "j", "team-a", &spec);
-  EXPECT_EQ(spec.job(), "j");
-  EXPECT_EQ(spec.namespace_(), "team-a");
-  auto back = TrialFromProto(spec);
-  ASSERT_TRUE(back.ok()) << back.status();
-  EXPECT_EQ(TrialConfigJson(*back), TrialConfigJson(t));
-  EXPECT_EQ(TrialFingerprint(*back), TrialFingerprint(t)) << "a checkpoint moves with the trial";
-  EXPECT_EQ(HyperparametersJson(*back), HyperparametersJson(t));
-  EXPECT_EQ(back->name, t.name);
+  for (const char* yaml : {kGpt2, kImages}) {
+    const Trial t = Sample(yaml);
+    v1::TrialSpec spec;
+    TrialToProto(t, "j", "team-a", &spec);
+    EXPECT_EQ(spec.job(), "j");
+    EXPECT_EQ(spec.namespace_(), "team-a");
+    auto back = TrialFromProto(spec);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(TrialConfigJson(*back), TrialConfigJson(t));
+    EXPECT_EQ(TrialFingerprint(*back), TrialFingerprint(t)) << "a checkpoint moves with the trial";
+    EXPECT_EQ(HyperparametersJson(*back), HyperparametersJson(t));
+    EXPECT_EQ(back->name, t.name);
+    EXPECT_EQ(back->model.num_classes, t.model.num_classes);
+    EXPECT_EQ(back->dataset.image_shape, t.dataset.image_shape);
+  }
+  EXPECT_EQ(Sample(kImages).dataset.image_shape, (std::vector<int64_t>{1, 28, 20}));
 }
 
 TEST(TrialProtoTest, EveryProblemIsNamedWithItsField) {

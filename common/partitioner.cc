@@ -273,12 +273,17 @@ std::string FormatPlan(const Trial& trial, const PartitionPlan& plan) {
 
 int64_t SpillDiskBytes(const Trial& trial, const PartitionPlan& plan) {
   if (plan.state_tier != StateTier::kDisk) return 0;
-  int64_t largest = 0, gradients = 0;
+  int64_t largest = 0, gradients = 0, layers = 0;
   for (const auto& sh : plan.shards) {
     largest = std::max(largest, sh.state_bytes);
     gradients += sh.gradient_bytes;
+    layers += sh.last_layer - sh.first_layer + 1;
   }
-  return plan.total_state_bytes + largest + (trial.training.grad_clip_norm > 0 ? gradients : 0);
+  // Spill files put each tensor on a 4 KiB boundary and end with a 4 KiB block: allow 64
+  // tensors' padding per layer (weights, optimizer state, gradients) and 3 blocks per shard.
+  const int64_t alignment = 4096 * (64 * layers + 3 * static_cast<int64_t>(plan.shards.size()));
+  return plan.total_state_bytes + largest + (trial.training.grad_clip_norm > 0 ? gradients : 0) +
+         alignment;
 }
 
 }  // namespace hydra

@@ -71,7 +71,7 @@ StatusOr<PartitionPlan> PlanShards(const Trial& trial, const PartitionOptions& o
 
 /// Disk bytes the trial's spill files may take at once: 0 with the state in the host tier;
 /// otherwise the state, the temporary copy of the largest shard while it is rewritten, and the
-/// gradients when global clipping parks them on disk.
+/// gradients when global clipping parks them on disk, plus the files' 4 KiB alignment.
 int64_t SpillDiskBytes(const Trial& trial, const PartitionPlan& plan);
 
 /// A multi-line, human-readable rendering of the plan (used by `hydra plan`).

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <future>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
@@ -23,11 +24,38 @@ struct MutableBytes {
   size_t size;
 };
 
+/// Spill files align their parts: part i starts at offsets[i], a multiple of kSpillAlignment,
+/// and the data ends at `*total` (also aligned), where a kSpillAlignment-byte trailer block
+/// follows. Zero-byte parts take no room.
+constexpr size_t kSpillAlignment = 4096;
+std::vector<size_t> SpillLayout(const std::vector<size_t>& sizes, size_t* total);
+
+/// Page-aligned anonymous memory (mmap), zero-filled, given back to the system the moment it is
+/// destroyed (munmap; no allocator keeps it). When a file's parts lie in one slab at their
+/// SpillLayout offsets, the disk tier moves the slab with O_DIRECT: the disk reads and writes
+/// it directly, with no copy through the page cache.
+class AlignedSlab {
+ public:
+  /// nullptr when the system refuses the memory.
+  static std::shared_ptr<AlignedSlab> Allocate(size_t bytes);
+  ~AlignedSlab();
+  AlignedSlab(const AlignedSlab&) = delete;
+  AlignedSlab& operator=(const AlignedSlab&) = delete;
+  char* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  AlignedSlab(char* data, size_t size) : data_(data), size_(size) {}
+  char* data_;
+  size_t size_;
+};
+
 /// The disk tier: moves byte buffers to and from files in a spill directory, on I/O threads.
 /// Knows nothing of tensors (the executor turns tensors into buffers). Each file ends with a
-/// XXH3-64 hash of its contents, checked on every read. After a write the file's pages are flushed
-/// and dropped from the page cache, so reads really come from the disk and spilled state does not
-/// linger in memory. Files are removed by Remove() and by the destructor.
+/// XXH3-64 hash of its contents, checked on every read. Parts laid out in an AlignedSlab go
+/// through O_DIRECT; other buffers are written through the page cache, then flushed and dropped
+/// from it, so reads really come from the disk and spilled state does not linger in memory.
+/// Files are removed by Remove() and by the destructor.
 /// Thread-safe; the buffers passed to Write/Read must stay valid until the future is ready.
 class DiskTier {
  public:
@@ -40,19 +68,27 @@ class DiskTier {
   /// Checks that the directory is usable (created, writable).
   Status Init();
 
-  /// Writes the concatenation of `parts` as file `key`, replacing it atomically. A full disk or
-  /// I/O error is RESOURCE_EXHAUSTED / DATA_LOSS naming the file.
-  std::future<Status> Write(const std::string& key, std::vector<ConstBytes> parts);
-  /// Reads file `key` into `parts` (sizes must add up to the file's); DATA_LOSS on a checksum
-  /// mismatch or short file.
-  std::future<Status> Read(const std::string& key, std::vector<MutableBytes> parts);
-  Status WriteSync(const std::string& key, std::vector<ConstBytes> parts);
-  Status ReadSync(const std::string& key, std::vector<MutableBytes> parts);
+  /// Writes `parts` as file `key` (at their SpillLayout offsets), replacing it atomically. A
+  /// full disk or I/O error is RESOURCE_EXHAUSTED / DATA_LOSS naming the file. When `slab` is
+  /// given and the parts lie in it at their layout offsets, the slab goes out with O_DIRECT;
+  /// the future keeps it alive.
+  std::future<Status> Write(const std::string& key, std::vector<ConstBytes> parts,
+                            std::shared_ptr<AlignedSlab> slab = nullptr);
+  /// Reads file `key` into `parts` (their sizes must match the file's layout); DATA_LOSS on a
+  /// checksum mismatch or a file of the wrong size. `slab` as for Write.
+  std::future<Status> Read(const std::string& key, std::vector<MutableBytes> parts,
+                           std::shared_ptr<AlignedSlab> slab = nullptr);
+  Status WriteSync(const std::string& key, std::vector<ConstBytes> parts,
+                   const AlignedSlab* slab = nullptr);
+  Status ReadSync(const std::string& key, std::vector<MutableBytes> parts,
+                  const AlignedSlab* slab = nullptr);
 
   void Remove(const std::string& key);
   bool Exists(const std::string& key) const;
 
   int64_t bytes_written() const { return bytes_written_.load(); }
+  /// Of the bytes written and read, those that went through O_DIRECT.
+  int64_t direct_bytes() const { return direct_bytes_.load(); }
   int64_t bytes_read() const { return bytes_read_.load(); }
   /// Bytes currently held in spill files.
   int64_t bytes_on_disk() const;
@@ -63,6 +99,7 @@ class DiskTier {
   std::string dir_;
   std::atomic<int64_t> bytes_written_{0};
   std::atomic<int64_t> bytes_read_{0};
+  std::atomic<int64_t> direct_bytes_{0};
   mutable std::mutex mu_;
   std::set<std::string> keys_;            // guarded by mu_
   std::map<std::string, int64_t> sizes_;  // guarded by mu_

@@ -321,17 +321,7 @@ TEST_F(ChaosTest, EveryTrialSucceedsWithTheUndisturbedLossesAndBoundedRework) {
   EXPECT_GE(sigterms, 1);
 
   Json job;
-  const bool complete = Eventually(
-      [&] {
-        auto [rc2, text] = Sh("kubectl get mmj chaos -o json");
-        job = Json::parse(text, nullptr, false);
-        if (rc2 != 0 || job.is_discarded()) return false;
-        for (const auto& c : job["status"].value("conditions", Json::array())) {
-          if (c["type"] == "Complete" && c["status"] == "True") return true;
-        }
-        return false;
-      },
-      300);
+  const bool complete = hydra::fakes::WaitJobComplete("chaos", 300, &job);
   watching = false;
   watcher.join();
   ASSERT_TRUE(complete) << job["status"].dump(2) << "\n"
@@ -488,17 +478,7 @@ TEST_F(ChaosTest, ACorruptNewestCheckpointFallsBackToThePreviousOneWithAnEvent) 
   StartNode(n);
 
   Json job;
-  ASSERT_TRUE(Eventually(
-      [&] {
-        auto [rc, text] = Sh("kubectl get mmj scarred -o json");
-        job = Json::parse(text, nullptr, false);
-        if (rc != 0 || job.is_discarded()) return false;
-        for (const auto& c : job["status"].value("conditions", Json::array())) {
-          if (c["type"] == "Complete" && c["status"] == "True") return true;
-        }
-        return false;
-      },
-      120))
+  ASSERT_TRUE(hydra::fakes::WaitJobComplete("scarred", 120, &job))
       << job.dump(2) << hydra::fakes::Slurp((work_ / "controller.log").string());
   const Json& t = job["status"]["trials"][0];
   EXPECT_EQ(t["restarts"], 1);

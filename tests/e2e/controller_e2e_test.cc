@@ -206,24 +206,10 @@ TEST_F(ControllerE2eTest, ApplyTrainsEveryTrialDeleteCancelsAndOneReplicaLeads) 
   // kubectl apply the example: every trial trains to the end.
   auto [rc, out] = Sh("kubectl apply -f " + kSource + "/examples/tiny-sweep.yaml");
   ASSERT_EQ(rc, 0) << out;
-  // Waits until job `name` is Complete; `job` holds its last state either way.
-  auto complete_within = [&](const std::string& name, int seconds, Json* job) {
-    return Eventually(
-        [&] {
-          auto [rc2, text] = Sh("kubectl get mmj " + name + " -o json");
-          if (rc2 != 0) return false;
-          *job = Json::parse(text, nullptr, false);
-          if (job->is_discarded() || !(*job)["status"].is_object()) return false;
-          for (const auto& c : (*job)["status"].value("conditions", Json::array())) {
-            if (c["type"] == "Complete" && c["status"] == "True") return true;
-          }
-          return false;
-        },
-        seconds);
-  };
   Json job;
-  ASSERT_TRUE(complete_within("tiny-sweep", 240, &job)) << job.dump(2) << "\n"
-                                                        << hydra::fakes::Slurp(c1.out_path);
+  ASSERT_TRUE(hydra::fakes::WaitJobComplete("tiny-sweep", 240, &job))
+      << job.dump(2) << "\n"
+      << hydra::fakes::Slurp(c1.out_path);
   const auto& st = job["status"];
   EXPECT_EQ(st["trialCount"], 2);
   EXPECT_EQ(st["succeeded"], 2);
@@ -268,8 +254,9 @@ spec:
 )";
   ASSERT_EQ(Apply(ts_job, work).first, 0);
   Json ts;
-  ASSERT_TRUE(complete_within("ts-e2e", 180, &ts)) << ts.dump(2) << "\n"
-                                                   << hydra::fakes::Slurp(c1.out_path);
+  ASSERT_TRUE(hydra::fakes::WaitJobComplete("ts-e2e", 180, &ts))
+      << ts.dump(2) << "\n"
+      << hydra::fakes::Slurp(c1.out_path);
   for (const auto& t : ts["status"]["trials"]) {
     EXPECT_EQ(t["state"], "Succeeded") << t.dump();
     EXPECT_EQ(t["step"], 20);
@@ -295,8 +282,9 @@ spec:
 )";
   ASSERT_EQ(Apply(image_job, work).first, 0);
   Json im;
-  ASSERT_TRUE(complete_within("images-e2e", 180, &im)) << im.dump(2) << "\n"
-                                                       << hydra::fakes::Slurp(c1.out_path);
+  ASSERT_TRUE(hydra::fakes::WaitJobComplete("images-e2e", 180, &im))
+      << im.dump(2) << "\n"
+      << hydra::fakes::Slurp(c1.out_path);
   ASSERT_EQ(im["status"]["trials"].size(), 2u);
   for (const auto& t : im["status"]["trials"]) {
     EXPECT_EQ(t["state"], "Succeeded") << t.dump();

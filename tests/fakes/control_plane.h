@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -34,6 +35,22 @@ inline bool Eventually(const std::function<bool()>& pred, int seconds) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
   return pred();
+}
+
+/// Polls `kubectl get mmj <name>` (default namespace) until its Complete condition is True, for
+/// at most `seconds`. `*job` holds the last object read, for failure messages.
+inline bool WaitJobComplete(const std::string& name, int seconds, nlohmann::json* job) {
+  return Eventually(
+      [&] {
+        auto [rc, text] = Sh("kubectl get mmj " + name + " -o json");
+        *job = nlohmann::json::parse(text, nullptr, false);
+        if (rc != 0 || job->is_discarded() || !job->contains("status")) return false;
+        for (const auto& c : (*job)["status"].value("conditions", nlohmann::json::array())) {
+          if (c["type"] == "Complete" && c["status"] == "True") return true;
+        }
+        return false;
+      },
+      seconds);
 }
 
 /// tests/envtest/up into `dir`, exporting what it prints (KUBECONFIG, and PATH when it built

@@ -64,7 +64,7 @@ class TerminalProgress : public ProgressSinkInterface {
                  trials_.size(), FormatDuration(elapsed).c_str());
     std::fprintf(out_, "  %-*s  %-11s  %-22s %11s  %7s  %7s  %9s  %7s\n",
                  static_cast<int>(name_width_), "trial", "state", "progress", "step", "loss", "val",
-                 "tok/s", "ETA");
+                 trials_.empty() || !IsImageTask(trials_.front().trial) ? "tok/s" : "img/s", "ETA");
     for (const auto& t : trials_) {
       const int64_t total = t.trial.training.steps;
       const double frac = total > 0 ? static_cast<double>(t.step) / static_cast<double>(total) : 0;
@@ -119,8 +119,8 @@ class LogProgress : public ProgressSinkInterface {
         line += t.step > 0 ? " (resuming at step " + std::to_string(t.step) + ")" : "";
       } else if (t.state == "Succeeded") {
         line += ": val loss " + Num(t.final_val_loss, "%.4f") + ", train loss " +
-                Num(t.final_train_loss, "%.4f") + ", " + Num(t.tokens_per_second, "%.0f") +
-                " tokens/s, " + FormatDuration(t.wall_seconds);
+                Num(t.final_train_loss, "%.4f") + ", " + Num(t.tokens_per_second, "%.0f") + " " +
+                ThroughputUnit(t.trial) + ", " + FormatDuration(t.wall_seconds);
       } else if (!t.message.empty()) {
         line += ": " + t.message;
       }
@@ -135,8 +135,8 @@ class LogProgress : public ProgressSinkInterface {
     if (t.state == "Running" && t.step % every == 0 && t.step != last_step_logged_[i]) {
       last_step_logged_[i] = t.step;
       Log(t.trial.name + " step " + std::to_string(t.step) + "/" + std::to_string(total) +
-          " loss " + Num(t.last_loss, "%.4f") + " " + Num(t.tokens_per_second, "%.0f") +
-          " tokens/s ETA " + FormatDuration(t.eta_seconds));
+          " loss " + Num(t.last_loss, "%.4f") + " " + Num(t.tokens_per_second, "%.0f") + " " +
+          ThroughputUnit(t.trial) + " ETA " + FormatDuration(t.eta_seconds));
     }
   }
 

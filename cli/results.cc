@@ -192,8 +192,9 @@ std::string FormatRankedTable(const std::vector<TrialResult>& ranked) {
   std::vector<std::vector<std::string>> rows;
   std::vector<std::string> header = {"rank", "trial"};
   header.insert(header.end(), hp_fields.begin(), hp_fields.end());
-  for (const char* h :
-       {"val loss", "train loss", "tokens/s", "wall", "shards", "peak device", "state"}) {
+  // A job's trials share one dataset, so one unit for the column.
+  const char* unit = ranked.empty() ? "tokens/s" : ThroughputUnit(ranked.front().trial);
+  for (const char* h : {"val loss", "train loss", unit, "wall", "shards", "peak device", "state"}) {
     header.push_back(h);
   }
   rows.push_back(header);

@@ -639,6 +639,10 @@ int64_t TokensPerSample(const Trial& trial) {
   return IsImageTask(trial) ? 1 : trial.model.context_length;
 }
 
+const char* ThroughputUnit(const Trial& trial) {
+  return IsImageTask(trial) ? "images/s" : "tokens/s";
+}
+
 double LearningRateAt(const TrainingSpec& t, int64_t step) {
   if (step < t.warmup_steps) {
     return t.learning_rate * static_cast<double>(step + 1) / static_cast<double>(t.warmup_steps);

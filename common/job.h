@@ -178,6 +178,10 @@ int64_t SampleWindow(const Trial& trial);
 /// Tokens one sample trains on (for tokens per second): contextLength, or 1 (an image).
 int64_t TokensPerSample(const Trial& trial);
 
+/// The unit of the trial's throughput for people: "tokens/s", or "images/s" for image tasks
+/// (results.json's tokensPerSecond counts an image as one token).
+const char* ThroughputUnit(const Trial& trial);
+
 /// "0.001", "8", "adamw".
 std::string FormatParamValue(const ParamValue& value);
 

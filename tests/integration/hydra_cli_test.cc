@@ -20,6 +20,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 const std::string kHydra = std::string(HYDRA_BINARY_DIR) + "/cli/hydra";
 
@@ -143,6 +144,8 @@ TEST_F(HydraCliTest, TheImageExampleTrainsBothFamilies) {
             0)
       << out;
   EXPECT_THAT(out, HasSubstr("8/8 trials succeeded"));
+  EXPECT_THAT(out, HasSubstr("images/s"));  // the ranked table's throughput column
+  EXPECT_THAT(out, Not(HasSubstr("tokens/s")));
   auto j = nlohmann::json::parse(Slurp((dir_ / "o/results.json").string()));
   ASSERT_EQ(j["trials"].size(), 8u);
   std::set<std::string> families;

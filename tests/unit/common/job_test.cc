@@ -251,6 +251,7 @@ TEST(JobTest, ImageClassifiersParse) {
   EXPECT_EQ(t.dataset.image_shape, (std::vector<int64_t>{1, 28, 20}));
   EXPECT_EQ(SampleWindow(t), 1 + 28 * 20);  // one record: label byte + pixels
   EXPECT_EQ(TokensPerSample(t), 1);
+  EXPECT_STREQ(ThroughputUnit(t), "images/s");
   EXPECT_EQ(TrialConfigJson(t)["model"]["numClasses"], 7);
 }
 

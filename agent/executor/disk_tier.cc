@@ -18,12 +18,14 @@ namespace fs = std::filesystem;
 
 constexpr uint64_t kSpillMagic = 0x31334858'4c4c5053;  // "SPLLXH31"
 
-Status WriteFully(int fd, const void* p, size_t n, off_t offset, const std::string& path) {
+Status WriteFully(int fd, const void* p, size_t n, off_t offset, const std::string& path,
+                  int* err = nullptr) {
   const char* c = static_cast<const char*>(p);
   while (n > 0) {
     ssize_t w = ::pwrite(fd, c, n, offset);
     if (w < 0) {
       if (errno == EINTR) continue;
+      if (err) *err = errno;
       return ErrnoError("writing spill file " + path, errno);
     }
     c += w;
@@ -33,12 +35,14 @@ Status WriteFully(int fd, const void* p, size_t n, off_t offset, const std::stri
   return OkStatus();
 }
 
-Status ReadFully(int fd, void* p, size_t n, off_t offset, const std::string& path) {
+Status ReadFully(int fd, void* p, size_t n, off_t offset, const std::string& path,
+                 int* err = nullptr) {
   char* c = static_cast<char*>(p);
   while (n > 0) {
     ssize_t r = ::pread(fd, c, n, offset);
     if (r < 0) {
       if (errno == EINTR) continue;
+      if (err) *err = errno;
       return ErrnoError("reading spill file " + path, errno);
     }
     if (r == 0) return DataLossError("spill file " + path + " is shorter than expected");
@@ -138,6 +142,28 @@ std::string DiskTier::PathFor(const std::string& key) const {
 
 Status DiskTier::WriteSync(const std::string& key, std::vector<ConstBytes> parts,
                            const AlignedSlab* slab) {
+  if (slab != nullptr && direct_io_.load()) {
+    int err = 0;
+    Status s = WriteFile(key, parts, slab, &err);
+    if (err != EINVAL) return s;
+    direct_io_ = false;  // opened with O_DIRECT, yet the transfer was refused: page cache
+  }
+  return WriteFile(key, parts, nullptr, nullptr);
+}
+
+Status DiskTier::ReadSync(const std::string& key, std::vector<MutableBytes> parts,
+                          const AlignedSlab* slab) {
+  if (slab != nullptr && direct_io_.load()) {
+    int err = 0;
+    Status s = ReadFile(key, parts, slab, &err);
+    if (err != EINVAL) return s;
+    direct_io_ = false;
+  }
+  return ReadFile(key, parts, nullptr, nullptr);
+}
+
+Status DiskTier::WriteFile(const std::string& key, const std::vector<ConstBytes>& parts,
+                           const AlignedSlab* slab, int* direct_errno) {
   const std::string path = PathFor(key);
   const std::string tmp = path + ".tmp";
   size_t total = 0;
@@ -152,7 +178,7 @@ Status DiskTier::WriteSync(const std::string& key, std::vector<ConstBytes> parts
   uint64_t digest = 0;
   if (direct) {
     digest = XXH3_64bits(slab->data(), total);
-    s = WriteFully(fd, slab->data(), total, 0, tmp);
+    s = WriteFully(fd, slab->data(), total, 0, tmp, direct_errno);
   } else {
     XXH3_state_t* hash = XXH3_createState();
     XXH3_64bits_reset(hash);
@@ -169,7 +195,9 @@ Status DiskTier::WriteSync(const std::string& key, std::vector<ConstBytes> parts
   trailer.words[0] = digest;
   trailer.words[1] = kSpillMagic;
   trailer.words[2] = total;
-  if (s.ok()) s = WriteFully(fd, trailer.words, kSpillAlignment, static_cast<off_t>(total), tmp);
+  if (s.ok())
+    s = WriteFully(fd, trailer.words, kSpillAlignment, static_cast<off_t>(total), tmp,
+                   direct ? direct_errno : nullptr);
   // Through the page cache: flush and drop the pages, since spilled state must leave memory
   // and later reads must measure the disk rather than the page cache.
   if (s.ok() && !direct && ::fdatasync(fd) != 0) {
@@ -192,8 +220,8 @@ Status DiskTier::WriteSync(const std::string& key, std::vector<ConstBytes> parts
   return OkStatus();
 }
 
-Status DiskTier::ReadSync(const std::string& key, std::vector<MutableBytes> parts,
-                          const AlignedSlab* slab) {
+Status DiskTier::ReadFile(const std::string& key, const std::vector<MutableBytes>& parts,
+                          const AlignedSlab* slab, int* direct_errno) {
   const std::string path = PathFor(key);
   size_t total = 0;
   const auto offsets = SpillLayout(Sizes(parts), &total);
@@ -209,7 +237,7 @@ Status DiskTier::ReadSync(const std::string& key, std::vector<MutableBytes> part
   }
   uint64_t digest = 0;
   if (s.ok() && direct) {
-    s = ReadFully(fd, slab->data(), total, 0, path);
+    s = ReadFully(fd, slab->data(), total, 0, path, direct_errno);
     if (s.ok()) digest = XXH3_64bits(slab->data(), total);
   } else if (s.ok()) {
     XXH3_state_t* hash = XXH3_createState();
@@ -224,7 +252,9 @@ Status DiskTier::ReadSync(const std::string& key, std::vector<MutableBytes> part
     XXH3_freeState(hash);
   }
   TrailerBlock trailer;
-  if (s.ok()) s = ReadFully(fd, trailer.words, kSpillAlignment, static_cast<off_t>(total), path);
+  if (s.ok())
+    s = ReadFully(fd, trailer.words, kSpillAlignment, static_cast<off_t>(total), path,
+                  direct ? direct_errno : nullptr);
   if (!direct) ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
   ::close(fd);
   if (s.ok() && (trailer.words[1] != kSpillMagic || trailer.words[0] != digest ||

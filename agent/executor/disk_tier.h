@@ -96,10 +96,17 @@ class DiskTier {
 
  private:
   std::string PathFor(const std::string& key) const;
+  /// One attempt, with O_DIRECT when `slab` holds the parts; a refused direct transfer leaves
+  /// its errno in `*direct_errno`.
+  Status WriteFile(const std::string& key, const std::vector<ConstBytes>& parts,
+                   const AlignedSlab* slab, int* direct_errno);
+  Status ReadFile(const std::string& key, const std::vector<MutableBytes>& parts,
+                  const AlignedSlab* slab, int* direct_errno);
   std::string dir_;
   std::atomic<int64_t> bytes_written_{0};
   std::atomic<int64_t> bytes_read_{0};
   std::atomic<int64_t> direct_bytes_{0};
+  std::atomic<bool> direct_io_{true};  // false once the file system refused an O_DIRECT transfer
   mutable std::mutex mu_;
   std::set<std::string> keys_;            // guarded by mu_
   std::map<std::string, int64_t> sizes_;  // guarded by mu_

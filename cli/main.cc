@@ -83,11 +83,6 @@ int Plan(const std::string& path, bool pilot, int threads) {
   double flops = 1e11;
   if (pilot) {
     hydra::executor::ConfigureCpuThreads(threads);
-    if (trials.front().model.family != "gpt2") {
-      std::cerr << "error: --pilot times a GPT-2 block; it does not apply to family "
-                << trials.front().model.family << "\n";
-      return 2;
-    }
     auto p = hydra::executor::RunPilot(trials.front());
     if (!p.ok()) {
       std::cerr << "error: " << p.status().message() << "\n";
@@ -95,11 +90,11 @@ int Plan(const std::string& path, bool pilot, int threads) {
     }
     flops = p->flops_per_second;
     std::printf(
-        "pilot (%s): one block forward+backward took %.4f s; the cost model's %.3g FLOPs at "
+        "pilot (%s): layer %s forward+backward took %.4f s; the cost model's %.3g FLOPs at "
         "100 GFLOP/s predict %.4f s (measured/predicted %.2f); estimates below use the measured "
         "%.1f GFLOP/s\n\n",
-        trials.front().name.c_str(), p->block_seconds, p->block_flops, p->block_flops / 1e11,
-        p->block_seconds / (p->block_flops / 1e11), flops / 1e9);
+        trials.front().name.c_str(), p->layer.c_str(), p->layer_seconds, p->layer_flops,
+        p->layer_flops / 1e11, p->layer_seconds / (p->layer_flops / 1e11), flops / 1e9);
   }
   for (const auto& t : trials) {
     auto po = hydra::PartitionOptionsFor(t);
@@ -336,8 +331,8 @@ int main(int argc, char** argv) {
       ->required()
       ->check(CLI::ExistingFile);
   plan->add_flag("--pilot", plan_pilot,
-                 "Time one block on this machine first and use the measured rate for the "
-                 "estimates");
+                 "Time the model's heaviest layer on this machine first and use the measured "
+                 "rate for the estimates");
 
   SimulateArgs sim;
   auto* simulate = app.add_subcommand(

@@ -2,22 +2,49 @@
 
 #include <chrono>
 
-#include "agent/executor/gpt2.h"
+#include "agent/executor/torchscript.h"
 #include "common/cost_model.h"
 
 namespace hydra::executor {
 
 StatusOr<PilotResult> RunPilot(const Trial& trial) {
-  ModelSpec one = trial.model;
-  one.n_layer = 1;
+  Trial probe = trial;
+  // Repeated layers need not all exist: one stands for the rest (their widths are equal).
+  if (probe.model.family == "gpt2" || probe.model.family == "mlp") probe.model.n_layer = 1;
   const int64_t micro = trial.training.batch_size / trial.training.gradient_accumulation_steps;
-  const int64_t T = trial.model.context_length;
+  const auto costs = ModelLayerCosts(probe, micro);
+  if (costs.empty()) {
+    return FailedPreconditionError("pilot run of " + trial.name +
+                                   ": the model's layers are not known yet");
+  }
+  size_t heaviest = 0;
+  for (size_t i = 1; i < costs.size(); ++i) {
+    if (costs[i].forward_flops > costs[heaviest].forward_flops) heaviest = i;
+  }
   try {
-    auto model = BuildGpt2(one, static_cast<uint64_t>(trial.training.seed));
-    auto& block = model.layers[1];
-    auto x = torch::randn({micro, T, one.n_embd}).requires_grad_(true);
+    auto model = BuildModel(probe);
+    if (!model.ok()) return model.status();
+    if (model->layers.size() != costs.size()) {
+      return InternalError("pilot run of " + trial.name + ": the cost model has " +
+                           std::to_string(costs.size()) + " layers, the model " +
+                           std::to_string(model->layers.size()));
+    }
+    torch::Tensor x;
+    if (IsImageTask(trial)) {
+      const auto& s = trial.dataset.image_shape;
+      x = torch::rand({micro, s[0], s[1], s[2]});
+    } else {
+      x = torch::randint(0, trial.model.vocab_size, {micro, trial.model.context_length},
+                         torch::kLong);
+    }
+    {
+      torch::NoGradGuard no_grad;
+      for (size_t i = 0; i < heaviest; ++i) x = model->layers[i]->forward(x);
+    }
+    if (x.is_floating_point()) x = x.detach().requires_grad_(true);
+    auto& layer = model->layers[heaviest];
     auto run = [&]() {
-      auto y = block->forward(x);
+      auto y = layer->forward(x);
       y.sum().backward();
     };
     run();
@@ -26,10 +53,11 @@ StatusOr<PilotResult> RunPilot(const Trial& trial) {
     const auto start = std::chrono::steady_clock::now();
     for (int i = 0; i < rounds; ++i) run();
     PilotResult r;
-    r.block_seconds =
+    r.layer = model->names[heaviest];
+    r.layer_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / rounds;
-    r.block_flops = 3.0 * ModelLayerCosts(one, micro)[1].forward_flops;
-    r.flops_per_second = r.block_flops / r.block_seconds;
+    r.layer_flops = 3.0 * costs[heaviest].forward_flops;
+    r.flops_per_second = r.layer_flops / r.layer_seconds;
     return r;
   } catch (const c10::Error& e) {
     return InternalError("pilot run of " + trial.name + ": " + e.what_without_backtrace());

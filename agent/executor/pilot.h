@@ -1,20 +1,25 @@
 #pragma once
 
+#include <string>
+
 #include "common/job.h"
 #include "common/status.h"
 
 namespace hydra::executor {
 
-/// What a short pilot run measured for a trial's transformer blocks.
+/// What a short pilot run measured for the trial's heaviest layer.
 struct PilotResult {
-  double block_seconds = 0;     ///< measured forward + backward of one block, one micro-batch
-  double block_flops = 0;       ///< the cost model's FLOPs for the same work (3x forward)
-  double flops_per_second = 0;  ///< achieved rate: block_flops / block_seconds
+  std::string layer;            ///< the layer timed: the most forward FLOPs by the cost model
+  double layer_seconds = 0;     ///< measured forward + backward of it, one micro-batch
+  double layer_flops = 0;       ///< the cost model's FLOPs for the same work (3x forward)
+  double flops_per_second = 0;  ///< achieved rate: layer_flops / layer_seconds
 };
 
-/// Times a forward and backward of one GPT-2 block of the trial's width at its micro-batch, on
-/// random tokens (two warm-up rounds, then the mean of three), to check the cost model's time
-/// estimates and to calibrate them. Uses the current LibTorch threading.
+/// Times a forward and backward of the trial's heaviest layer at its micro-batch, on a random
+/// batch (two warm-up rounds, then the mean of three), to check the cost model's time estimates
+/// and to calibrate them. Every family: GPT-2 and the MLP are built with one block or hidden
+/// layer (the others are the same), the ResNet whole, a TorchScript module as loaded (the trial
+/// must be resolved). Uses the current LibTorch threading.
 StatusOr<PilotResult> RunPilot(const Trial& trial);
 
 }  // namespace hydra::executor

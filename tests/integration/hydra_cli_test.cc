@@ -97,7 +97,8 @@ TEST_F(HydraCliTest, PlanAndSimulate) {
   const std::string job = (dir_ / "job.yaml").string();
   std::string out;
   ASSERT_EQ(RunHydra({"plan", "--pilot", job}, &out), 0) << out;
-  EXPECT_THAT(out, HasSubstr("pilot (tiny-lr1e-3): one block forward+backward took"));
+  // The heaviest layer of a 2-block GPT-2 with a 256-token vocabulary is a block.
+  EXPECT_THAT(out, HasSubstr("pilot (tiny-lr1e-3): layer block0 forward+backward took"));
   EXPECT_THAT(out, HasSubstr("1 shard"));
   ASSERT_EQ(RunHydra({"simulate", job, "--devices", "2", "--device-memory", "2Mi", "--json"}, &out),
             0)
@@ -156,6 +157,10 @@ TEST_F(HydraCliTest, TheImageExampleTrainsBothFamilies) {
   EXPECT_EQ(families, (std::set<std::string>{"mlp", "resnet"}));
   // The best trial learned: below chance over 10 classes.
   EXPECT_LT(j["trials"][0]["finalValLoss"].get<double>(), std::log(10.0));
+  // The pilot times the heaviest layer of any family (the first trial is an MLP: its input
+  // layer, 768 pixels wide).
+  ASSERT_EQ(RunHydra({"plan", "--pilot", (dir_ / "images.yaml").string()}, &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("pilot (image-sweep-fmlp-l2-lr3e-3): layer input forward+backward"));
 }
 
 TEST_F(HydraCliTest, InterruptedRunResumesToExactlyTheUninterruptedResults) {

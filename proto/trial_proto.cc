@@ -64,7 +64,9 @@ void TrialToProto(const Trial& t, const std::string& job, const std::string& ns,
   auto* r = out->mutable_resources();
   r->set_device_memory_budget_bytes(t.resources.device_memory_budget.value_or(0));
   r->set_offload(t.resources.offload);
-  r->set_host_memory_budget_bytes(t.resources.host_memory_budget.value_or(0));
+  if (t.resources.host_memory_budget) {
+    r->set_host_memory_budget_bytes(*t.resources.host_memory_budget);
+  }
 }
 
 StatusOr<Trial> TrialFromProto(const v1::TrialSpec& s) {
@@ -120,7 +122,7 @@ StatusOr<Trial> TrialFromProto(const v1::TrialSpec& s) {
   if (r.device_memory_budget_bytes() != 0) {
     t.resources.device_memory_budget = r.device_memory_budget_bytes();
   }
-  if (r.host_memory_budget_bytes() != 0) {
+  if (r.has_host_memory_budget_bytes()) {
     t.resources.host_memory_budget = r.host_memory_budget_bytes();
   }
   std::vector<FieldError> extra;

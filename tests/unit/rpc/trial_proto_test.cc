@@ -56,6 +56,20 @@ TEST(TrialProtoTest, RoundTripKeepsTheWholeConfiguration) {
   EXPECT_EQ(Sample(kImages).dataset.image_shape, (std::vector<int64_t>{1, 28, 20}));
 }
 
+TEST(TrialProtoTest, HostMemoryBudgetZeroIsNotUnlimited) {
+  // 0 means "no RAM for stashed activations" (recompute, trim), unset means unlimited.
+  for (std::optional<int64_t> budget :
+       {std::optional<int64_t>{}, std::optional<int64_t>{0}, std::optional<int64_t>{64 << 20}}) {
+    Trial t = Sample();
+    t.resources.host_memory_budget = budget;
+    v1::TrialSpec spec;
+    TrialToProto(t, "j", "", &spec);
+    auto back = TrialFromProto(spec);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(back->resources.host_memory_budget, budget);
+  }
+}
+
 TEST(TrialProtoTest, EveryProblemIsNamedWithItsField) {
   v1::TrialSpec spec;
   TrialToProto(Sample(), "j", "", &spec);

@@ -279,9 +279,11 @@ int64_t SpillDiskBytes(const Trial& trial, const PartitionPlan& plan) {
     gradients += sh.gradient_bytes;
     layers += sh.last_layer - sh.first_layer + 1;
   }
-  // Spill files put each tensor on a 4 KiB boundary and end with a 4 KiB block: allow 64
-  // tensors' padding per layer (weights, optimizer state, gradients) and 3 blocks per shard.
-  const int64_t alignment = 4096 * (64 * layers + 3 * static_cast<int64_t>(plan.shards.size()));
+  // Spill files put each tensor on a 4 KiB boundary and end with a 4 KiB block: allow 128
+  // tensors' padding per layer (weights, optimizer state, gradients and the rewritten copy of
+  // the largest shard; a GPT-2 block has 12 parameter tensors, so 60 with AdamW) and 5 blocks
+  // per shard. An estimate for TorchScript layers with many more tensors.
+  const int64_t alignment = 4096 * (128 * layers + 5 * static_cast<int64_t>(plan.shards.size()));
   return plan.total_state_bytes + largest + (trial.training.grad_clip_norm > 0 ? gradients : 0) +
          alignment;
 }

@@ -169,7 +169,9 @@ Status DiskTier::WriteFile(const std::string& key, const std::vector<ConstBytes>
   size_t total = 0;
   const auto offsets = SpillLayout(Sizes(parts), &total);
   bool direct = slab != nullptr && InSlab(parts, offsets, total, *slab);
+  const bool wanted_direct = direct;
   int fd = OpenSpill(tmp, O_WRONLY | O_CREAT | O_TRUNC, &direct);
+  if (wanted_direct && !direct) direct_io_ = false;  // the file system has no O_DIRECT
   if (fd < 0) return ErrnoError("creating spill file " + tmp, errno);
   // XXH3-64 rather than CRC-32: at tens of GB/s it costs the training cores almost nothing
   // (zlib's CRC-32 runs at ~2 GB/s here, a second of CPU per step of GPT-2 small from disk).
@@ -181,6 +183,11 @@ Status DiskTier::WriteFile(const std::string& key, const std::vector<ConstBytes>
     s = WriteFully(fd, slab->data(), total, 0, tmp, direct_errno);
   } else {
     XXH3_state_t* hash = XXH3_createState();
+    if (hash == nullptr) {
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return ResourceExhaustedError("no memory to hash spill file " + tmp);
+    }
     XXH3_64bits_reset(hash);
     for (size_t i = 0; i < parts.size() && s.ok(); ++i) {
       if (parts[i].size == 0) continue;
@@ -226,7 +233,9 @@ Status DiskTier::ReadFile(const std::string& key, const std::vector<MutableBytes
   size_t total = 0;
   const auto offsets = SpillLayout(Sizes(parts), &total);
   bool direct = slab != nullptr && InSlab(parts, offsets, total, *slab);
+  const bool wanted_direct = direct;
   int fd = OpenSpill(path, O_RDONLY, &direct);
+  if (wanted_direct && !direct) direct_io_ = false;  // the file system has no O_DIRECT
   if (fd < 0) return ErrnoError("opening spill file " + path, errno);
   struct stat st {};
   ::fstat(fd, &st);
@@ -241,6 +250,10 @@ Status DiskTier::ReadFile(const std::string& key, const std::vector<MutableBytes
     if (s.ok()) digest = XXH3_64bits(slab->data(), total);
   } else if (s.ok()) {
     XXH3_state_t* hash = XXH3_createState();
+    if (hash == nullptr) {
+      ::close(fd);
+      return ResourceExhaustedError("no memory to hash spill file " + path);
+    }
     XXH3_64bits_reset(hash);
     for (size_t i = 0; i < parts.size() && s.ok(); ++i) {
       if (parts[i].size == 0) continue;

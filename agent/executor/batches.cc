@@ -10,19 +10,6 @@ torch::Tensor TokenWindows(const TokenDataset& data, const std::vector<int64_t>&
   return t;
 }
 
-std::vector<torch::Tensor> ValidationBatches(const TokenDataset& data, const Trial& trial) {
-  const int64_t window = trial.model.context_length + 1;
-  const size_t micro =
-      static_cast<size_t>(trial.training.batch_size / trial.training.gradient_accumulation_steps);
-  const auto offsets = ValidationWindowOffsets(data, trial.dataset.eval_sequences, window);
-  std::vector<torch::Tensor> batches;
-  for (size_t begin = 0; begin < offsets.size(); begin += micro) {
-    const size_t end = std::min(offsets.size(), begin + micro);
-    batches.push_back(TokenWindows(data, {offsets.begin() + begin, offsets.begin() + end}, window));
-  }
-  return batches;
-}
-
 Batch MakeBatch(const TokenDataset& data, const Trial& trial, const std::vector<int64_t>& offsets) {
   const int64_t window = SampleWindow(trial);
   auto w = TokenWindows(data, offsets, window);

@@ -13,11 +13,6 @@ namespace hydra::executor {
 torch::Tensor TokenWindows(const TokenDataset& data, const std::vector<int64_t>& offsets,
                            int64_t window);
 
-/// The fixed validation windows of `trial` (ValidationWindowOffsets, `window` = contextLength + 1)
-/// as [n, window] tensors of at most one micro-batch each: every executor evaluates the same
-/// chunks, so sharded and unsharded validation losses agree.
-std::vector<torch::Tensor> ValidationBatches(const TokenDataset& data, const Trial& trial);
-
 /// Mean next-token cross-entropy of `logits` [batch, time, vocab] against `targets` [batch, time].
 torch::Tensor NextTokenLoss(const torch::Tensor& logits, const torch::Tensor& targets);
 
@@ -39,7 +34,9 @@ Batch MakeBatch(const TokenDataset& data, const Trial& trial, const std::vector<
 /// The whole batch of optimizer step `step` (all micro-batches).
 Batch TrainBatch(const TokenDataset& data, const Trial& trial, int64_t step);
 
-/// The fixed validation samples as batches of at most one micro-batch each.
+/// The fixed validation samples (ValidationWindowOffsets) as batches of at most one micro-batch
+/// each: every executor evaluates the same chunks, so sharded and unsharded validation losses
+/// agree.
 std::vector<Batch> ValidationSamples(const TokenDataset& data, const Trial& trial);
 
 /// The trial's loss: next-token cross-entropy, or cross-entropy of class logits [B, classes].

@@ -2,6 +2,7 @@
 // node's devices, with the shard-spilling executor and the Sharded-LRTF device loop; serves
 // Prometheus metrics and Kubernetes health probes; checkpoints every trial on SIGTERM.
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/resource_quota.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -15,6 +16,7 @@
 #include "agent/executor/cpu_threads.h"
 #include "agent/executor/spilling_executor.h"
 #include "agent/metrics/agent_metrics.h"
+#include "agent/rpc/addresses.h"
 #include "agent/rpc/agent_service.h"
 #include "agent/rpc/tls.h"
 #include "common/devices.h"
@@ -26,6 +28,10 @@ namespace {
 namespace fs = std::filesystem;
 
 std::atomic<bool> g_stop{false}, g_second_signal{false};
+
+constexpr int kMaxRequestBytes = 4 << 20;  // a trial spec is a few KiB
+constexpr int kMaxStreamsPerConnection = 32;
+constexpr int kMaxServerThreads = 64;  // > AgentConfig::max_watchers: streams hold one each
 
 void OnSignal(int) {
   if (g_stop.exchange(true)) g_second_signal = true;
@@ -70,7 +76,9 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("hydra-agent ") + HYDRA_VERSION);
   std::string node_name = Hostname(), grpc_bind = "0.0.0.0:9443", metrics_bind = ":8080",
               health_bind = ":8081", devices_flag = "cpu:1", spill_dir = "/var/lib/hydra/spill",
-              host_memory, advertise, tls_cert, tls_key, tls_client_ca, tls_client_identity;
+              host_memory, advertise, tls_cert, tls_key, tls_client_ca,
+              tls_client_identity = "hydra-controller";
+  bool insecure = false;
   std::vector<std::string> data_roots, checkpoint_roots;
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   size_t max_trials = 1000;
@@ -80,8 +88,8 @@ int main(int argc, char** argv) {
   app.add_option("--grpc-bind-address", grpc_bind, "Where the gRPC service listens (port 0: any)")
       ->capture_default_str();
   app.add_option("--grpc-advertise-address", advertise,
-                 "The endpoint hydra_agent_info advertises to the controller (default: "
-                 "<node-name>:<bound gRPC port>)");
+                 "The endpoint hydra_agent_info advertises to the controller (default: the bind "
+                 "address when it names one host, else <node-name>:<bound gRPC port>)");
   app.add_option("--metrics-bind-address", metrics_bind,
                  "Where /metrics is served, [host]:port (\"0\" disables)")
       ->capture_default_str();
@@ -105,7 +113,9 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint-root", checkpoint_roots,
                  "Directory trials may write checkpoints under (repeatable; required)")
       ->required();
-  app.add_option("--max-trials", max_trials, "Trials this agent holds at once, finished included")
+  app.add_option(
+         "--max-trials", max_trials,
+         "Trials this agent trains at once (pending or running; finished ones do not count)")
       ->capture_default_str();
   app.add_option("--shutdown-linger-seconds", linger_s,
                  "After SIGTERM's checkpoints, keep answering GetStatus this long so that the "
@@ -115,18 +125,38 @@ int main(int argc, char** argv) {
   app.add_option("--tls-key-file", tls_key, "PEM private key of --tls-cert-file");
   app.add_option("--tls-client-ca-file", tls_client_ca,
                  "PEM CA: require client certificates it signed (mutual TLS)");
-  app.add_option("--tls-client-identity", tls_client_identity,
-                 "With mutual TLS: the SAN or CN a client certificate must carry (e.g. "
-                 "hydra-controller)");
+  auto* identity_flag =
+      app.add_option("--tls-client-identity", tls_client_identity,
+                     "With mutual TLS: the name a client certificate must carry, in its SANs "
+                     "(or its CN when it has none); '*' accepts any certificate the CA signed")
+          ->capture_default_str();
+  app.add_flag("--insecure", insecure,
+               "Allow plaintext gRPC on an address other than loopback (anyone who reaches the "
+               "port can then assign, cancel and read trials)");
   CLI11_PARSE(app, argc, argv);
 
   if (!CanonicalRoots("--data-root", &data_roots) ||
       !CanonicalRoots("--checkpoint-root", &checkpoint_roots)) {
     return 2;
   }
-  if (!tls_client_identity.empty() && tls_client_ca.empty()) {
+  if (identity_flag->count() > 0 && tls_client_ca.empty()) {
     std::cerr << "error: --tls-client-identity needs mutual TLS (--tls-client-ca-file)\n";
     return 2;
+  }
+  if (tls_client_ca.empty() || tls_client_identity == "*") tls_client_identity.clear();
+  if (tls_cert.empty()) {
+    const std::string host = hydra::agent::HostOf(grpc_bind);
+    if (!hydra::agent::IsLoopbackHost(host) && !insecure) {
+      std::cerr << "error: --grpc-bind-address " << grpc_bind
+                << " is reachable from other machines, and without --tls-cert-file the gRPC "
+                   "service would be plaintext: anyone who reaches it could assign, cancel and "
+                   "read trials. Give --tls-cert-file/--tls-key-file (and "
+                   "--tls-client-ca-file), bind to 127.0.0.1, or pass --insecure.\n";
+      return 2;
+    }
+    std::cerr << "hydra-agent: WARNING: gRPC is plaintext (no --tls-cert-file): anyone who "
+                 "reaches "
+              << grpc_bind << " can assign, cancel and read trials\n";
   }
   int64_t host_bytes = static_cast<int64_t>(0.75 * static_cast<double>(sysconf(_SC_PHYS_PAGES)) *
                                             static_cast<double>(sysconf(_SC_PAGESIZE)));
@@ -166,12 +196,20 @@ int main(int argc, char** argv) {
   config.host_memory_bytes = host_bytes;
   config.spill_dir = spill_dir;
   config.max_trials = max_trials;
+  config.threads_per_device = per_device_threads;
   config.required_client_identity = tls_client_identity;
   hydra::agent::AgentMetrics metrics(node_name, HYDRA_VERSION);
   hydra::agent::AgentService service(config, factory.get(), &metrics);
   grpc::ServerBuilder builder;
   int grpc_port = 0;
   builder.AddListeningPort(grpc_bind, *creds, &grpc_port);
+  // Bounds on what callers can make the agent hold: request size, streams per connection and
+  // the threads serving calls (a call past them is refused RESOURCE_EXHAUSTED).
+  builder.SetMaxReceiveMessageSize(kMaxRequestBytes);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, kMaxStreamsPerConnection);
+  grpc::ResourceQuota quota("hydra-agent");
+  quota.SetMaxThreads(kMaxServerThreads);
+  builder.SetResourceQuota(quota);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || grpc_port == 0) {
@@ -179,7 +217,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   const std::string endpoint =
-      advertise.empty() ? node_name + ":" + std::to_string(grpc_port) : advertise;
+      advertise.empty() ? hydra::agent::DefaultAdvertiseAddress(grpc_bind, grpc_port, node_name)
+                        : advertise;
   metrics.SetGrpcEndpoint(endpoint);
   std::cout << "hydra-agent " << HYDRA_VERSION << " on node " << node_name << ": gRPC on "
             << WithPort(grpc_bind, grpc_port) << " ("

@@ -91,6 +91,9 @@ StreamRun RunStream(const fs::path& dir, int trials, int64_t steps, int step_ms,
   for (int i = 0; i < trials; ++i) {
     hydra::Trial t;
     t.name = "trial-" + std::to_string(i);
+    t.namespace_ = "bench";
+    t.job = "bench";
+    t.job_uid = "bench-uid";
     t.model = {"gpt2", 1, 8, 2, 8, 256};
     t.training.steps = steps;
     t.training.batch_size = 2;
@@ -98,8 +101,8 @@ StreamRun RunStream(const fs::path& dir, int trials, int64_t steps, int step_ms,
     t.training.checkpoint_every_steps = 0;
     t.dataset.path = t.dataset.resolved_path = (dir / "corpus.txt").string();
     v1::AssignTrialRequest req;
-    hydra::wire::TrialToProto(t, "bench", "", req.mutable_trial());
-    req.set_checkpoint_dir((dir / "ckpt" / t.name).string());
+    hydra::wire::TrialToProto(t, req.mutable_trial());
+    req.set_checkpoint_dir((dir / "ckpt" / "bench" / "bench" / t.name).string());
     grpc::ClientContext ctx;
     v1::AssignTrialResponse resp;
     grpc::Status s = stub->AssignTrial(&ctx, req, &resp);
@@ -161,8 +164,12 @@ int main(int argc, char** argv) {
                       int64_t{8} << 30, 0.97);
   }
   for (int i = 0; i < trials; ++i) {
-    metrics.SetTrialProgress("default", "sweep", "sweep-trial-" + std::to_string(i), 1234 + i, 3.2,
-                             3.4, 15000.0 + i);
+    hydra::Trial t;
+    t.namespace_ = "default";
+    t.job = "sweep";
+    t.job_uid = "0b9f2c1e-5d3a-4f6e-9a7b-1c2d3e4f5a6b";
+    t.name = "sweep-trial-" + std::to_string(i);
+    metrics.SetTrialProgress(t, 1234 + i, 3.2, 3.4, 15000.0 + i);
   }
   metrics.AddSpillBytes("disk", "read", 1 << 30);
   metrics.AddSpillBytes("disk", "write", 1 << 30);

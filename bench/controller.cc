@@ -46,9 +46,12 @@ class FakeAgents : public hydra::controller::AgentPoolInterface,
   hydra::Status Assign(const std::string& endpoint, const v1::AssignTrialRequest& request,
                        v1::AssignTrialResponse*) override {
     std::lock_guard<std::mutex> lock(mu_);
-    auto& t = trials_[endpoint][request.trial().name()];
+    auto& t = trials_[endpoint][request.trial().namespace_() + "/" + request.trial().name()];
     t.set_name(request.trial().name());
     t.set_job(request.trial().job());
+    t.set_namespace_(request.trial().namespace_());
+    t.set_job_uid(request.trial().job_uid());
+    t.set_attempt(request.attempt());
     t.set_state(v1::RUNNING);
     t.set_steps(request.trial().training().steps());
     t.set_last_checkpoint_step(-1);
@@ -56,12 +59,23 @@ class FakeAgents : public hydra::controller::AgentPoolInterface,
     if (++job.first == 8) job.second = Clock::now();
     return hydra::OkStatus();
   }
-  hydra::Status Cancel(const std::string&, const std::string&, bool) override {
+  hydra::Status Cancel(const std::string&, const v1::TrialRef&, bool) override {
     return hydra::OkStatus();
   }
   hydra::StatusOr<v1::GetStatusResponse> LastStatus(const std::string& endpoint) override {
     std::lock_guard<std::mutex> lock(mu_);
     v1::GetStatusResponse r;
+    // What a real agent answers: the node and devices Prometheus reports for it.
+    for (const auto& a : inventory_) {
+      if (a.endpoint != endpoint) continue;
+      r.set_node_name(a.node);
+      for (const auto& d : a.devices) {
+        auto* dev = r.add_devices();
+        dev->set_name(d.name);
+        dev->set_memory_total_bytes(d.total_bytes);
+        dev->set_memory_free_bytes(d.free_bytes);
+      }
+    }
     for (const auto& [name, t] : trials_[endpoint]) *r.add_trials() = t;
     return r;
   }

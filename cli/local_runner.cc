@@ -9,6 +9,7 @@
 #include <map>
 
 #include "cli/results.h"
+#include "common/devices.h"
 
 namespace hydra::cli {
 namespace {
@@ -29,8 +30,8 @@ class LocalRunner::Observer : public agent::TrialObserverInterface {
     std::lock_guard<std::mutex> lock(mu_);
     progress_->OnTrialUpdate(it->second, snapshot);
   }
-  void OnTrialMessage(const std::string& trial, const std::string& message) override {
-    Message(trial + ": " + message);
+  void OnTrialMessage(const Trial& trial, const std::string& message) override {
+    Message(trial.name + ": " + message);
   }
   Status OnTrialSucceeding(const TrialResult& result) override {
     const auto& [path, fingerprint] = result_files_->at(result.trial.name);
@@ -93,6 +94,8 @@ Status LocalRunner::Run(const MultiModelJob& job, const std::vector<Trial>& tria
   so.host_memory_bytes = options_.host_memory_bytes;
   so.spill_dir = options_.spill_dir;
   so.hold = options_.interrupted;
+  so.threads = options_.threads;
+  so.cpu = CpuModelName();
   agent::TrialScheduler scheduler(factory_, &observer, so,
                                   policy_ ? std::move(policy_) : MakeShardedLrtfPolicy());
   // Pre-flight: every dataset opens and every trial passes admission before any training.

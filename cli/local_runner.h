@@ -48,6 +48,9 @@ struct RunOptions {
   /// The executors' spill directory: trials spilling to disk are admitted while all their
   /// spill files fit its free space. Empty: no such admission check.
   std::string spill_dir;
+  /// CPU threads per device, recorded in checkpoints (a resume under another count is not
+  /// bit-exact and says so). 0: unknown.
+  int threads = 0;
 };
 
 /// Trains a job's trials on this machine: the in-process agent of `hydra run`. It checks every

@@ -239,6 +239,7 @@ int Run(const RunArgs& a) {
   options.devices = devices;
   options.host_memory_bytes = host_memory;
   options.spill_dir = exec_options.spill_dir;
+  options.threads = threads;
   hydra::cli::LocalRunner runner(factory.get(), progress.get(), options);
 
   std::cout << "hydra run: " << trials.size() << " trials of '" << job.metadata.name << "' on "

@@ -1,81 +1,128 @@
 #include "common/cost_model.h"
 
+#include <algorithm>
+#include <cstdio>
+
 namespace hydra {
 
 namespace {
+
+constexpr double kMaxAccounted = static_cast<double>(kMaxAccountedQuantity);
+
+/// Turns the formulas' doubles (exact integers below 2^53) into int64 quantities, clamping at
+/// kMaxAccountedQuantity and remembering the first that was over it.
+class Accountant {
+ public:
+  /// A count of parameters (too many: the model itself is too large).
+  int64_t Parameters(double v, const std::string& layer) {
+    return Take(v, layer, "parameters", "", "spec.model");
+  }
+  /// Bytes of one micro-batch (too many: the micro-batch or the model is too large).
+  int64_t Bytes(double v, const std::string& layer, const char* what) {
+    return Take(v, layer, what, " bytes", "spec.training.batchSize");
+  }
+  const std::optional<FieldError>& error() const { return error_; }
+
+ private:
+  int64_t Take(double v, const std::string& layer, const char* what, const char* unit,
+               const char* field) {
+    if (v <= kMaxAccounted) return static_cast<int64_t>(v);
+    if (!error_) {
+      char number[32];
+      std::snprintf(number, sizeof(number), "%.3g", v);
+      error_ = FieldError{field,
+                          "the model is too large to account: " + layer + "'s " + what +
+                              " would be " + number + unit + ", more than 2^50 (1 PiB)" +
+                              " (make the model, batchSize / gradientAccumulationSteps or "
+                              "contextLength smaller)",
+                          -1};
+    }
+    return kMaxAccountedQuantity;
+  }
+  std::optional<FieldError> error_;
+};
 
 /// A TorchScript model's children as measured at load time. What autograd saves inside a child
 /// is not visible from outside, so its activations are estimated as kSavedPerOutput times its
 /// output (a transformer block saves about 16x its output per token plus attention scores;
 /// an MLP layer 2-3x): an estimate for planning, which the budget ledger then enforces.
-std::vector<LayerCost> ModuleLayerCosts(const ModelSpec& m, int64_t micro_batch) {
-  constexpr int64_t kSavedPerOutput = 16;
+std::vector<LayerCost> ModuleLayerCosts(const ModelSpec& m, int64_t micro_batch, Accountant& a) {
+  constexpr double kSavedPerOutput = 16;
   std::vector<LayerCost> layers;
   for (const auto& l : m.layers) {
     LayerCost c;
     c.name = l.name;
     c.parameters = l.parameters;
     c.tied_parameters = l.tied_parameters;
-    c.output_bytes = micro_batch * l.output_elements * 4;
-    c.activation_bytes = kSavedPerOutput * c.output_bytes;
+    const double out =
+        static_cast<double>(micro_batch) * static_cast<double>(l.output_elements) * 4;
+    c.output_bytes = a.Bytes(out, l.name, "output");
+    c.activation_bytes = a.Bytes(kSavedPerOutput * out, l.name, "activations");
     // A dense layer: 2 FLOPs per parameter per token.
-    c.forward_flops = 2.0 * static_cast<double>(l.parameters) *
-                      static_cast<double>(micro_batch * m.context_length);
+    c.forward_flops = 2.0 * static_cast<double>(l.parameters) * static_cast<double>(micro_batch) *
+                      static_cast<double>(m.context_length);
     layers.push_back(c);
   }
   return layers;
 }
 
-}  // namespace
-
-std::vector<LayerCost> ModelLayerCosts(const ModelSpec& m, int64_t micro_batch) {
-  if (m.family == "torchscript") return ModuleLayerCosts(m, micro_batch);
-  const int64_t B = micro_batch, T = m.context_length, C = m.n_embd, H = m.n_head, V = m.vocab_size;
-  const int64_t tokens = B * T;
-  const int64_t f = 4;  // fp32
+std::vector<LayerCost> GptCosts(const ModelSpec& m, int64_t micro_batch, Accountant& a) {
+  const double B = static_cast<double>(micro_batch), T = static_cast<double>(m.context_length),
+               C = static_cast<double>(m.n_embd), H = static_cast<double>(m.n_head),
+               V = static_cast<double>(m.vocab_size);
+  const double tokens = B * T;
+  const double f = 4;  // fp32
   std::vector<LayerCost> layers;
   LayerCost embed;
   embed.name = "embed";
-  embed.parameters = V * C + T * C;
-  embed.tied_parameters = V * C;
-  embed.activation_bytes = tokens * 8;  // token ids
-  embed.output_bytes = tokens * C * f;
-  embed.forward_flops = static_cast<double>(tokens) * C;
+  embed.parameters = a.Parameters(V * C + T * C, embed.name);
+  embed.tied_parameters = a.Parameters(V * C, embed.name);
+  embed.activation_bytes = a.Bytes(tokens * 8, embed.name, "activations");  // token ids
+  embed.output_bytes = a.Bytes(tokens * C * f, embed.name, "output");
+  embed.forward_flops = tokens * C;
   layers.push_back(embed);
   for (int64_t i = 0; i < m.n_layer; ++i) {
     LayerCost b;
     b.name = "block" + std::to_string(i);
-    b.parameters = 12 * C * C + 13 * C;
+    b.parameters = a.Parameters(12 * C * C + 13 * C, b.name);
     // Saved for backward per token: layer-norm inputs/outputs, qkv, attention output,
     // projections, the MLP's 4C hidden twice (pre/post GELU), plus attention probabilities
     // and scores (H x T each).
-    b.activation_bytes = tokens * (16 * C + 2 * H * T) * f;
-    b.output_bytes = tokens * C * f;
-    b.forward_flops = static_cast<double>(tokens) * (2.0 * 12 * C * C + 4.0 * T * C);
+    b.activation_bytes = a.Bytes(tokens * (16 * C + 2 * H * T) * f, b.name, "activations");
+    b.output_bytes = a.Bytes(tokens * C * f, b.name, "output");
+    b.forward_flops = tokens * (2.0 * 12 * C * C + 4.0 * T * C);
     layers.push_back(b);
   }
   LayerCost head;
   head.name = "head";
-  head.parameters = 2 * C;  // final LayerNorm; the LM head is tied to the token embedding
-  head.activation_bytes = tokens * (2 * C + 2 * V) * f;
-  head.output_bytes = tokens * V * f;
-  head.forward_flops = static_cast<double>(tokens) * 2.0 * C * V;
+  head.parameters = a.Parameters(2 * C, head.name);  // final LayerNorm; the LM head is tied
+  head.activation_bytes = a.Bytes(tokens * (2 * C + 2 * V) * f, head.name, "activations");
+  head.output_bytes = a.Bytes(tokens * V * f, head.name, "output");
+  head.forward_flops = tokens * 2.0 * C * V;
   layers.push_back(head);
   return layers;
 }
 
-namespace {
+std::vector<LayerCost> ModelCosts(const ModelSpec& m, int64_t micro_batch, Accountant& a) {
+  if (m.family == "torchscript") return ModuleLayerCosts(m, micro_batch, a);
+  return GptCosts(m, micro_batch, a);
+}
 
-std::vector<LayerCost> MlpCosts(const ModelSpec& m, const std::vector<int64_t>& shape, int64_t B) {
-  const int64_t pixels = shape[0] * shape[1] * shape[2], W = m.n_embd, K = m.num_classes;
+std::vector<LayerCost> MlpCosts(const ModelSpec& m, const std::vector<int64_t>& shape, int64_t B,
+                                Accountant& a) {
+  const double pixels =
+      static_cast<double>(shape[0]) * static_cast<double>(shape[1]) * static_cast<double>(shape[2]);
+  const double W = static_cast<double>(m.n_embd), K = static_cast<double>(m.num_classes);
+  const double batch = static_cast<double>(B);
   std::vector<LayerCost> layers;
-  auto dense = [&](const std::string& name, int64_t in, int64_t out, bool relu) {
+  auto dense = [&](const std::string& name, double in, double out, bool relu) {
     LayerCost c;
     c.name = name;
-    c.parameters = in * out + out;
-    c.activation_bytes = B * (in + (relu ? 2 * out : out)) * 4;  // input, pre/post ReLU
-    c.output_bytes = B * out * 4;
-    c.forward_flops = 2.0 * static_cast<double>(B * in * out);
+    c.parameters = a.Parameters(in * out + out, name);
+    // Input, pre/post ReLU.
+    c.activation_bytes = a.Bytes(batch * (in + (relu ? 2 * out : out)) * 4, name, "activations");
+    c.output_bytes = a.Bytes(batch * out * 4, name, "output");
+    c.forward_flops = 2.0 * batch * in * out;
     layers.push_back(c);
   };
   dense("input", pixels, W, true);
@@ -85,54 +132,78 @@ std::vector<LayerCost> MlpCosts(const ModelSpec& m, const std::vector<int64_t>& 
 }
 
 std::vector<LayerCost> ResNetCosts(const ModelSpec& m, const std::vector<int64_t>& shape,
-                                   int64_t B) {
-  int64_t width = m.n_embd, h = shape[1], w = shape[2];
+                                   int64_t micro_batch, Accountant& a) {
+  // Channels double every third block: a deep enough ResNet is too wide for int64, so
+  // everything is counted in double and checked by the accountant.
+  const double B = static_cast<double>(micro_batch), in_channels = static_cast<double>(shape[0]);
+  double width = static_cast<double>(m.n_embd);
+  int64_t h = shape[1], w = shape[2];
+  auto area = [&] { return static_cast<double>(h) * static_cast<double>(w); };
   std::vector<LayerCost> layers;
   LayerCost stem;
   stem.name = "stem";
-  stem.parameters = 9 * shape[0] * width + 2 * width;
-  stem.output_bytes = B * width * h * w * 4;
-  stem.activation_bytes = B * shape[0] * h * w * 4 + 3 * stem.output_bytes;
-  stem.forward_flops = 2.0 * 9 * static_cast<double>(B * shape[0] * width * h * w);
+  stem.parameters = a.Parameters(9 * in_channels * width + 2 * width, stem.name);
+  const double stem_out = B * width * area() * 4;
+  stem.output_bytes = a.Bytes(stem_out, stem.name, "output");
+  stem.activation_bytes =
+      a.Bytes(B * in_channels * area() * 4 + 3 * stem_out, stem.name, "activations");
+  stem.forward_flops = 2.0 * 9 * B * in_channels * width * area();
   layers.push_back(stem);
   for (int64_t i = 0; i < m.n_layer; ++i) {
     const bool down = i % 3 == 2;
-    const int64_t out = down ? 2 * width : width;
-    const int64_t in_bytes = B * width * h * w * 4;
+    const double out = down ? 2 * width : width;
+    const double in_bytes = B * width * area() * 4;
     if (down) h = (h + 1) / 2, w = (w + 1) / 2;
     LayerCost b;
     b.name = "block" + std::to_string(i);
-    b.parameters = 9 * width * out + 9 * out * out + 4 * out + (down ? width * out : 0);
-    b.output_bytes = B * out * h * w * 4;
+    b.parameters =
+        a.Parameters(9 * width * out + 9 * out * out + 4 * out + (down ? width * out : 0), b.name);
+    const double out_bytes = B * out * area() * 4;
+    b.output_bytes = a.Bytes(out_bytes, b.name, "output");
     // Input, two convolutions, two GroupNorms, two ReLUs and the sum (+ the shortcut).
-    b.activation_bytes = in_bytes + (7 + (down ? 1 : 0)) * b.output_bytes;
-    b.forward_flops = 2.0 * 9 * static_cast<double>(B * (width * out + out * out) * h * w) +
-                      (down ? 2.0 * static_cast<double>(B * width * out * h * w) : 0.0);
+    b.activation_bytes =
+        a.Bytes(in_bytes + (7 + (down ? 1 : 0)) * out_bytes, b.name, "activations");
+    b.forward_flops = 2.0 * 9 * B * (width * out + out * out) * area() +
+                      (down ? 2.0 * B * width * out * area() : 0.0);
     layers.push_back(b);
     width = out;
   }
+  const double K = static_cast<double>(m.num_classes);
   LayerCost head;
   head.name = "head";
-  head.parameters = width * m.num_classes + m.num_classes;
-  head.activation_bytes = B * (width * h * w + width) * 4;
-  head.output_bytes = B * m.num_classes * 4;
-  head.forward_flops =
-      static_cast<double>(B * width * h * w) + 2.0 * static_cast<double>(B * width * m.num_classes);
+  head.parameters = a.Parameters(width * K + K, head.name);
+  head.activation_bytes = a.Bytes(B * (width * area() + width) * 4, head.name, "activations");
+  head.output_bytes = a.Bytes(B * K * 4, head.name, "output");
+  head.forward_flops = B * width * area() + 2.0 * B * width * K;
   layers.push_back(head);
   return layers;
 }
 
-}  // namespace
-
-std::vector<LayerCost> ModelLayerCosts(const Trial& trial, int64_t micro_batch) {
+std::vector<LayerCost> TrialCosts(const Trial& trial, int64_t micro_batch, Accountant& a) {
   const auto& shape = trial.dataset.image_shape;
   if (shape.size() == 3 && trial.model.family == "mlp") {
-    return MlpCosts(trial.model, shape, micro_batch);
+    return MlpCosts(trial.model, shape, micro_batch, a);
   }
   if (shape.size() == 3 && trial.model.family == "resnet") {
-    return ResNetCosts(trial.model, shape, micro_batch);
+    return ResNetCosts(trial.model, shape, micro_batch, a);
   }
-  return ModelLayerCosts(trial.model, micro_batch);
+  return ModelCosts(trial.model, micro_batch, a);
+}
+
+int64_t MicroBatch(const TrainingSpec& t) {
+  return t.batch_size / std::max<int64_t>(1, t.gradient_accumulation_steps);
+}
+
+}  // namespace
+
+std::vector<LayerCost> ModelLayerCosts(const ModelSpec& m, int64_t micro_batch) {
+  Accountant a;
+  return ModelCosts(m, micro_batch, a);
+}
+
+std::vector<LayerCost> ModelLayerCosts(const Trial& trial, int64_t micro_batch) {
+  Accountant a;
+  return TrialCosts(trial, micro_batch, a);
 }
 
 int64_t OptimizerBytesPerParameter(const TrainingSpec& training) {
@@ -142,8 +213,7 @@ int64_t OptimizerBytesPerParameter(const TrainingSpec& training) {
 
 TrialFootprint EstimateTrialFootprint(const Trial& trial) {
   TrialFootprint fp;
-  int64_t micro = trial.training.batch_size / trial.training.gradient_accumulation_steps;
-  for (const auto& l : ModelLayerCosts(trial, micro)) {
+  for (const auto& l : ModelLayerCosts(trial, MicroBatch(trial.training))) {
     fp.parameters += l.parameters;
     fp.activation_bytes += l.activation_bytes;
   }
@@ -151,6 +221,20 @@ TrialFootprint EstimateTrialFootprint(const Trial& trial) {
   fp.gradient_bytes = fp.parameters * 4;
   fp.optimizer_bytes = fp.parameters * OptimizerBytesPerParameter(trial.training);
   return fp;
+}
+
+std::optional<FieldError> CostModelLimitError(const Trial& trial) {
+  Accountant a;
+  double parameters = 0, activations = 0;
+  for (const auto& l : TrialCosts(trial, MicroBatch(trial.training), a)) {
+    parameters += static_cast<double>(l.parameters);
+    activations += static_cast<double>(l.activation_bytes);
+  }
+  if (a.error()) return a.error();
+  // Each layer fits; the model's totals must too.
+  a.Parameters(parameters, "the whole model");
+  a.Bytes(activations, "the whole model", "activations");
+  return a.error();
 }
 
 }  // namespace hydra

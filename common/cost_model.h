@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -46,5 +47,17 @@ struct TrialFootprint {
 };
 
 TrialFootprint EstimateTrialFootprint(const Trial& trial);
+
+/// Largest number of parameters or bytes the cost model accounts for one layer or a whole
+/// model: 1 PiB (2^50). Below it the formulas' double arithmetic is exact and every sum and
+/// product the partitioner and the budgets form fits int64.
+inline constexpr int64_t kMaxAccountedQuantity = int64_t{1} << 50;
+
+/// The first quantity of the trial's model (a layer's parameters, activations or output, or
+/// the model's total) over kMaxAccountedQuantity, as an error naming the manifest field to
+/// change ("spec.model", or "spec.training.batchSize" for per-micro-batch sizes); nullopt
+/// when everything fits. Validation refuses such trials, so the rest of the code may use the
+/// int64 sizes without overflow checks.
+std::optional<FieldError> CostModelLimitError(const Trial& trial);
 
 }  // namespace hydra

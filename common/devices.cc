@@ -1,6 +1,7 @@
 #include "common/devices.h"
 
 #include <cstdlib>
+#include <fstream>
 
 #include "common/units.h"
 
@@ -34,6 +35,19 @@ StatusOr<std::vector<DeviceSpec>> ParseDevicesFlag(const std::string& flag,
   std::vector<DeviceSpec> out;
   for (long i = 0; i < count; ++i) out.push_back({"cpu:" + std::to_string(i), budget});
   return out;
+}
+
+std::string CpuModelName() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) != 0) continue;
+    const auto colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    const auto start = line.find_first_not_of(" \t", colon + 1);
+    return start == std::string::npos ? "" : line.substr(start);
+  }
+  return "";
 }
 
 }  // namespace hydra

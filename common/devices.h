@@ -19,4 +19,8 @@ struct DeviceSpec {
 /// problem otherwise.
 StatusOr<std::vector<DeviceSpec>> ParseDevicesFlag(const std::string& flag, int64_t default_budget);
 
+/// The CPU's model name ("Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz") from /proc/cpuinfo;
+/// empty if unknown. Float results are bit-identical only on the same CPU kind.
+std::string CpuModelName();
+
 }  // namespace hydra

@@ -11,7 +11,9 @@
 #include <set>
 #include <sstream>
 
+#include "common/cost_model.h"
 #include "common/units.h"
+#include "common/yaml_document.h"
 
 namespace hydra {
 namespace {
@@ -25,8 +27,6 @@ struct TrialConfig {
 };
 
 enum class Kind { kInt, kFloat, kEnum };
-
-constexpr size_t kMaxTrials = 100000;
 
 std::vector<Trial> ExpandInto(const MultiModelJob& job, std::vector<FieldError>* errors);
 
@@ -150,6 +150,83 @@ std::string ValueProblem(const FieldDef& f, const ParamValue& v) {
     }
   }
   return "";
+}
+
+/// The rules of the fields outside the searchable table (spec.dataset, spec.resources, the
+/// identity), shared by the manifest parser and ValidateTrial: one rule set. Each returns what
+/// is wrong with a value, empty if nothing.
+namespace rules {
+
+const std::vector<std::string> kFormats = {"text", "tokens-u16", "images-u8"};
+const std::vector<std::string> kOffloads = {"host", "disk"};
+
+std::string OneOf(const std::vector<std::string>& allowed, const std::string& v) {
+  for (const auto& a : allowed) {
+    if (a == v) return "";
+  }
+  return "must be one of: " + Join(allowed, ", ") + " (got '" + v + "')";
+}
+
+std::string ImageShapeProblem(const std::vector<int64_t>& shape) {
+  bool ok = shape.size() == 3;
+  for (int64_t d : shape) ok = ok && d >= 1 && d <= 4096;
+  return ok ? "" : "must be [channels, height, width], each 1..4096";
+}
+
+std::string ValidationFractionProblem(double v) {
+  return v > 0 && v < 1 ? "" : "must be a number > 0 and < 1";
+}
+
+std::string EvalSequencesProblem(int64_t v) {
+  return v >= 1 && v <= kMaxEvalSequences
+             ? ""
+             : "must be an integer from 1 to " + std::to_string(kMaxEvalSequences);
+}
+
+std::string DeviceMemoryBudgetProblem(int64_t v) { return v > 0 ? "" : "must be > 0"; }
+
+std::string HostMemoryBudgetProblem(int64_t v) { return v >= 0 ? "" : "must be >= 0"; }
+
+std::string ShardBoundaryProblem(int64_t v, int64_t prev) {
+  if (v > prev) return "";
+  return "must be > " + std::to_string(prev) +
+         " (boundaries are increasing layer indices, layer 0 starts the first shard)";
+}
+
+/// metadata.uid: what Kubernetes gives (a UUID); letters, digits and '-', at most 128.
+std::string UidProblem(const std::string& v) {
+  bool ok = !v.empty() && v.size() <= 128;
+  for (char ch : v) ok = ok && (std::isalnum(static_cast<unsigned char>(ch)) || ch == '-');
+  return ok ? "" : "must be 1..128 letters, digits or '-' (a Kubernetes UID)";
+}
+
+std::string TrialNameProblem(const std::string& name) {
+  if (IsDnsLabel(name)) return "";
+  if (name.size() > kMaxTrialNameLength && IsDnsSubdomain(name) &&
+      name.find('.') == std::string::npos) {
+    return "trial name " + name + " is " + std::to_string(name.size()) +
+           " characters, more than a DNS-1123 label's " + std::to_string(kMaxTrialNameLength) +
+           ": shorten metadata.name";
+  }
+  return "trial name '" + name +
+         "' is not a DNS-1123 label (lowercase letters, digits and '-', at most " +
+         std::to_string(kMaxTrialNameLength) + " characters)";
+}
+
+}  // namespace rules
+
+/// A YAML scalar as an integer (decimal digits only, in int64's range); nullopt otherwise.
+std::optional<int64_t> ScalarInt(const YAML::Node& node) {
+  if (!node.IsScalar()) return std::nullopt;
+  const std::string& text = node.Scalar();
+  try {
+    size_t pos = 0;
+    const long long v = std::stoll(text, &pos, 10);
+    if (pos != text.size()) return std::nullopt;
+    return v;
+  } catch (...) {
+    return std::nullopt;
+  }
 }
 
 /// Collects errors while walking the YAML tree.
@@ -280,37 +357,36 @@ void ParseStringMap(Checker& c, const YAML::Node& node, const std::string& path,
   }
 }
 
-bool IsDnsSubdomain(const std::string& s) {
-  if (s.empty() || s.size() > 253) return false;
-  for (char ch : s) {
-    if (!(std::islower(static_cast<unsigned char>(ch)) ||
-          std::isdigit(static_cast<unsigned char>(ch)) || ch == '-' || ch == '.')) {
-      return false;
-    }
-  }
-  auto alnum = [](char ch) {
-    return std::islower(static_cast<unsigned char>(ch)) ||
-           std::isdigit(static_cast<unsigned char>(ch));
-  };
-  return alnum(s.front()) && alnum(s.back());
-}
-
 void ParseMetadata(Checker& c, const YAML::Node& node, JobMetadata* md) {
-  if (!c.Map(node, "metadata", {"name", "namespace", "labels", "annotations"})) return;
+  if (!c.Map(node, "metadata", {"name", "namespace", "uid", "labels", "annotations"})) return;
   if (!node["name"]) {
     c.Error("metadata.name", node, "required field is missing");
   } else if (!node["name"].IsScalar() || !IsDnsSubdomain(node["name"].Scalar())) {
     c.Error("metadata.name", node["name"],
             "must be a DNS-1123 subdomain: lowercase letters, digits, '-' and '.', starting and "
-            "ending with a letter or digit, at most 253 characters");
+            "ending with a letter or digit");
+  } else if (node["name"].Scalar().size() > kMaxJobNameLength) {
+    c.Error("metadata.name", node["name"],
+            "must be at most " + std::to_string(kMaxJobNameLength) +
+                " characters: trial names (<name>-<searched values>) must be DNS-1123 labels of "
+                "at most " +
+                std::to_string(kMaxTrialNameLength));
   } else {
     md->name = node["name"].Scalar();
   }
   if (node["namespace"]) {
-    if (!node["namespace"].IsScalar()) {
-      c.Error("metadata.namespace", node["namespace"], "must be a string");
+    if (!node["namespace"].IsScalar() || !IsDnsLabel(node["namespace"].Scalar())) {
+      c.Error("metadata.namespace", node["namespace"],
+              "must be a DNS-1123 label: lowercase letters, digits and '-', at most 63 characters");
     } else {
       md->namespace_ = node["namespace"].Scalar();
+    }
+  }
+  if (node["uid"]) {
+    if (!node["uid"].IsScalar() || !rules::UidProblem(node["uid"].Scalar()).empty()) {
+      c.Error("metadata.uid", node["uid"], rules::UidProblem(node["uid"].Scalar()));
+    } else {
+      md->uid = node["uid"].Scalar();
     }
   }
   if (node["labels"]) ParseStringMap(c, node["labels"], "metadata.labels", &md->labels);
@@ -351,9 +427,9 @@ void ParseDataset(Checker& c, const YAML::Node& node, const std::string& base_di
   }
   if (node["format"]) {
     const auto& n = node["format"];
-    if (!n.IsScalar() ||
-        (n.Scalar() != "text" && n.Scalar() != "tokens-u16" && n.Scalar() != "images-u8")) {
-      c.Error(p + ".format", n, "must be one of: text, tokens-u16, images-u8");
+    const std::string problem = rules::OneOf(rules::kFormats, n.IsScalar() ? n.Scalar() : "");
+    if (!problem.empty()) {
+      c.Error(p + ".format", n, problem);
     } else {
       ds->format = n.Scalar();
     }
@@ -361,18 +437,12 @@ void ParseDataset(Checker& c, const YAML::Node& node, const std::string& base_di
   if (node["imageShape"]) {
     const auto& n = node["imageShape"];
     std::vector<int64_t> shape;
-    bool ok = n.IsSequence() && n.size() == 3;
-    for (size_t i = 0; ok && i < n.size(); ++i) {
-      int64_t v = 0;
-      try {
-        v = n[i].as<int64_t>();
-      } catch (...) {
-      }
-      ok = v >= 1 && v <= 4096;
-      shape.push_back(v);
+    for (size_t i = 0; n.IsSequence() && i < n.size(); ++i) {
+      shape.push_back(ScalarInt(n[i]).value_or(0));
     }
-    if (!ok) {
-      c.Error(p + ".imageShape", n, "must be [channels, height, width], each 1..4096");
+    const std::string problem = rules::ImageShapeProblem(shape);
+    if (!problem.empty()) {
+      c.Error(p + ".imageShape", n, problem);
     } else if (ds->format != "images-u8") {
       c.Error(p + ".imageShape", n, "only format images-u8 has images");
     } else {
@@ -396,47 +466,57 @@ void ParseDataset(Checker& c, const YAML::Node& node, const std::string& base_di
       v = n.as<double>();
     } catch (...) {
     }
-    if (!(v > 0 && v < 1)) {
-      c.Error(p + ".validationFraction", n, "must be a number > 0 and < 1");
+    if (std::string problem = rules::ValidationFractionProblem(v); !problem.empty()) {
+      c.Error(p + ".validationFraction", n, problem);
     } else {
       ds->validation_fraction = v;
     }
   }
   if (node["evalSequences"]) {
     const auto& n = node["evalSequences"];
-    int64_t v = 0;
-    try {
-      v = n.as<int64_t>();
-    } catch (...) {
-    }
-    if (v < 1) {
-      c.Error(p + ".evalSequences", n, "must be an integer >= 1");
+    const int64_t v = ScalarInt(n).value_or(0);
+    if (std::string problem = rules::EvalSequencesProblem(v); !problem.empty()) {
+      c.Error(p + ".evalSequences", n, problem);
     } else {
       ds->eval_sequences = v;
     }
   }
 }
 
+/// A byte quantity field (512Mi, 4Gi, 1e9): below 2^63 and by `rule`; nullopt after an error.
+std::optional<int64_t> ByteField(Checker& c, const YAML::Node& n, const std::string& path,
+                                 const std::function<std::string(int64_t)>& rule) {
+  auto bytes = n.IsScalar() ? ParseByteQuantity(n.Scalar())
+                            : StatusOr<int64_t>(InvalidArgumentError("not a scalar"));
+  if (!bytes.ok()) {
+    c.Error(path, n, "must be a byte quantity such as 512Mi or 4Gi: " + bytes.status().message());
+    return std::nullopt;
+  }
+  if (std::string problem = rule(*bytes); !problem.empty()) {
+    c.Error(path, n, problem);
+    return std::nullopt;
+  }
+  return *bytes;
+}
+
 void ParseResources(Checker& c, const YAML::Node& node, ResourcesSpec* res) {
-  if (!c.Map(node, "spec.resources",
-             {"deviceMemoryBudget", "hostMemoryBudget", "offload", "shardBoundaries"})) {
+  const std::string p = "spec.resources";
+  if (!c.Map(node, p, {"deviceMemoryBudget", "hostMemoryBudget", "offload", "shardBoundaries"})) {
     return;
   }
   if (node["hostMemoryBudget"]) {
-    const auto& n = node["hostMemoryBudget"];
-    auto bytes = n.IsScalar() ? ParseByteQuantity(n.Scalar())
-                              : StatusOr<int64_t>(InvalidArgumentError("not a scalar"));
-    if (!bytes.ok()) {
-      c.Error("spec.resources.hostMemoryBudget", n,
-              "must be a byte quantity such as 0, 512Mi or 4Gi: " + bytes.status().message());
-    } else {
-      res->host_memory_budget = *bytes;
-    }
+    res->host_memory_budget = ByteField(c, node["hostMemoryBudget"], p + ".hostMemoryBudget",
+                                        rules::HostMemoryBudgetProblem);
+  }
+  if (node["deviceMemoryBudget"]) {
+    res->device_memory_budget = ByteField(c, node["deviceMemoryBudget"], p + ".deviceMemoryBudget",
+                                          rules::DeviceMemoryBudgetProblem);
   }
   if (node["offload"]) {
     const auto& n = node["offload"];
-    if (!n.IsScalar() || (n.Scalar() != "host" && n.Scalar() != "disk")) {
-      c.Error("spec.resources.offload", n, "must be one of: host, disk");
+    const std::string problem = rules::OneOf(rules::kOffloads, n.IsScalar() ? n.Scalar() : "");
+    if (!problem.empty()) {
+      c.Error(p + ".offload", n, problem);
     } else {
       res->offload = n.Scalar();
     }
@@ -444,41 +524,23 @@ void ParseResources(Checker& c, const YAML::Node& node, ResourcesSpec* res) {
   if (node["shardBoundaries"]) {
     const auto& n = node["shardBoundaries"];
     if (!n.IsSequence()) {
-      c.Error("spec.resources.shardBoundaries", n, "must be a list of layer indices");
-    } else {
-      int64_t prev = 0;
-      for (size_t i = 0; i < n.size(); ++i) {
-        const std::string path = "spec.resources.shardBoundaries[" + std::to_string(i) + "]";
-        int64_t v = 0;
-        try {
-          v = n[i].as<int64_t>();
-        } catch (...) {
-          c.Error(path, n[i], "must be an integer");
-          continue;
-        }
-        if (v <= prev) {
-          c.Error(path, n[i],
-                  "must be > " + std::to_string(prev) +
-                      " (boundaries are increasing layer indices, layer 0 starts "
-                      "the first shard)");
-          continue;
-        }
-        prev = v;
-        res->shard_boundaries.push_back(v);
-      }
+      c.Error(p + ".shardBoundaries", n, "must be a list of layer indices");
+      return;
     }
-  }
-  if (node["deviceMemoryBudget"]) {
-    const auto& n = node["deviceMemoryBudget"];
-    auto bytes = n.IsScalar() ? ParseByteQuantity(n.Scalar())
-                              : StatusOr<int64_t>(InvalidArgumentError("not a scalar"));
-    if (!bytes.ok()) {
-      c.Error("spec.resources.deviceMemoryBudget", n,
-              "must be a byte quantity such as 512Mi or 4Gi: " + bytes.status().message());
-    } else if (*bytes <= 0) {
-      c.Error("spec.resources.deviceMemoryBudget", n, "must be > 0");
-    } else {
-      res->device_memory_budget = *bytes;
+    int64_t prev = 0;
+    for (size_t i = 0; i < n.size(); ++i) {
+      const std::string path = p + ".shardBoundaries[" + std::to_string(i) + "]";
+      const auto v = ScalarInt(n[i]);
+      if (!v) {
+        c.Error(path, n[i], "must be an integer");
+        continue;
+      }
+      if (std::string problem = rules::ShardBoundaryProblem(*v, prev); !problem.empty()) {
+        c.Error(path, n[i], problem);
+        continue;
+      }
+      prev = *v;
+      res->shard_boundaries.push_back(*v);
     }
   }
 }
@@ -614,6 +676,38 @@ std::string TrialSuffix(const std::vector<Hyperparameter>& hps) {
 
 }  // namespace
 
+bool IsDnsSubdomain(const std::string& s) {
+  if (s.empty() || s.size() > 253) return false;
+  for (char ch : s) {
+    if (!(std::islower(static_cast<unsigned char>(ch)) ||
+          std::isdigit(static_cast<unsigned char>(ch)) || ch == '-' || ch == '.')) {
+      return false;
+    }
+  }
+  auto alnum = [](char ch) {
+    return std::islower(static_cast<unsigned char>(ch)) ||
+           std::isdigit(static_cast<unsigned char>(ch));
+  };
+  return alnum(s.front()) && alnum(s.back());
+}
+
+bool IsDnsLabel(const std::string& s) {
+  return s.size() <= kMaxTrialNameLength && s.find('.') == std::string::npos && IsDnsSubdomain(s);
+}
+
+std::string TrialKey(const Trial& t) {
+  if (t.namespace_.empty() && t.job.empty() && t.job_uid.empty()) return t.name;
+  return t.namespace_ + "/" + t.job + "/" + t.job_uid + "/" + t.name;
+}
+
+std::string TrialDisplayName(const Trial& t) {
+  std::string out;
+  for (const std::string* part : {&t.namespace_, &t.job, &t.name}) {
+    if (!part->empty()) out += (out.empty() ? "" : "/") + *part;
+  }
+  return out;
+}
+
 std::string FieldError::ToString() const {
   std::string out = path + ": " + message;
   if (line > 0) out += " (line " + std::to_string(line) + ")";
@@ -654,6 +748,24 @@ double LearningRateAt(const TrainingSpec& t, int64_t step) {
   return min_lr + 0.5 * (1.0 + std::cos(M_PI * progress)) * (t.learning_rate - min_lr);
 }
 
+std::vector<FieldRule> SearchableFieldRules() {
+  std::vector<FieldRule> out;
+  for (const auto& f : Fields()) {
+    FieldRule r;
+    r.section = f.section;
+    r.name = f.name;
+    r.kind = f.kind == Kind::kInt     ? FieldRule::Kind::kInt
+             : f.kind == Kind::kFloat ? FieldRule::Kind::kFloat
+                                      : FieldRule::Kind::kEnum;
+    r.min = f.min;
+    r.min_exclusive = f.min_exclusive;
+    r.max = f.max;
+    r.enums = f.enums;
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
 std::vector<std::string> SearchableFields() {
   std::vector<std::string> names;
   for (const auto& f : Fields()) names.push_back(f.name);
@@ -665,18 +777,12 @@ StatusOr<MultiModelJob> ParseJobYaml(const std::string& yaml_text, const std::st
   std::vector<FieldError> errors;
   Checker c(&errors);
   MultiModelJob job;
-  std::vector<YAML::Node> docs;
-  try {
-    docs = YAML::LoadAll(yaml_text);
-  } catch (const YAML::Exception& e) {
-    errors.push_back(FieldError{"", "malformed YAML: " + e.msg, e.mark.line + 1});
-  }
-  if (errors.empty()) {
-    if (docs.size() != 1) {
-      errors.push_back(FieldError{
-          "", "expected exactly one YAML document, found " + std::to_string(docs.size()), -1});
-    } else {
-      const YAML::Node& root = docs[0];
+  const YamlDocument doc = LoadOneYamlDocument(yaml_text);
+  if (!doc.error.empty()) {
+    errors.push_back(FieldError{"", doc.error, doc.line});
+  } else {
+    {
+      const YAML::Node& root = doc.root;
       if (c.Map(root, "", {"apiVersion", "kind", "metadata", "spec"})) {
         if (!root["apiVersion"] || !root["apiVersion"].IsScalar() ||
             root["apiVersion"].Scalar() != kApiVersion) {
@@ -766,24 +872,38 @@ StatusOr<MultiModelJob> LoadJobFile(const std::string& path, std::vector<FieldEr
 
 namespace {
 
+/// Trials the grid expands to, multiplied with overflow checks; -1 past kMaxTrialsPerJob.
+int64_t GridSize(const std::vector<GridAxis>& grid) {
+  int64_t total = 1;
+  for (const auto& axis : grid) {
+    if (__builtin_mul_overflow(total, static_cast<int64_t>(axis.values.size()), &total) ||
+        total > kMaxTrialsPerJob) {
+      return -1;
+    }
+  }
+  return total;
+}
+
 /// Expands the grid, appending rule violations to `errors`.
 std::vector<Trial> ExpandInto(const MultiModelJob& job, std::vector<FieldError>* errors) {
   std::vector<Trial> trials;
-  size_t total = 1;
-  for (const auto& axis : job.spec.grid) total *= axis.values.size();
-  if (total > kMaxTrials) {
+  const int64_t total = GridSize(job.spec.grid);
+  if (total < 0) {
+    std::string sizes;
+    for (const auto& axis : job.spec.grid) {
+      sizes += (sizes.empty() ? "" : " x ") + std::to_string(axis.values.size());
+    }
     errors->push_back(FieldError{"spec.search.grid",
-                                 "expands to " + std::to_string(total) +
-                                     " trials, more than the limit of " +
-                                     std::to_string(kMaxTrials),
+                                 "expands to " + sizes + " trials, more than the limit of " +
+                                     std::to_string(kMaxTrialsPerJob) + " per job",
                                  -1});
     return trials;
   }
   std::set<std::string> names;
   std::vector<size_t> idx(job.spec.grid.size(), 0);
-  for (size_t n = 0; n < total; ++n) {
+  for (int64_t n = 0; n < total; ++n) {
     // Mixed-radix counter: the last axis varies fastest.
-    size_t rem = n;
+    size_t rem = static_cast<size_t>(n);
     for (size_t a = job.spec.grid.size(); a-- > 0;) {
       idx[a] = rem % job.spec.grid[a].values.size();
       rem /= job.spec.grid[a].values.size();
@@ -802,12 +922,22 @@ std::vector<Trial> ExpandInto(const MultiModelJob& job, std::vector<FieldError>*
       t.name += "-" + std::to_string(n);
       names.insert(t.name);
     }
+    t.namespace_ = job.metadata.namespace_;
+    t.job = job.metadata.name;
+    t.job_uid = job.metadata.uid;
     t.model = config.model;
     t.training = config.training;
     t.dataset = job.spec.dataset;
     t.resources = job.spec.resources;
-    CheckTrialRules(config, job.spec.dataset, job.spec.resources,
-                    job.spec.grid.empty() ? "" : "in trial " + t.name + ": ", errors);
+    const std::string where = job.spec.grid.empty() ? "" : "in trial " + t.name + ": ";
+    if (std::string problem = rules::TrialNameProblem(t.name); !problem.empty()) {
+      errors->push_back(FieldError{"metadata.name", problem, -1});
+    }
+    CheckTrialRules(config, job.spec.dataset, job.spec.resources, where, errors);
+    if (auto e = CostModelLimitError(t)) {
+      e->message = where + e->message;
+      errors->push_back(*e);
+    }
     trials.push_back(std::move(t));
   }
   return trials;
@@ -837,58 +967,49 @@ namespace hydra {
 Status ValidateTrial(const Trial& trial, const std::string& prefix) {
   std::vector<FieldError> errors;
   auto err = [&](const std::string& path, const std::string& message) {
-    errors.push_back(FieldError{prefix + path, message, -1});
+    if (!message.empty()) errors.push_back(FieldError{prefix + path, message, -1});
   };
-  if (!IsDnsSubdomain(trial.name)) {
-    err("name", "must be a DNS-1123 subdomain (lowercase letters, digits, '-' and '.'), got '" +
-                    trial.name + "'");
+  err("name", rules::TrialNameProblem(trial.name));
+  if (!trial.namespace_.empty() && !IsDnsLabel(trial.namespace_)) {
+    err("namespace", "must be a DNS-1123 label, got '" + trial.namespace_ + "'");
   }
+  if (!trial.job.empty() && !IsDnsSubdomain(trial.job)) {
+    err("job", "must be a DNS-1123 subdomain, got '" + trial.job + "'");
+  }
+  if (!trial.job_uid.empty()) err("jobUid", rules::UidProblem(trial.job_uid));
   const TrialConfig config{trial.model, trial.training};
   for (const auto& f : Fields()) {
-    const std::string problem = ValueProblem(f, f.get(config));
-    if (!problem.empty()) err(std::string(f.section) + "." + f.name, problem);
+    err(std::string(f.section) + "." + f.name, ValueProblem(f, f.get(config)));
   }
   const auto& ds = trial.dataset;
-  if (ds.format != "text" && ds.format != "tokens-u16" && ds.format != "images-u8") {
-    err("dataset.format", "must be one of: text, tokens-u16, images-u8 (got '" + ds.format + "')");
-  }
-  if (ds.image_shape.size() != 3) {
-    err("dataset.imageShape", "must be [channels, height, width]");
-  } else {
-    for (int64_t d : ds.image_shape) {
-      if (d < 1 || d > 4096) err("dataset.imageShape", "each must be 1..4096");
-    }
-  }
+  err("dataset.format", rules::OneOf(rules::kFormats, ds.format));
+  err("dataset.imageShape", rules::ImageShapeProblem(ds.image_shape));
   if (ds.resolved_path.empty()) err("dataset.path", "must be a non-empty path");
   if (trial.model.family == "torchscript" && trial.model.resolved_path.empty()) {
     err("model.path", "family torchscript needs the module's path");
   }
-  if (!(ds.validation_fraction > 0 && ds.validation_fraction < 1)) {
-    err("dataset.validationFraction", "must be a number > 0 and < 1");
-  }
-  if (ds.eval_sequences < 1) err("dataset.evalSequences", "must be an integer >= 1");
+  err("dataset.validationFraction", rules::ValidationFractionProblem(ds.validation_fraction));
+  err("dataset.evalSequences", rules::EvalSequencesProblem(ds.eval_sequences));
   const auto& res = trial.resources;
-  if (res.device_memory_budget && *res.device_memory_budget <= 0) {
-    err("resources.deviceMemoryBudget", "must be > 0");
+  if (res.device_memory_budget) {
+    err("resources.deviceMemoryBudget",
+        rules::DeviceMemoryBudgetProblem(*res.device_memory_budget));
   }
-  if (res.host_memory_budget && *res.host_memory_budget < 0) {
-    err("resources.hostMemoryBudget", "must be >= 0");
+  if (res.host_memory_budget) {
+    err("resources.hostMemoryBudget", rules::HostMemoryBudgetProblem(*res.host_memory_budget));
   }
-  if (res.offload != "host" && res.offload != "disk") {
-    err("resources.offload", "must be one of: host, disk (got '" + res.offload + "')");
-  }
+  err("resources.offload", rules::OneOf(rules::kOffloads, res.offload));
   int64_t prev = 0;
   for (size_t i = 0; i < res.shard_boundaries.size(); ++i) {
-    if (res.shard_boundaries[i] <= prev) {
-      err("resources.shardBoundaries[" + std::to_string(i) + "]",
-          "must be > " + std::to_string(prev) + " (boundaries are increasing layer indices)");
-    }
+    err("resources.shardBoundaries[" + std::to_string(i) + "]",
+        rules::ShardBoundaryProblem(res.shard_boundaries[i], prev));
     prev = res.shard_boundaries[i];
   }
   if (errors.empty()) {
-    std::vector<FieldError> rules;
-    CheckTrialRules(config, ds, res, "", &rules);
-    for (auto& e : rules) {
+    std::vector<FieldError> cross;
+    CheckTrialRules(config, ds, res, "", &cross);
+    if (auto e = CostModelLimitError(trial)) cross.push_back(*e);
+    for (auto& e : cross) {
       // The rules name manifest paths ("spec.model.nHead"); re-root them under `prefix`.
       if (e.path.rfind("spec.", 0) == 0) e.path = prefix + e.path.substr(5);
       errors.push_back(e);

@@ -90,6 +90,7 @@ struct ResourcesSpec {
 struct JobMetadata {
   std::string name;
   std::string namespace_;
+  std::string uid;  ///< Kubernetes' metadata.uid (the controller passes it; "" in hydra run)
   std::map<std::string, std::string> labels;
   std::map<std::string, std::string> annotations;
 };
@@ -126,10 +127,24 @@ struct Hyperparameter {
   ParamValue value;
 };
 
-/// One point of the grid: a model to train.
+/// Most trials one job may have: the job's status (an entry per trial) must stay well under
+/// etcd's object size limit (1.5 MiB by default); docs/manifest.md has the measurement.
+inline constexpr int64_t kMaxTrialsPerJob = 256;
+/// Most evalSequences: validation windows scored per evaluation.
+inline constexpr int64_t kMaxEvalSequences = 65536;
+/// Longest trial name: a DNS-1123 label (it names directories, metrics and status entries).
+inline constexpr size_t kMaxTrialNameLength = 63;
+/// Longest job name: "<name>-base", the shortest trial name, must be a DNS-1123 label.
+inline constexpr size_t kMaxJobNameLength = kMaxTrialNameLength - 5;
+
+/// One point of the grid: a model to train. Its identity is (namespace_, job, job_uid, name)
+/// everywhere: on the wire, in an agent's registry, in metrics and in status.
 struct Trial {
-  std::string name;  ///< "<job>-<abbreviated hyperparameters>", DNS-1123 safe
-  int index = 0;     ///< position in the grid's expansion order
+  std::string namespace_;  ///< the MultiModelJob's namespace ("" outside Kubernetes)
+  std::string job;         ///< the MultiModelJob's name
+  std::string job_uid;     ///< its metadata.uid ("" outside Kubernetes)
+  std::string name;        ///< "<job>-<abbreviated hyperparameters>", a DNS-1123 label
+  int index = 0;           ///< position in the grid's expansion order
   std::vector<Hyperparameter> hyperparameters;  ///< the grid's values for this trial
   ModelSpec model;
   TrainingSpec training;
@@ -164,6 +179,19 @@ StatusOr<std::vector<Trial>> ExpandTrials(const MultiModelJob& job);
 /// ("trial." gives "trial.training.learningRate").
 Status ValidateTrial(const Trial& trial, const std::string& prefix);
 
+/// The trial's identity as one string, for registries keyed by it:
+/// "<namespace>/<job>/<job uid>/<name>", or the bare name when namespace, job and uid are all
+/// empty (a trial with no owner, as in unit tests). Unambiguous: no part may contain '/'.
+std::string TrialKey(const Trial& trial);
+
+/// "namespace/job/name" (or fewer parts when empty): the identity for people, in messages.
+std::string TrialDisplayName(const Trial& trial);
+
+/// Whether `s` is a DNS-1123 label (lowercase letters, digits and '-', starting and ending
+/// with a letter or digit, at most 63 characters) or subdomain (also '.', at most 253).
+bool IsDnsLabel(const std::string& s);
+bool IsDnsSubdomain(const std::string& s);
+
 /// Learning rate of optimizer step `step` (0-based): linear warm-up over warmupSteps, then
 /// constant or cosine decay to 10% of learningRate at the last step.
 double LearningRateAt(const TrainingSpec& training, int64_t step);
@@ -187,5 +215,21 @@ std::string FormatParamValue(const ParamValue& value);
 
 /// Manifest names of the fields that spec.search.grid may name.
 std::vector<std::string> SearchableFields();
+
+/// The rule of one searchable field of spec.model or spec.training: what `hydra validate` and
+/// an agent's ValidateTrial enforce, and (kept equal by a test) the CRD's schema.
+struct FieldRule {
+  enum class Kind { kInt, kFloat, kEnum };
+  std::string section;  ///< "model" | "training"
+  std::string name;     ///< manifest name
+  Kind kind = Kind::kInt;
+  double min = 0;  ///< -inf: none
+  bool min_exclusive = false;
+  double max = 0;  ///< +inf: none
+  std::vector<std::string> enums;
+};
+
+/// Every searchable field's rule, in the canonical grid order.
+std::vector<FieldRule> SearchableFieldRules();
 
 }  // namespace hydra

@@ -70,6 +70,9 @@ inline Status ResourceExhaustedError(std::string m) {
 inline Status InternalError(std::string m) { return Status(StatusCode::kInternal, std::move(m)); }
 inline Status DataLossError(std::string m) { return Status(StatusCode::kDataLoss, std::move(m)); }
 inline Status CancelledError(std::string m) { return Status(StatusCode::kCancelled, std::move(m)); }
+inline Status DeadlineExceededError(std::string m) {
+  return Status(StatusCode::kDeadlineExceeded, std::move(m));
+}
 inline Status UnavailableError(std::string m) {
   return Status(StatusCode::kUnavailable, std::move(m));
 }

@@ -2,6 +2,16 @@
 
 namespace hydra {
 
+void AppendBounded(std::vector<CurvePoint>* curve, CurvePoint point, size_t max_points) {
+  curve->push_back(point);
+  if (curve->size() <= max_points) return;
+  const size_t older = curve->size() - max_points / 2;  // the part that is thinned
+  size_t kept = 0;
+  for (size_t i = 0; i < older; i += 2) (*curve)[kept++] = (*curve)[i];
+  for (size_t i = older; i < curve->size(); ++i) (*curve)[kept++] = (*curve)[i];
+  curve->resize(kept);
+}
+
 bool IsFinalTrialState(const std::string& state) {
   return state == kTrialSucceeded || state == kTrialFailed || state == kTrialCancelled;
 }

@@ -48,6 +48,16 @@ struct TrialResult {
   double eta_seconds = std::numeric_limits<double>::quiet_NaN();
 };
 
+/// Most points a loss curve keeps: records, status and checkpoints stay the same size however
+/// many steps a trial takes.
+inline constexpr size_t kMaxCurvePoints = 1024;
+
+/// Appends `point`; past `max_points` the older half of the curve is thinned to every second
+/// point (the newest max_points / 2 stay exact). Deterministic: a resumed trial's curve equals
+/// an uninterrupted run's.
+void AppendBounded(std::vector<CurvePoint>* curve, CurvePoint point,
+                   size_t max_points = kMaxCurvePoints);
+
 /// True for states a trial never leaves.
 bool IsFinalTrialState(const std::string& state);
 

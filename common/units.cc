@@ -3,11 +3,67 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <optional>
 
 namespace hydra {
 
+namespace {
+
+struct Suffix {
+  const char* suffix;
+  uint64_t factor;
+};
+// Kubernetes' resource.Quantity suffixes (binary and decimal).
+constexpr Suffix kSuffixes[] = {{"", 1},
+                                {"Ki", uint64_t{1} << 10},
+                                {"Mi", uint64_t{1} << 20},
+                                {"Gi", uint64_t{1} << 30},
+                                {"Ti", uint64_t{1} << 40},
+                                {"Pi", uint64_t{1} << 50},
+                                {"Ei", uint64_t{1} << 60},
+                                {"k", 1000ull},
+                                {"M", 1000000ull},
+                                {"G", 1000000000ull},
+                                {"T", 1000000000000ull},
+                                {"P", 1000000000000000ull},
+                                {"E", 1000000000000000000ull}};
+
+constexpr double kTwoTo63 = 9223372036854775808.0;
+
+/// Digits times the suffix's factor, exactly; nullopt when it reaches 2^63.
+std::optional<int64_t> ExactBytes(const std::string& digits, uint64_t factor) {
+  uint64_t n = 0;
+  for (char ch : digits) {
+    if (__builtin_mul_overflow(n, 10u, &n) ||
+        __builtin_add_overflow(n, static_cast<uint64_t>(ch - '0'), &n)) {
+      return std::nullopt;
+    }
+  }
+  uint64_t bytes = 0;
+  if (__builtin_mul_overflow(n, factor, &bytes) ||
+      bytes > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+    return std::nullopt;
+  }
+  return static_cast<int64_t>(bytes);
+}
+
+}  // namespace
+
 StatusOr<int64_t> ParseByteQuantity(const std::string& text) {
   if (text.empty()) return InvalidArgumentError("empty quantity");
+  const size_t digits = text.find_first_not_of("0123456789");
+  // Plain digits with an optional suffix: exact integer arithmetic.
+  if (digits != 0) {
+    const std::string number = text.substr(0, digits);
+    const std::string suffix = digits == std::string::npos ? "" : text.substr(digits);
+    for (const auto& s : kSuffixes) {
+      if (suffix != s.suffix) continue;
+      auto bytes = ExactBytes(number, s.factor);
+      if (!bytes) return InvalidArgumentError("'" + text + "' is 2^63 bytes (8Ei) or more");
+      return *bytes;
+    }
+  }
+  // Anything else (1.5Gi, 1e9, -1): through a double.
   size_t pos = 0;
   double number = 0;
   try {
@@ -15,36 +71,20 @@ StatusOr<int64_t> ParseByteQuantity(const std::string& text) {
   } catch (...) {
     return InvalidArgumentError("'" + text + "' is not a quantity (examples: 512Mi, 4Gi, 1G)");
   }
-  std::string suffix = text.substr(pos);
-  // std::stod accepts "1e9" already; suffixes follow Kubernetes' resource.Quantity.
-  static const struct {
-    const char* suffix;
-    double factor;
-  } kSuffixes[] = {{"", 1},
-                   {"Ki", 1024.0},
-                   {"Mi", 1024.0 * 1024},
-                   {"Gi", 1024.0 * 1024 * 1024},
-                   {"Ti", 1024.0 * 1024 * 1024 * 1024},
-                   {"Pi", 1024.0 * 1024 * 1024 * 1024 * 1024},
-                   {"Ei", 1024.0 * 1024 * 1024 * 1024 * 1024 * 1024},
-                   {"k", 1e3},
-                   {"M", 1e6},
-                   {"G", 1e9},
-                   {"T", 1e12},
-                   {"P", 1e15},
-                   {"E", 1e18}};
+  const std::string suffix = text.substr(pos);
   for (const auto& s : kSuffixes) {
-    if (suffix == s.suffix) {
-      double bytes = number * s.factor;
-      if (!std::isfinite(bytes) || bytes < 0 ||
-          bytes > static_cast<double>(std::numeric_limits<int64_t>::max())) {
-        return InvalidArgumentError("'" + text + "' is out of range");
-      }
-      return static_cast<int64_t>(std::llround(bytes));
+    if (suffix != s.suffix) continue;
+    const double bytes = number * static_cast<double>(s.factor);
+    if (!std::isfinite(bytes) || bytes < 0) {
+      return InvalidArgumentError("'" + text + "' is out of range");
     }
+    // 2^63 is the first double an int64 cannot hold (INT64_MAX rounds up to it).
+    if (bytes >= kTwoTo63)
+      return InvalidArgumentError("'" + text + "' is 2^63 bytes (8Ei) or more");
+    return static_cast<int64_t>(std::llround(bytes));
   }
   return InvalidArgumentError("'" + text + "' has an unknown suffix '" + suffix +
-                              "' (use Ki, Mi, Gi, Ti or k, M, G, T)");
+                              "' (use Ki, Mi, Gi, Ti, Pi, Ei or k, M, G, T, P, E)");
 }
 
 std::string FormatBytes(int64_t bytes) {

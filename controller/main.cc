@@ -56,7 +56,7 @@ int main(int argc, char** argv) {
   std::string kubeconfig, namespaces, prometheus_url, data_root = "/data",
                                                       checkpoint_root = "/checkpoints";
   std::string metrics_bind = ":8080", health_bind = ":8081", tls_ca, tls_cert, tls_key,
-              tls_server_name;
+              tls_server_name, scrape_job = "hydra-agent";
   std::string lease_ns = "hydra-system", lease_name = "hydra-controller", identity = Hostname();
   bool leader_elect = false;
   int workers = 2;
@@ -80,6 +80,11 @@ int main(int argc, char** argv) {
                  "Name every agent's certificate is checked against (default: the host of its "
                  "endpoint). Agents advertise pod IPs; one certificate for a fixed name such as "
                  "hydra-agent.<namespace>.svc fits them all");
+  app.add_option("--agent-scrape-job", scrape_job,
+                 "The Prometheus job label of the agents' own scrape job: only its "
+                 "hydra_agent_info and device series are used (anything else Prometheus scrapes "
+                 "could claim to be an agent); \"\" trusts every job")
+      ->capture_default_str();
   app.add_flag("--leader-elect", leader_elect,
                "Run as one of several replicas: only the Lease holder reconciles");
   app.add_option("--leader-election-namespace", lease_ns)->capture_default_str();
@@ -130,8 +135,19 @@ int main(int argc, char** argv) {
   }
 
   hydra::controller::ControllerMetrics metrics;
+  if (tls_ca.empty()) {
+    std::cerr << "hydra-controller: WARNING: calls to agents are plaintext (no "
+                 "--agent-tls-ca-file): anyone on the network path can read trial specs and "
+                 "impersonate agents. Use mutual TLS outside a test cluster (the Helm chart "
+                 "does by default).\n";
+  }
+  if (scrape_job.empty()) {
+    std::cerr << "hydra-controller: WARNING: --agent-scrape-job is empty: any scraped target "
+                 "that exports hydra_agent_info is taken for an agent\n";
+  }
   hydra::controller::CachedPrometheusInventory inventory(
-      prometheus_url, std::chrono::milliseconds(static_cast<int64_t>(inventory_s * 1000)));
+      prometheus_url, scrape_job,
+      std::chrono::milliseconds(static_cast<int64_t>(inventory_s * 1000)));
   hydra::controller::ReconcilerOptions ro;
   ro.data_root = data_root;
   ro.checkpoint_root = checkpoint_root;

@@ -12,10 +12,10 @@ double LatestLoss(const std::vector<CurvePoint>& curve) {
 
 }  // namespace
 
-void TrialToProto(const Trial& t, const std::string& job, const std::string& ns,
-                  v1::TrialSpec* out) {
-  out->set_job(job);
-  out->set_namespace_(ns);
+void TrialToProto(const Trial& t, v1::TrialSpec* out) {
+  out->set_job(t.job);
+  out->set_namespace_(t.namespace_);
+  out->set_job_uid(t.job_uid);
   out->set_name(t.name);
   for (const auto& hp : t.hyperparameters) {
     auto* h = out->add_hyperparameters();
@@ -71,6 +71,9 @@ void TrialToProto(const Trial& t, const std::string& job, const std::string& ns,
 
 StatusOr<Trial> TrialFromProto(const v1::TrialSpec& s) {
   Trial t;
+  t.namespace_ = s.namespace_();
+  t.job = s.job();
+  t.job_uid = s.job_uid();
   t.name = s.name();
   for (const auto& h : s.hyperparameters()) {
     Hyperparameter hp;
@@ -185,7 +188,38 @@ std::string TrialStateFromProto(v1::TrialState state) {
   }
 }
 
+v1::TrialRef TrialRefOf(const Trial& t) {
+  v1::TrialRef ref;
+  ref.set_namespace_(t.namespace_);
+  ref.set_job(t.job);
+  ref.set_job_uid(t.job_uid);
+  ref.set_name(t.name);
+  return ref;
+}
+
+namespace {
+
+/// The key of a message that names a trial (TrialRef, TrialStatus: the same four fields).
+template <typename Message>
+std::string KeyOfMessage(const Message& m) {
+  Trial t;
+  t.namespace_ = m.namespace_();
+  t.job = m.job();
+  t.job_uid = m.job_uid();
+  t.name = m.name();
+  return TrialKey(t);
+}
+
+}  // namespace
+
+std::string TrialKeyOf(const v1::TrialRef& ref) { return KeyOfMessage(ref); }
+
+std::string TrialKeyOf(const v1::TrialStatus& status) { return KeyOfMessage(status); }
+
 void TrialResultToProto(const TrialResult& r, v1::TrialStatus* out) {
+  out->set_namespace_(r.trial.namespace_);
+  out->set_job(r.trial.job);
+  out->set_job_uid(r.trial.job_uid);
   out->set_name(r.trial.name);
   out->set_state(TrialStateToProto(r.state));
   out->set_message(r.message);

@@ -15,9 +15,15 @@ namespace hydra::wire {
 
 namespace v1 = ::hydra::agent::v1;
 
-/// Encodes a trial's effective configuration. `job` and `ns` name its MultiModelJob.
-void TrialToProto(const Trial& trial, const std::string& job, const std::string& ns,
-                  v1::TrialSpec* out);
+/// Encodes a trial's identity and effective configuration.
+void TrialToProto(const Trial& trial, v1::TrialSpec* out);
+
+/// The trial's identity as the protocol names it.
+v1::TrialRef TrialRefOf(const Trial& trial);
+
+/// The registry key of a TrialRef or a TrialStatus's identity: TrialKey of the same trial.
+std::string TrialKeyOf(const v1::TrialRef& ref);
+std::string TrialKeyOf(const v1::TrialStatus& status);
 
 /// Decodes and validates a trial by the manifest's rules; INVALID_ARGUMENT listing every
 /// problem with paths such as "trial.training.learningRate". The dataset path must be
@@ -32,8 +38,8 @@ std::vector<int64_t> ShardBoundaries(const v1::ShardPlan& plan);
 v1::TrialState TrialStateToProto(const std::string& state);
 std::string TrialStateFromProto(v1::TrialState state);
 
-/// The record of a trial as TrialStatus (job, namespace, checkpoint dir, plan and device are
-/// left for the caller).
+/// The record of a trial as TrialStatus, its identity included (checkpoint dir, plan and
+/// device are left for the caller).
 void TrialResultToProto(const TrialResult& result, v1::TrialStatus* out);
 
 }  // namespace hydra::wire

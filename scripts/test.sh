@@ -5,7 +5,9 @@
 #      helm (built from its Go module) and applied server-side, the dashboards' PromQL parsed
 #      by Prometheus's parser against the metrics real processes export,
 #   2. the torch-free libraries and their tests under ASan + UBSan in build-asan/,
-#   3. every benchmark at smoke size.
+#   3. libFuzzer on every fuzz target (tests/fuzz) for HYDRA_FUZZ_SECONDS each (default 20),
+#      under ASan + UBSan in build-fuzz/,
+#   4. every benchmark at smoke size.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -25,6 +27,9 @@ HYDRA_BUILD_DIR=build-asan bash scripts/build.sh -DHYDRA_WITH_TORCH=OFF \
   -DHYDRA_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=Debug
 (cd build-asan && LSAN_OPTIONS="suppressions=$PWD/../tests/sanitizers/lsan.supp" \
   ctest --output-on-failure --timeout 900 -j2)
+
+echo "== fuzzing (libFuzzer, ASan + UBSan, ${HYDRA_FUZZ_SECONDS:-20}s a target)"
+bash scripts/fuzz.sh "${HYDRA_FUZZ_SECONDS:-20}"
 
 echo "== benchmarks (smoke size)"
 bash bench/run_all.sh --smoke

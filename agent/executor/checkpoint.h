@@ -1,5 +1,9 @@
 #pragma once
 
+#include <sys/types.h>
+
+#include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -15,20 +19,41 @@ struct CheckpointData {
   std::vector<NamedBuffer> buffers;
 };
 
-/// Writes `data` to `path` atomically: a temporary file in the same directory, fsync, rename,
-/// fsync of the directory. The file ends with a CRC-32 of everything before it. A failure
-/// (full disk, I/O error) leaves any previous file at `path` untouched.
-Status WriteCheckpointFile(const std::string& path, const CheckpointData& data);
+/// The largest JSON header (metadata and buffer table) a checkpoint may have: far above what the
+/// agent writes (the loss curves of a million steps), far below what would exhaust memory.
+inline constexpr uint64_t kMaxCheckpointHeaderBytes = uint64_t{256} << 20;
 
-/// Reads and verifies a file written by WriteCheckpointFile; DATA_LOSS if it is truncated or
-/// its checksum does not match.
+/// How WriteCheckpointFile puts bytes into the file, with ::write's contract (bytes written, or
+/// -1 with errno set). Empty means ::write; tests inject a full disk or quota through it.
+using CheckpointWriteFn = std::function<ssize_t(int fd, const void* data, size_t size)>;
+
+/// Writes `data` to `path` atomically: a temporary file in the same directory, fsync, rename,
+/// fsync of the directory. The file ends with a CRC-32 of everything before it. The directory
+/// is opened without following a symlink in its place, and the temporary file is created in it
+/// with openat(O_CREAT | O_EXCL | O_NOFOLLOW), so no planted or swapped-in symlink is written
+/// through. A failure leaves any previous file at `path` untouched and removes the temporary
+/// file; a full disk or quota (ENOSPC, EDQUOT) is RESOURCE_EXHAUSTED naming the directory.
+Status WriteCheckpointFile(const std::string& path, const CheckpointData& data,
+                           const CheckpointWriteFn& write_fn = {});
+
+/// Reads and verifies a file written by WriteCheckpointFile in one streaming pass: the CRC is
+/// computed as the bytes arrive, and every header field is checked (header size, buffer
+/// offsets and sizes within the file, buffers tiling the data with no overlap, gap or trailing
+/// bytes, dtype and shape consistent with each size) before any buffer is allocated, so no
+/// allocation exceeds the file's real size. DATA_LOSS naming the file and the problem otherwise.
 StatusOr<CheckpointData> ReadCheckpointFile(const std::string& path);
+
+/// ReadCheckpointFile on an open file (read with pread; its offset is left alone). `path` names
+/// it in errors.
+StatusOr<CheckpointData> ReadCheckpointFd(int fd, const std::string& path);
 
 /// The checkpoints of one trial in a directory: ckpt-<step>.hck, newest kept with `keep - 1`
 /// predecessors. Not thread-safe.
 class CheckpointStore {
  public:
-  explicit CheckpointStore(std::string dir, int keep = 2) : dir_(std::move(dir)), keep_(keep) {}
+  /// `write_fn` as for WriteCheckpointFile.
+  explicit CheckpointStore(std::string dir, int keep = 2, CheckpointWriteFn write_fn = {})
+      : dir_(std::move(dir)), keep_(keep), write_fn_(std::move(write_fn)) {}
 
   /// Writes the checkpoint of `step`, then removes all but the newest `keep` checkpoints.
   Status Save(int64_t step, const CheckpointData& data);
@@ -45,6 +70,7 @@ class CheckpointStore {
  private:
   std::string dir_;
   int keep_;
+  CheckpointWriteFn write_fn_;
 };
 
 }  // namespace hydra::executor

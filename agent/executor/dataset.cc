@@ -21,9 +21,13 @@ StatusOr<std::shared_ptr<const TokenDataset>> TokenDataset::Open(const DatasetSp
                                                                  int64_t window) {
   const std::string& path = spec.resolved_path;
   const std::string where = "spec.dataset.path: " + path;
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoError(where, errno);
+  // Refused before opening: opening a FIFO or a device can block or have effects. O_NONBLOCK
+  // keeps a file swapped in after the check from blocking; fstat checks what was opened.
   struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return ErrnoError(where, errno);
+  if (!S_ISREG(st.st_mode)) return InvalidArgumentError(where + ": not a regular file");
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return ErrnoError(where, errno);
   if (::fstat(fd, &st) != 0) {
     int e = errno;
     ::close(fd);

@@ -110,6 +110,21 @@ std::vector<size_t> SpillLayout(const std::vector<size_t>& sizes, size_t* total)
   return offsets;
 }
 
+Status CheckSpillTrailer(ConstBytes block, uint64_t digest, uint64_t total,
+                         const std::string& path) {
+  uint64_t words[3] = {};
+  if (block.size != kSpillAlignment) {
+    return DataLossError("spill file " + path + " is corrupt: its trailer has " +
+                         std::to_string(block.size) + " bytes, expected " +
+                         std::to_string(kSpillAlignment));
+  }
+  std::memcpy(words, block.data, sizeof(words));  // the block need not be aligned
+  if (words[1] != kSpillMagic || words[0] != digest || words[2] != total) {
+    return DataLossError("spill file " + path + " is corrupt: checksum mismatch");
+  }
+  return OkStatus();
+}
+
 std::shared_ptr<AlignedSlab> AlignedSlab::Allocate(size_t bytes) {
   const size_t size = std::max(RoundUp(bytes), kSpillAlignment);
   void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -270,10 +285,7 @@ Status DiskTier::ReadFile(const std::string& key, const std::vector<MutableBytes
                   direct ? direct_errno : nullptr);
   if (!direct) ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
   ::close(fd);
-  if (s.ok() && (trailer.words[1] != kSpillMagic || trailer.words[0] != digest ||
-                 trailer.words[2] != total)) {
-    s = DataLossError("spill file " + path + " is corrupt: checksum mismatch");
-  }
+  if (s.ok()) s = CheckSpillTrailer({trailer.words, kSpillAlignment}, digest, total, path);
   if (s.ok()) {
     bytes_read_ += static_cast<int64_t>(total);
     if (direct) direct_bytes_ += static_cast<int64_t>(total);

@@ -30,6 +30,13 @@ struct MutableBytes {
 constexpr size_t kSpillAlignment = 4096;
 std::vector<size_t> SpillLayout(const std::vector<size_t>& sizes, size_t* total);
 
+/// Checks the trailer block that ends a spill file (kSpillAlignment bytes: the XXH3-64 of the
+/// data, padding included, then the magic, then the data's length in bytes) against what was
+/// read before it: the data's `digest` and its `total` bytes. DATA_LOSS naming `path` when the
+/// block has another size or any field disagrees. Pure: reads only `block`.
+Status CheckSpillTrailer(ConstBytes block, uint64_t digest, uint64_t total,
+                         const std::string& path);
+
 /// Page-aligned anonymous memory (mmap), zero-filled, given back to the system the moment it is
 /// destroyed (munmap; no allocator keeps it). When a file's parts lie in one slab at their
 /// SpillLayout offsets, the disk tier moves the slab with O_DIRECT: the disk reads and writes

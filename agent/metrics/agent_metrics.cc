@@ -116,6 +116,14 @@ AgentMetrics::AgentMetrics(const std::string& node, const std::string& version)
                             kTrialInterrupted, kTrialCancelled}) {
     impl_->trials.Add({{"state", state}}).Set(0);
   }
+  // Counters with known label sets exist from the start at 0, so that rate() and alerts see
+  // them before the first event.
+  for (const char* direction : {"read", "write"}) {
+    impl_->spill.Add({{"tier", "disk"}, {"direction", direction}});
+  }
+  for (const char* phase : {"forward", "backward", "optimizer", "evaluate"}) {
+    impl_->tasks.Add({{"phase", phase}});
+  }
 }
 
 AgentMetrics::~AgentMetrics() = default;
@@ -150,22 +158,42 @@ void AgentMetrics::SetTrialsByState(const std::map<std::string, int64_t>& counts
   }
 }
 
-void AgentMetrics::SetTrialProgress(const std::string& ns, const std::string& job,
-                                    const std::string& trial, int64_t step, double train_loss,
+namespace {
+
+prometheus::Labels TrialLabels(const Trial& t) {
+  return {{"namespace", t.namespace_}, {"job", t.job}, {"job_uid", t.job_uid}, {"trial", t.name}};
+}
+
+prometheus::Labels WithSplit(prometheus::Labels l, const char* split) {
+  l["split"] = split;
+  return l;
+}
+
+/// Removes the series of `family` with exactly `labels`, if it exists (Add would create it).
+template <typename T>
+void RemoveSeries(prometheus::Family<T>& family, const prometheus::Labels& labels) {
+  if (family.Has(labels)) family.Remove(&family.Add(labels));
+}
+
+}  // namespace
+
+void AgentMetrics::SetTrialProgress(const Trial& trial, int64_t step, double train_loss,
                                     double validation_loss, double tokens_per_second) {
-  const prometheus::Labels l{{"namespace", ns}, {"job", job}, {"trial", trial}};
+  const prometheus::Labels l = TrialLabels(trial);
   impl_->step.Add(l).Set(static_cast<double>(step));
   impl_->tokens.Add(l).Set(tokens_per_second);
-  if (std::isfinite(train_loss)) {
-    auto split = l;
-    split["split"] = "train";
-    impl_->loss.Add(split).Set(train_loss);
-  }
+  if (std::isfinite(train_loss)) impl_->loss.Add(WithSplit(l, "train")).Set(train_loss);
   if (std::isfinite(validation_loss)) {
-    auto split = l;
-    split["split"] = "validation";
-    impl_->loss.Add(split).Set(validation_loss);
+    impl_->loss.Add(WithSplit(l, "validation")).Set(validation_loss);
   }
+}
+
+void AgentMetrics::RemoveTrial(const Trial& trial) {
+  const prometheus::Labels l = TrialLabels(trial);
+  RemoveSeries(impl_->step, l);
+  RemoveSeries(impl_->tokens, l);
+  RemoveSeries(impl_->loss, WithSplit(l, "train"));
+  RemoveSeries(impl_->loss, WithSplit(l, "validation"));
 }
 
 void AgentMetrics::AddSpillBytes(const std::string& tier, const std::string& direction,

@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 
+#include "common/job.h"
 #include "common/status.h"
 
 namespace hydra::agent {
@@ -28,10 +29,12 @@ class AgentMetrics {
                  int64_t used_bytes, double busy_ratio);
   /// Trials per state; states missing from `counts` read 0.
   void SetTrialsByState(const std::map<std::string, int64_t>& counts);
-  /// A trial's latest progress; a NaN loss leaves that split's series out.
-  void SetTrialProgress(const std::string& ns, const std::string& job, const std::string& trial,
-                        int64_t step, double train_loss, double validation_loss,
+  /// A trial's latest progress, labelled with its identity (namespace, job, job_uid, trial);
+  /// a NaN loss leaves that split's series out.
+  void SetTrialProgress(const Trial& trial, int64_t step, double train_loss, double validation_loss,
                         double tokens_per_second);
+  /// Removes a trial's series (the agent forgot the trial).
+  void RemoveTrial(const Trial& trial);
   void AddSpillBytes(const std::string& tier, const std::string& direction, int64_t bytes);
   void AddShardTasks(const std::string& phase, int64_t tasks);
   void ObserveCheckpoint(double seconds);

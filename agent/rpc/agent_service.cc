@@ -4,9 +4,12 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <optional>
 #include <thread>
 
 #include "agent/executor/checkpoint.h"
+#include "agent/rpc/trial_paths.h"
+#include "common/devices.h"
 #include "common/file_util.h"
 #include "common/partitioner.h"
 #include "common/units.h"
@@ -24,9 +27,10 @@ constexpr double kBusyWindowSeconds = 60;
 
 double Now() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
 
-/// The attempt recorded in an ATTEMPT file; -1 if there is none (or it is unreadable).
+/// The attempt recorded in an ATTEMPT file; -1 if there is none (or it is unreadable, or
+/// something other than the file the agent writes stands there).
 int64_t RecordedAttempt(const std::string& path) {
-  auto text = ReadFile(path);
+  auto text = ReadOwnFile(path, 64);
   if (!text.ok()) return -1;
   try {
     return std::stoll(*text);
@@ -37,6 +41,49 @@ int64_t RecordedAttempt(const std::string& path) {
 
 bool IsFinal(const std::string& state) {
   return IsFinalTrialState(state) || state == kTrialInterrupted;
+}
+
+/// The controller's shard plan, if any: contiguous ranges covering every layer; its boundaries
+/// become the trial's.
+Status CheckShardPlan(const v1::ShardPlan& plan, Trial* trial) {
+  if (plan.shards_size() == 0) return OkStatus();
+  const int last = static_cast<int>(trial->model.n_layer) + 1;
+  int next = 0;
+  for (int i = 0; i < plan.shards_size(); ++i) {
+    const auto& sh = plan.shards(i);
+    if (sh.first_layer() != next || sh.last_layer() < sh.first_layer() || sh.last_layer() > last) {
+      return InvalidArgumentError(
+          "shard_plan.shards[" + std::to_string(i) + "]: layers " +
+          std::to_string(sh.first_layer()) + ".." + std::to_string(sh.last_layer()) +
+          " do not continue the plan at layer " + std::to_string(next) +
+          " (shards are contiguous ranges of layers 0.." + std::to_string(last) + ")");
+    }
+    next = sh.last_layer() + 1;
+  }
+  if (next != last + 1) {
+    return InvalidArgumentError("shard_plan: ends at layer " + std::to_string(next - 1) +
+                                ", before the last layer " + std::to_string(last));
+  }
+  trial->resources.shard_boundaries = wire::ShardBoundaries(plan);
+  return OkStatus();
+}
+
+/// Every device of this node must hold the trial's device budget; unset, it gets theirs.
+Status FitDeviceBudget(const AgentConfig& config, Trial* trial) {
+  int64_t device_bytes = 0;
+  for (const auto& d : config.devices) {
+    device_bytes = device_bytes == 0 ? d.memory_bytes : std::min(device_bytes, d.memory_bytes);
+  }
+  auto& budget = trial->resources.device_memory_budget;
+  if (!budget) {
+    budget = device_bytes;
+    return OkStatus();
+  }
+  if (*budget <= device_bytes) return OkStatus();
+  return ResourceExhaustedError(
+      "trial " + trial->name + " asks for a device memory budget of " + FormatBytes(*budget) +
+      " (" + std::to_string(*budget) + " bytes); the devices of node " + config.node_name +
+      " have " + FormatBytes(device_bytes) + " (" + std::to_string(device_bytes) + " bytes)");
 }
 
 }  // namespace
@@ -55,6 +102,8 @@ AgentService::AgentService(AgentConfig config, executor::ExecutorFactoryInterfac
   options.spill_dir = config_.spill_dir;
   options.refuse_over_host_memory = true;
   options.record_schedule = false;
+  options.threads = config_.threads_per_device;
+  options.cpu = CpuModelName();
   busy_history_.resize(options.devices);
   busy_ratio_.assign(options.devices, 0.0);
   scheduler_ = std::make_unique<TrialScheduler>(factory, static_cast<TrialObserverInterface*>(this),
@@ -68,18 +117,20 @@ AgentService::~AgentService() {
 }
 
 bool AgentService::CallerAllowed(grpc::ServerContext* context, std::string* why) const {
-  if (config_.required_client_identity.empty()) return true;
+  const std::string& want = config_.required_client_identity;
+  if (want.empty()) return true;
   auto auth = context->auth_context();
   if (auth && auth->IsPeerAuthenticated()) {
-    for (const char* property : {"x509_subject_alternative_name", "x509_common_name"}) {
-      for (const auto& value : auth->FindPropertyValues(property)) {
-        if (std::string(value.data(), value.size()) == config_.required_client_identity) {
-          return true;
-        }
-      }
+    // A certificate's SANs identify it when it has any; its CN only when it has none (RFC
+    // 6125's rule for servers, applied to clients).
+    auto names = auth->FindPropertyValues("x509_subject_alternative_name");
+    if (names.empty()) names = auth->FindPropertyValues("x509_common_name");
+    for (const auto& value : names) {
+      if (std::string(value.data(), value.size()) == want) return true;
     }
   }
-  *why = "the caller's client certificate does not name " + config_.required_client_identity;
+  *why = "the caller's client certificate does not name " + want +
+         " (in its SANs, or its CN when it has no SAN)";
   return false;
 }
 
@@ -108,72 +159,116 @@ Status AgentService::Confine(const std::string& field, const std::string& path,
                                (allowed.empty() ? "none configured" : allowed) + ")");
 }
 
-Status AgentService::CheckAssignment(const v1::AssignTrialRequest& request, Trial* out) const {
+Status AgentService::CheckAssignment(const v1::AssignTrialRequest& request, Trial* out,
+                                     std::string* checkpoint_dir) const {
   if (!request.has_trial()) return InvalidArgumentError("trial: required");
   const auto& spec = request.trial();
-  if (spec.job().size() > 253) return InvalidArgumentError("trial.job: longer than 253 bytes");
-  if (spec.namespace_().size() > 63) {
-    return InvalidArgumentError("trial.namespace: longer than 63 bytes");
-  }
   if (spec.hyperparameters_size() > kMaxHyperparameters) {
     return InvalidArgumentError("trial.hyperparameters: more than " +
                                 std::to_string(kMaxHyperparameters));
   }
-  if (spec.dataset().path().size() > kMaxPathBytes) {
-    return InvalidArgumentError("trial.dataset.path: longer than " + std::to_string(kMaxPathBytes) +
-                                " bytes");
+  for (const auto& [field, value] :
+       {std::pair<const char*, const std::string*>{"trial.dataset.path", &spec.dataset().path()},
+        {"trial.model.path", &spec.model().path()},
+        {"checkpoint_dir", &request.checkpoint_dir()}}) {
+    if (value->size() > kMaxPathBytes) {
+      return InvalidArgumentError(std::string(field) + ": longer than " +
+                                  std::to_string(kMaxPathBytes) + " bytes");
+    }
+  }
+  // The identity: all four parts, so that nothing can address another tenant's trial.
+  for (const auto& [field, value] :
+       {std::pair<const char*, const std::string*>{"trial.namespace", &spec.namespace_()},
+        {"trial.job", &spec.job()},
+        {"trial.jobUid", &spec.job_uid()}}) {
+    if (value->empty()) {
+      return InvalidArgumentError(std::string(field) +
+                                  ": required (a trial is namespace, job, job uid and name)");
+    }
   }
   ASSIGN_OR_RETURN(Trial trial, wire::TrialFromProto(spec));
   // Paths: the dataset must be readable and the checkpoints writable only inside the roots.
   RETURN_IF_ERROR(Confine("trial.dataset.path", trial.dataset.resolved_path, config_.data_roots));
   if (!trial.model.resolved_path.empty()) {
-    if (spec.model().path().size() > kMaxPathBytes) {
-      return InvalidArgumentError("trial.model.path: longer than " + std::to_string(kMaxPathBytes) +
-                                  " bytes");
-    }
     RETURN_IF_ERROR(Confine("trial.model.path", trial.model.resolved_path, config_.data_roots));
   }
   RETURN_IF_ERROR(Confine("checkpoint_dir", request.checkpoint_dir(), config_.checkpoint_roots));
-  // The controller's shard plan, if any: contiguous ranges covering every layer.
-  const auto& plan = request.shard_plan();
-  if (plan.shards_size() > 0) {
-    const int last = static_cast<int>(trial.model.n_layer) + 1;
-    int next = 0;
-    for (int i = 0; i < plan.shards_size(); ++i) {
-      const auto& sh = plan.shards(i);
-      if (sh.first_layer() != next || sh.last_layer() < sh.first_layer() ||
-          sh.last_layer() > last) {
-        return InvalidArgumentError(
-            "shard_plan.shards[" + std::to_string(i) + "]: layers " +
-            std::to_string(sh.first_layer()) + ".." + std::to_string(sh.last_layer()) +
-            " do not continue the plan at layer " + std::to_string(next) +
-            " (shards are contiguous ranges of layers 0.." + std::to_string(last) + ")");
-      }
-      next = sh.last_layer() + 1;
-    }
-    if (next != last + 1) {
-      return InvalidArgumentError("shard_plan: ends at layer " + std::to_string(next - 1) +
-                                  ", before the last layer " + std::to_string(last));
-    }
-    trial.resources.shard_boundaries = wire::ShardBoundaries(plan);
-  }
-  // Device memory: every device of this node must hold the trial's budget.
-  int64_t device_bytes = 0;
-  for (const auto& d : config_.devices) {
-    device_bytes = device_bytes == 0 ? d.memory_bytes : std::min(device_bytes, d.memory_bytes);
-  }
-  if (!trial.resources.device_memory_budget) {
-    trial.resources.device_memory_budget = device_bytes;
-  } else if (*trial.resources.device_memory_budget > device_bytes) {
-    return ResourceExhaustedError("trial " + trial.name + " asks for a device memory budget of " +
-                                  FormatBytes(*trial.resources.device_memory_budget) + " (" +
-                                  std::to_string(*trial.resources.device_memory_budget) +
-                                  " bytes); the devices of node " + config_.node_name + " have " +
-                                  FormatBytes(device_bytes) + " (" + std::to_string(device_bytes) +
-                                  " bytes)");
-  }
+  ASSIGN_OR_RETURN(*checkpoint_dir, ResolvePath(request.checkpoint_dir()));
+  RETURN_IF_ERROR(CheckCheckpointLayout(trial, *checkpoint_dir, config_.checkpoint_roots));
+  RETURN_IF_ERROR(CheckShardPlan(request.shard_plan(), &trial));
+  RETURN_IF_ERROR(FitDeviceBudget(config_, &trial));
   *out = std::move(trial);
   return OkStatus();
+}
+
+grpc::Status AgentService::CheckAgainstKnown(const Trial& trial, int64_t attempt,
+                                             const std::string& dir, int64_t* superseded) const {
+  std::map<std::string, std::string> states;
+  for (const auto& [key, state] : scheduler_->States()) states[key] = state;
+  const std::string key = TrialKey(trial);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (shut_down_) return grpc::Status(grpc::UNAVAILABLE, "the agent is shutting down");
+  size_t live = 0;
+  for (const auto& [k, info] : trials_) {
+    auto it = states.find(k);
+    if (it == states.end()) continue;
+    const bool active = !IsFinal(it->second);
+    live += active;
+    if (k == key) {
+      if (active && attempt > 0 && info.attempt < attempt) {
+        // The controller gave up on that attempt (this node was cut off, say) and now brings
+        // the trial back: the old copy must stop before the new one may start.
+        *superseded = info.attempt;
+      } else if (active || it->second == kTrialSucceeded) {
+        if (attempt > 0 && info.attempt > attempt) {
+          return grpc::Status(grpc::FAILED_PRECONDITION,
+                              "stale assignment: attempt " + std::to_string(attempt) + " of " +
+                                  TrialDisplayName(trial) + ", but attempt " +
+                                  std::to_string(info.attempt) + " is here (" + it->second + ")");
+        }
+        return grpc::Status(grpc::ALREADY_EXISTS, "trial " + TrialDisplayName(trial) +
+                                                      " (attempt " + std::to_string(info.attempt) +
+                                                      ") is already on node " + config_.node_name +
+                                                      " (" + it->second + ")");
+      }
+    } else if (active && PathsNest(info.checkpoint_dir, dir)) {
+      return grpc::Status(grpc::FAILED_PRECONDITION,
+                          "checkpoint_dir " + dir + " is, contains or lies inside " +
+                              info.checkpoint_dir + ", the checkpoint directory of another trial");
+    }
+  }
+  if (*superseded < 0 && live >= config_.max_trials) {
+    return grpc::Status(grpc::RESOURCE_EXHAUSTED,
+                        "node " + config_.node_name + " already trains " + std::to_string(live) +
+                            " trials (--max-trials " + std::to_string(config_.max_trials) + ")");
+  }
+  return grpc::Status::OK;
+}
+
+StatusOr<std::function<Status()>> AgentService::Fence(const Trial& trial, int64_t attempt,
+                                                      const std::string& dir) const {
+  const std::string attempt_file = (fs::path(dir) / "ATTEMPT").string();
+  const int64_t recorded = RecordedAttempt(attempt_file);
+  if (recorded > attempt) {
+    return FailedPreconditionError("stale assignment: attempt " + std::to_string(attempt) +
+                                   " of trial " + TrialDisplayName(trial) + ", but attempt " +
+                                   std::to_string(recorded) + " already owns " + dir);
+  }
+  // Record our fencing token; from now on an older holder of the trial stops at its next step
+  // or checkpoint, and we stop if a newer one appears.
+  RETURN_IF_ERROR(CreateCheckedDirectory(dir));
+  RETURN_IF_ERROR(WriteFileAtomically(attempt_file, std::to_string(attempt) + "\n")
+                      .WithContext("recording the attempt"));
+  const std::string name = TrialDisplayName(trial);
+  return std::function<Status()>([attempt_file, attempt, name]() -> Status {
+    const int64_t now = RecordedAttempt(attempt_file);
+    if (now == attempt) return OkStatus();
+    return Status(StatusCode::kAborted,
+                  now < 0
+                      ? "superseded: the checkpoint directory of " + name + " is gone"
+                      : "superseded: attempt " + std::to_string(now) + " of " + name +
+                            " runs elsewhere (this was attempt " + std::to_string(attempt) + ")");
+  });
 }
 
 grpc::Status AgentService::AssignTrial(grpc::ServerContext* context,
@@ -181,49 +276,24 @@ grpc::Status AgentService::AssignTrial(grpc::ServerContext* context,
                                        v1::AssignTrialResponse* response) {
   std::string why;
   if (!CallerAllowed(context, &why)) return grpc::Status(grpc::PERMISSION_DENIED, why);
+  const int64_t attempt = request->attempt();
+  if (attempt < 0) return grpc::Status(grpc::INVALID_ARGUMENT, "attempt: must be >= 0");
   Trial trial;
-  if (Status s = CheckAssignment(*request, &trial); !s.ok()) return ToGrpc(s);
-  const std::string ckpt_dir = fs::path(request->checkpoint_dir()).lexically_normal().string();
-  std::map<std::string, std::string> states;
-  for (const auto& [name, state] : scheduler_->States()) states[name] = state;
-  int64_t superseded_here = -1;  // an older attempt of this trial still active on this node
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (shut_down_) return grpc::Status(grpc::UNAVAILABLE, "the agent is shutting down");
-    size_t known = 0;
-    for (const auto& [name, info] : trials_) {
-      auto it = states.find(name);
-      const bool active = it != states.end() && !IsFinal(it->second);
-      known += 1;
-      if (name == trial.name && it != states.end() && active && request->attempt() > 0 &&
-          info.attempt < request->attempt()) {
-        // The controller gave up on that attempt (this node was cut off, say) and now brings
-        // the trial back: the old copy must stop before the new one may start.
-        superseded_here = info.attempt;
-        break;
-      }
-      if (name == trial.name && it != states.end() && (active || it->second == kTrialSucceeded)) {
-        return grpc::Status(grpc::ALREADY_EXISTS, "trial " + name + " is already on node " +
-                                                      config_.node_name + " (" + it->second + ")");
-      }
-      if (active && info.checkpoint_dir == ckpt_dir) {
-        return grpc::Status(grpc::FAILED_PRECONDITION,
-                            "checkpoint_dir " + ckpt_dir + " is in use by trial " + name);
-      }
-    }
-    if (known >= config_.max_trials && !trials_.count(trial.name)) {
-      return grpc::Status(grpc::RESOURCE_EXHAUSTED, "node " + config_.node_name +
-                                                        " already holds " + std::to_string(known) +
-                                                        " trials (the limit)");
-    }
+  std::string ckpt_dir;
+  if (Status s = CheckAssignment(*request, &trial, &ckpt_dir); !s.ok()) return ToGrpc(s);
+  const std::string key = TrialKey(trial);
+  int64_t superseded = -1;
+  if (grpc::Status s = CheckAgainstKnown(trial, attempt, ckpt_dir, &superseded); !s.ok()) {
+    return s;
   }
-  if (superseded_here >= 0) {
-    Status cancelled = scheduler_->Cancel(trial.name);
+  if (superseded >= 0) {
+    Status cancelled = scheduler_->Cancel(key);
     return grpc::Status(grpc::UNAVAILABLE,
-                        "trial " + trial.name + ": attempt " + std::to_string(superseded_here) +
-                            " is still stopping on node " + config_.node_name + " (" +
+                        "trial " + TrialDisplayName(trial) + ": attempt " +
+                            std::to_string(superseded) + " is still stopping on node " +
+                            config_.node_name + " (" +
                             (cancelled.ok() ? "cancelled" : cancelled.message()) +
-                            "); retry attempt " + std::to_string(request->attempt()));
+                            "); retry attempt " + std::to_string(attempt));
   }
   // Resume-from: what the checkpoint directory holds must match what the controller expects.
   const auto steps = executor::CheckpointStore(ckpt_dir).Steps();
@@ -241,41 +311,16 @@ grpc::Status AgentService::AssignTrial(grpc::ServerContext* context,
             " is " +
             (steps.empty() ? std::string("none") : "of step " + std::to_string(steps.back())));
   }
-  const int64_t attempt = request->attempt();
-  if (attempt < 0) return grpc::Status(grpc::INVALID_ARGUMENT, "attempt: must be >= 0");
-  const std::string attempt_file = (fs::path(ckpt_dir) / "ATTEMPT").string();
-  if (attempt > 0) {
-    const int64_t recorded = RecordedAttempt(attempt_file);
-    if (recorded > attempt) {
-      return grpc::Status(grpc::FAILED_PRECONDITION,
-                          "stale assignment: attempt " + std::to_string(attempt) + " of trial " +
-                              trial.name + ", but attempt " + std::to_string(recorded) +
-                              " already owns " + ckpt_dir);
-    }
-  }
   auto prepared = scheduler_->Prepare(trial, ckpt_dir);
   if (!prepared.ok()) return ToGrpc(prepared.status());
   if (attempt > 0) {
-    // Record our fencing token; from now on an older holder of the trial stops at its next
-    // step or checkpoint, and we stop if a newer one appears.
-    std::error_code ec;
-    fs::create_directories(ckpt_dir, ec);
-    Status written = WriteFileAtomically(attempt_file, std::to_string(attempt) + "\n");
-    if (!written.ok()) return ToGrpc(written.WithContext("recording the attempt"));
-    const std::string name = trial.name;
-    prepared->fence = [attempt_file, attempt, name]() -> Status {
-      const int64_t now = RecordedAttempt(attempt_file);
-      if (now == attempt) return OkStatus();
-      return Status(StatusCode::kAborted,
-                    now < 0
-                        ? "superseded: the checkpoint directory of " + name + " is gone"
-                        : "superseded: attempt " + std::to_string(now) + " of " + name +
-                              " runs elsewhere (this was attempt " + std::to_string(attempt) + ")");
-    };
+    auto fence = Fence(trial, attempt, ckpt_dir);
+    if (!fence.ok()) return ToGrpc(fence.status());
+    prepared->fence = std::move(fence).value();
+  } else if (Status s = CreateCheckedDirectory(ckpt_dir); !s.ok()) {
+    return ToGrpc(s);
   }
   TrialInfo info;
-  info.job = request->trial().job();
-  info.ns = request->trial().namespace_();
   info.checkpoint_dir = ckpt_dir;
   info.attempt = attempt;
   if (auto plan = PlanShards(trial, PartitionOptionsFor(trial)); plan.ok()) {
@@ -284,20 +329,20 @@ grpc::Status AgentService::AssignTrial(grpc::ServerContext* context,
   std::optional<TrialInfo> previous;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (auto it = trials_.find(trial.name); it != trials_.end()) previous = it->second;
-    trials_[trial.name] = info;
+    if (auto it = trials_.find(key); it != trials_.end()) previous = it->second;
+    trials_[key] = info;
   }
   Status submitted = scheduler_->Submit(std::move(prepared).value());
   if (!submitted.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
     if (previous) {
-      trials_[trial.name] = *previous;
+      trials_[key] = *previous;
     } else {
-      trials_.erase(trial.name);
+      trials_.erase(key);
     }
     return ToGrpc(submitted);
   }
-  auto r = scheduler_->Get(trial.name);
+  auto r = scheduler_->Get(key);
   if (r.ok()) *response->mutable_trial() = ToStatus(*r);
   return grpc::Status::OK;
 }
@@ -307,33 +352,44 @@ grpc::Status AgentService::CancelTrial(grpc::ServerContext* context,
                                        v1::CancelTrialResponse* response) {
   std::string why;
   if (!CallerAllowed(context, &why)) return grpc::Status(grpc::PERMISSION_DENIED, why);
-  if (request->name().empty()) return grpc::Status(grpc::INVALID_ARGUMENT, "name: required");
-  Status cancelled = scheduler_->Cancel(request->name());
+  const auto& ref = request->trial();
+  for (const auto& [field, value] :
+       {std::pair<const char*, const std::string*>{"trial.namespace", &ref.namespace_()},
+        {"trial.job", &ref.job()},
+        {"trial.jobUid", &ref.job_uid()},
+        {"trial.name", &ref.name()}}) {
+    if (value->empty()) {
+      return grpc::Status(grpc::INVALID_ARGUMENT,
+                          std::string(field) +
+                              ": required (a trial is namespace, job, job uid "
+                              "and name; only that exact trial is cancelled)");
+    }
+  }
+  const std::string key = wire::TrialKeyOf(ref);
+  Status cancelled = scheduler_->Cancel(key);
   // An ended trial can still have its checkpoints removed.
   const bool ended = cancelled.code() == StatusCode::kFailedPrecondition;
   if (!cancelled.ok() && !(ended && request->delete_checkpoints())) return ToGrpc(cancelled);
   // A running trial stops after its current step: wait for that (up to 30 s or the caller's
   // deadline) so that the reply says CANCELLED; otherwise it says RUNNING and the progress
   // stream reports the end.
-  const auto give_up = Clock::now() + std::chrono::seconds(30);
-  auto r = scheduler_->Get(request->name());
-  while (r.ok() && !IsFinal(r->state) && Clock::now() < give_up && !context->IsCancelled()) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    r = scheduler_->Get(request->name());
-  }
+  const auto until_deadline = context->deadline() - std::chrono::system_clock::now();
+  const auto wait = std::min<std::chrono::steady_clock::duration>(
+      std::chrono::seconds(30),
+      std::max<std::chrono::steady_clock::duration>(
+          std::chrono::seconds(0),
+          std::chrono::duration_cast<std::chrono::steady_clock::duration>(until_deadline)));
+  auto r = scheduler_->WaitEnded(key, Clock::now() + wait);
   if (request->delete_checkpoints() && r.ok() && IsFinal(r->state)) {
     std::string dir;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (auto it = trials_.find(request->name()); it != trials_.end()) {
-        dir = it->second.checkpoint_dir;
-      }
+      if (auto it = trials_.find(key); it != trials_.end()) dir = it->second.checkpoint_dir;
     }
-    // The directory was confined to the checkpoint roots when the trial was assigned.
-    std::error_code ec;
-    if (!dir.empty()) fs::remove_all(dir, ec);
-    if (ec) {
-      return grpc::Status(grpc::INTERNAL, "removing " + dir + ": " + ec.message());
+    // Only the trial's own files, in the directory checked against its identity when it
+    // was assigned.
+    if (!dir.empty()) {
+      if (Status removed = RemoveTrialFiles(dir); !removed.ok()) return ToGrpc(removed);
     }
   }
   if (r.ok()) *response->mutable_trial() = ToStatus(*r);
@@ -380,9 +436,7 @@ v1::TrialStatus AgentService::ToStatus(const TrialResult& r) const {
     out.set_device(config_.devices[r.device].name);
   }
   std::lock_guard<std::mutex> lock(mu_);
-  if (auto it = trials_.find(r.trial.name); it != trials_.end()) {
-    out.set_job(it->second.job);
-    out.set_namespace_(it->second.ns);
+  if (auto it = trials_.find(TrialKey(r.trial)); it != trials_.end()) {
     out.set_checkpoint_dir(it->second.checkpoint_dir);
     *out.mutable_shard_plan() = it->second.plan;
     out.set_attempt(it->second.attempt);
@@ -398,9 +452,15 @@ grpc::Status AgentService::WatchProgress(grpc::ServerContext* context,
   if (!CallerAllowed(context, &why)) return grpc::Status(grpc::PERMISSION_DENIED, why);
   Watcher w;
   w.job = request->job();
+  w.ns = request->namespace_();
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (shut_down_) return grpc::Status(grpc::UNAVAILABLE, "the agent is shutting down");
+    if (watchers_.size() >= config_.max_watchers) {
+      return grpc::Status(grpc::RESOURCE_EXHAUSTED,
+                          "node " + config_.node_name + " already serves " +
+                              std::to_string(watchers_.size()) + " progress streams (the limit)");
+    }
     watchers_.push_back(&w);
   }
   auto unregister = [&] {
@@ -412,7 +472,7 @@ grpc::Status AgentService::WatchProgress(grpc::ServerContext* context,
     v1::TrialEvent e;
     e.set_kind(v1::TrialEvent::SNAPSHOT);
     *e.mutable_trial() = ToStatus(r);
-    if (!w.job.empty() && e.trial().job() != w.job) continue;
+    if (!Wanted(w, e.trial())) continue;
     if (!writer->Write(e)) {
       unregister();
       return grpc::Status::OK;  // the client went away
@@ -446,18 +506,38 @@ grpc::Status AgentService::WatchProgress(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
+Status AgentService::DrainUntil(const std::string& reason,
+                                std::chrono::system_clock::time_point deadline) {
+  std::shared_future<Status> drain;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!drain_.valid()) {
+      drain_ = std::async(std::launch::async, [this, reason] {
+                 return scheduler_->Drain(reason);
+               }).share();
+    }
+    drain = drain_;
+  }
+  if (drain.wait_until(deadline) != std::future_status::ready) {
+    return DeadlineExceededError(
+        "the drain goes on (running steps end, then every trial is checkpointed); GetStatus "
+        "reports the trials INTERRUPTED once it is done");
+  }
+  return drain.get();
+}
+
 grpc::Status AgentService::Drain(grpc::ServerContext* context, const v1::DrainRequest*,
                                  v1::DrainResponse* response) {
   std::string why;
   if (!CallerAllowed(context, &why)) return grpc::Status(grpc::PERMISSION_DENIED, why);
-  Status s = scheduler_->Drain("drained");
+  Status s = DrainUntil("drained", context->deadline());
   for (const auto& r : scheduler_->Snapshot()) *response->add_trials() = ToStatus(r);
   Tick();
   return ToGrpc(s);
 }
 
 Status AgentService::Shutdown(const std::string& reason) {
-  Status s = scheduler_->Drain(reason);
+  Status s = DrainUntil(reason, std::chrono::system_clock::time_point::max());
   Tick();
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -476,10 +556,14 @@ std::string AgentService::NotReadyReason() const {
   return "";
 }
 
+bool AgentService::Wanted(const Watcher& w, const v1::TrialStatus& trial) {
+  return (w.job.empty() || trial.job() == w.job) && (w.ns.empty() || trial.namespace_() == w.ns);
+}
+
 void AgentService::Broadcast(v1::TrialEvent event) {
   // Needs mu_ held.
   for (Watcher* w : watchers_) {
-    if (!w->job.empty() && event.trial().job() != w->job) continue;
+    if (!Wanted(*w, event.trial())) continue;
     const std::string& name = event.trial().name();
     auto it = w->pending.find(name);
     if (it == w->pending.end()) {
@@ -499,13 +583,12 @@ void AgentService::Broadcast(v1::TrialEvent event) {
 void AgentService::OnTrialUpdate(const TrialResult& snapshot) {
   v1::TrialEvent event;
   *event.mutable_trial() = ToStatus(snapshot);
-  std::string job;
+  const std::string key = TrialKey(snapshot.trial);
   int64_t read_delta = 0, write_delta = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = trials_.find(snapshot.trial.name);
-    if (it != trials_.end()) job = it->second.job;
-    auto& seen = spill_seen_[snapshot.trial.name];
+    auto it = trials_.find(key);
+    auto& seen = spill_seen_[key];
     // A new run of the trial (resubmitted) restarts the executor's counters.
     if (snapshot.disk_bytes_read < seen.first || snapshot.disk_bytes_written < seen.second) {
       seen = {0, 0};
@@ -519,18 +602,17 @@ void AgentService::OnTrialUpdate(const TrialResult& snapshot) {
     Broadcast(event);
   }
   if (metrics_) {
-    metrics_->SetTrialProgress(event.trial().namespace_(), job, snapshot.trial.name, snapshot.step,
-                               event.trial().train_loss(), event.trial().validation_loss(),
-                               snapshot.tokens_per_second);
+    metrics_->SetTrialProgress(snapshot.trial, snapshot.step, event.trial().train_loss(),
+                               event.trial().validation_loss(), snapshot.tokens_per_second);
     metrics_->AddSpillBytes("disk", "read", read_delta);
     metrics_->AddSpillBytes("disk", "write", write_delta);
   }
 }
 
-void AgentService::OnTrialMessage(const std::string& trial, const std::string& message) {
-  std::fprintf(stderr, "hydra-agent: %s: %s\n", trial.c_str(), message.c_str());
+void AgentService::OnTrialMessage(const Trial& trial, const std::string& message) {
+  std::fprintf(stderr, "hydra-agent: %s: %s\n", TrialDisplayName(trial).c_str(), message.c_str());
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = trials_.find(trial);
+  auto it = trials_.find(TrialKey(trial));
   if (it == trials_.end()) return;
   it->second.warnings.push_back(message);
   if (it->second.warnings.size() > 10) it->second.warnings.erase(it->second.warnings.begin());
@@ -548,7 +630,25 @@ void AgentService::OnCheckpoint(const std::string&, double seconds) {
   if (metrics_) metrics_->ObserveCheckpoint(seconds);
 }
 
+void AgentService::ForgetFinished() {
+  std::vector<std::string> ended;  // oldest first
+  for (const auto& [key, state] : scheduler_->States()) {
+    if (IsFinal(state)) ended.push_back(key);
+  }
+  if (ended.size() <= config_.max_finished_trials) return;
+  ended.resize(ended.size() - config_.max_finished_trials);
+  for (const auto& key : ended) {
+    auto forgotten = scheduler_->Forget(key);
+    if (!forgotten.ok()) continue;  // resubmitted meanwhile
+    if (metrics_) metrics_->RemoveTrial(forgotten->trial);
+    std::lock_guard<std::mutex> lock(mu_);
+    trials_.erase(key);
+    spill_seen_.erase(key);
+  }
+}
+
 void AgentService::Tick() {
+  ForgetFinished();
   const double now = Now();
   const auto busy = scheduler_->BusySeconds();
   std::map<std::string, int64_t> counts;

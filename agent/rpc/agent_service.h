@@ -4,6 +4,8 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -31,10 +33,17 @@ struct AgentConfig {
   std::vector<std::string> checkpoint_roots;
   int64_t host_memory_bytes = 0;  ///< host memory for trials' state; <= 0: 75% of the RAM
   std::string spill_dir;          ///< the executors' spill directory (disk admission)
-  size_t max_trials = 1000;       ///< trials known at once (finished ones count)
-  /// With mutual TLS: the identity (certificate SAN or CN) callers must present; empty: any
-  /// certificate the CA signed.
+  size_t max_trials = 1000;       ///< live trials (pending or running) at once
+  /// Records of ended trials kept for GetStatus; past it the oldest are forgotten (with their
+  /// metric series), so a long-lived agent's memory does not grow with the trials it ran.
+  size_t max_finished_trials = 1000;
+  size_t max_watchers = 16;  ///< concurrent WatchProgress streams
+  /// With mutual TLS: the identity callers must present (a certificate's DNS or URI SAN when
+  /// it has any, else its CN); empty: any certificate the CA signed.
   std::string required_client_identity;
+  /// CPU threads per device, recorded in checkpoints (a resume under another count is not
+  /// bit-exact and says so). 0: unknown.
+  int threads_per_device = 0;
 };
 
 /// hydra-agent's gRPC service (proto/hydra/agent/v1/agent.proto): checks each request, runs the
@@ -58,29 +67,32 @@ class AgentService final : public v1::AgentService::Service, private TrialObserv
   grpc::Status Drain(grpc::ServerContext* context, const v1::DrainRequest* request,
                      v1::DrainResponse* response) override;
 
-  /// Checkpoints every trial (as Drain) and ends the progress streams: SIGTERM's path.
+  /// Checkpoints every trial (as Drain) and ends the progress streams: SIGTERM's path. Waits
+  /// for the drain however long it takes (the kubelet's grace period bounds it).
   Status Shutdown(const std::string& reason);
 
   /// Empty when the agent takes assignments, else why not (for /readyz).
   std::string NotReadyReason() const;
 
-  /// Refreshes device and trial-count metrics and the busy ratios; main calls it every second
-  /// (tests call it directly).
+  /// Refreshes device and trial-count metrics and the busy ratios, and forgets the oldest
+  /// ended trials past max_finished_trials; main calls it every second (tests call it
+  /// directly).
   void Tick();
 
   /// The node's devices as GetStatus reports them.
   std::vector<v1::Device> Devices() const;
 
  private:
+  /// What the agent keeps of a trial besides the scheduler's record; keyed by TrialKey.
   struct TrialInfo {
-    std::string job, ns, checkpoint_dir;
+    std::string checkpoint_dir;  // resolved; checked against the trial's identity
     v1::ShardPlan plan;
     std::string last_state;  // to tell state changes from steps in the event stream
     int64_t attempt = 0;
     std::vector<std::string> warnings;  // the trial's notices, newest last (at most 10)
   };
   struct Watcher {
-    std::string job;                                // filter; empty: all
+    std::string job, ns;                            // filters; empty: all
     std::map<std::string, v1::TrialEvent> pending;  // latest event per trial, coalesced
     std::deque<std::string> order;                  // trials with a pending event, oldest first
     bool dropped = false;
@@ -89,29 +101,44 @@ class AgentService final : public v1::AgentService::Service, private TrialObserv
 
   // TrialObserverInterface, called by the scheduler's threads.
   void OnTrialUpdate(const TrialResult& snapshot) override;
-  void OnTrialMessage(const std::string& trial, const std::string& message) override;
+  void OnTrialMessage(const Trial& trial, const std::string& message) override;
   void OnStep(const std::string& trial, int device, double seconds, int64_t shards,
               bool evaluated) override;
   void OnCheckpoint(const std::string& trial, double seconds) override;
 
-  Status CheckAssignment(const v1::AssignTrialRequest& request, Trial* trial) const;
+  Status CheckAssignment(const v1::AssignTrialRequest& request, Trial* trial,
+                         std::string* checkpoint_dir) const;
+  /// What stops `trial` (its attempt `attempt`, in `dir`) from joining the trials this agent
+  /// holds; an older attempt of it still active here goes into `superseded`.
+  grpc::Status CheckAgainstKnown(const Trial& trial, int64_t attempt, const std::string& dir,
+                                 int64_t* superseded) const;
+  /// Records the fencing token and returns the fence the scheduler calls before each step.
+  StatusOr<std::function<Status()>> Fence(const Trial& trial, int64_t attempt,
+                                          const std::string& dir) const;
   Status Confine(const std::string& field, const std::string& path,
                  const std::vector<std::string>& roots) const;
+  void ForgetFinished();
+  /// Starts the scheduler's drain once (on its own thread) and waits until it ends or
+  /// `deadline`; DEADLINE_EXCEEDED then (the drain goes on).
+  Status DrainUntil(const std::string& reason, std::chrono::system_clock::time_point deadline);
   bool CallerAllowed(grpc::ServerContext* context, std::string* why) const;
   v1::TrialStatus ToStatus(const TrialResult& result) const;
   void Broadcast(v1::TrialEvent event);
+  static bool Wanted(const Watcher& w, const v1::TrialStatus& trial);
 
   AgentConfig config_;
   AgentMetrics* metrics_;
   std::unique_ptr<TrialScheduler> scheduler_;
 
-  mutable std::mutex mu_;  // guards trials_, watchers_, spill_seen_, busy_history_, shut_down_
-  std::map<std::string, TrialInfo> trials_;
+  mutable std::mutex mu_;  // guards trials_, watchers_, spill_seen_, busy_history_, shut_down_,
+                           // drain_
+  std::map<std::string, TrialInfo> trials_;  // by TrialKey
   std::vector<Watcher*> watchers_;
   std::map<std::string, std::pair<int64_t, int64_t>> spill_seen_;    // disk read/written so far
   std::vector<std::deque<std::pair<double, double>>> busy_history_;  // (time, busy seconds)
   std::vector<double> busy_ratio_;
   bool shut_down_ = false;
+  std::shared_future<Status> drain_;  // the drain under way or done; invalid before the first
 };
 
 /// hydra::Status -> grpc::Status (the codes are the same numbers).

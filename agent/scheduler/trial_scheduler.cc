@@ -43,10 +43,14 @@ int64_t FreeDiskBytes(const std::string& dir) {
   return static_cast<int64_t>(vfs.f_bavail) * static_cast<int64_t>(vfs.f_frsize);
 }
 
-/// What a checkpoint carries besides the tensors: enough to continue the trial's record.
-nlohmann::json ProgressMeta(const TrialResult& r, const std::string& fingerprint) {
+/// What a checkpoint carries besides the tensors: enough to continue the trial's record, and
+/// the numeric environment it was trained in.
+nlohmann::json ProgressMeta(const TrialResult& r, const std::string& fingerprint,
+                            const TrialSchedulerOptions& options) {
   return {{"trial", r.trial.name},
           {"fingerprint", fingerprint},
+          {"threads", options.threads},
+          {"cpu", options.cpu},
           {"step", r.step},
           {"wallSeconds", r.wall_seconds},
           {"trainSeconds", r.train_seconds},
@@ -68,6 +72,25 @@ void RestoreProgress(const nlohmann::json& meta, TrialResult* r) {
   }
 }
 
+/// Empty when a resume continues bit-exactly as far as the checkpoint tells (same threads per
+/// device and CPU kind, or either unknown); else the notice that says it does not.
+std::string NumericsNotice(const nlohmann::json& meta, const TrialSchedulerOptions& now) {
+  const int then_threads = meta.value("threads", 0);
+  const std::string then_cpu = meta.value("cpu", "");
+  std::string differs;
+  if (then_threads > 0 && now.threads > 0 && then_threads != now.threads) {
+    differs =
+        std::to_string(then_threads) + " threads per device, now " + std::to_string(now.threads);
+  }
+  if (!then_cpu.empty() && !now.cpu.empty() && then_cpu != now.cpu) {
+    differs += (differs.empty() ? "" : "; ") + ("CPU " + then_cpu + ", now " + now.cpu);
+  }
+  if (differs.empty()) return "";
+  return "the checkpoint was written with " + differs +
+         ": the continuation equals an uninterrupted run within float tolerance only, not "
+         "bit-exactly";
+}
+
 }  // namespace
 
 /// One trial's run-time state. `r` and the executor belong to the thread that holds the trial
@@ -75,6 +98,7 @@ void RestoreProgress(const nlohmann::json& meta, TrialResult* r) {
 struct TrialScheduler::Slot {
   size_t index = 0;
   PreparedTrial p;
+  std::string key;               // TrialKey(p.trial): the trial's identity
   TrialResult r;                 // the worker's record
   double last_step_seconds = 0;  // compute time of its latest optimizer step
   TrialResult published;         // what readers see; copied from r at report points
@@ -171,6 +195,7 @@ Status TrialScheduler::Submit(PreparedTrial trial) {
   slot->r.trial = trial.trial;
   slot->est_step_seconds = trial.est_step_seconds;
   slot->p = std::move(trial);
+  slot->key = TrialKey(slot->p.trial);
   slot->published = slot->r;
   TrialResult snapshot;
   Slot* raw = nullptr;
@@ -180,24 +205,24 @@ Status TrialScheduler::Submit(PreparedTrial trial) {
       return UnavailableError("draining: this node accepts no more trials");
     }
     for (auto& s : slots_) {
-      if (!s->replaced && s->p.trial.name == slot->p.trial.name) {
+      if (!s->replaced && s->key == slot->key) {
         const std::string& state = s->published.state;
         if (state == kTrialPending || state == kTrialRunning || state == kTrialSucceeded) {
-          return AlreadyExistsError("trial " + s->p.trial.name + " is already here (" + state +
-                                    ")");
+          return AlreadyExistsError("trial " + TrialDisplayName(s->p.trial) + " is already here (" +
+                                    state + ")");
         }
       }
     }
     // A trial that failed, was cancelled or interrupted may be assigned again: the new slot
     // replaces the old one in lookups (the old one keeps its schedule index).
     for (auto& s : slots_) {
-      if (s->p.trial.name == slot->p.trial.name) s->replaced = true;
+      if (s->key == slot->key) s->replaced = true;
     }
     if (!clock_started_) {
       start_ = Clock::now();
       clock_started_ = true;
     }
-    slot->index = slots_.size();
+    slot->index = next_index_++;
     snapshot = slot->published;
     raw = slot.get();
     slots_.push_back(std::move(slot));
@@ -212,17 +237,22 @@ Status TrialScheduler::Submit(PreparedTrial trial) {
   return OkStatus();
 }
 
-Status TrialScheduler::Cancel(const std::string& name) {
+TrialScheduler::Slot* TrialScheduler::Find(const std::string& key) const {
+  for (auto& s : slots_) {
+    if (!s->replaced && s->key == key) return s.get();
+  }
+  return nullptr;
+}
+
+Status TrialScheduler::Cancel(const std::string& key) {
   Slot* slot = nullptr;
   {
     std::unique_lock<std::mutex> lock(mu_);
-    for (auto& s : slots_) {
-      if (!s->replaced && s->p.trial.name == name) slot = s.get();
-    }
-    if (slot == nullptr) return NotFoundError("no trial named " + name + " on this node");
+    slot = Find(key);
+    if (slot == nullptr) return NotFoundError("no trial " + key + " on this node");
     if (slot->done) {
-      return FailedPreconditionError("trial " + name + " already ended (" + slot->published.state +
-                                     ")");
+      return FailedPreconditionError("trial " + TrialDisplayName(slot->p.trial) +
+                                     " already ended (" + slot->published.state + ")");
     }
     slot->cancel_requested = true;
     if (slot->running) return OkStatus();  // the worker ends it after the current step
@@ -281,7 +311,7 @@ Status TrialScheduler::Drain(const std::string& reason) {
       }
     }
     if (!finished.ok()) {
-      observer_->OnTrialMessage(slot->r.trial.name,
+      observer_->OnTrialMessage(slot->r.trial,
                                 "finishing the step on drain: " + finished.message());
       if (first.ok()) first = finished;
       EndClaimed(*slot, kTrialInterrupted, reason);
@@ -290,7 +320,7 @@ Status TrialScheduler::Drain(const std::string& reason) {
     if (slot->started && slot->r.step > slot->saved_step) {
       Status s = SaveCheckpoint(*slot);
       if (!s.ok()) {
-        observer_->OnTrialMessage(slot->r.trial.name, "checkpoint on drain: " + s.message());
+        observer_->OnTrialMessage(slot->r.trial, "checkpoint on drain: " + s.message());
         if (first.ok()) first = s;
       }
     }
@@ -327,17 +357,45 @@ std::vector<std::pair<std::string, std::string>> TrialScheduler::States() const 
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::pair<std::string, std::string>> out;
   for (auto& s : slots_) {
-    if (!s->replaced) out.emplace_back(s->p.trial.name, s->published.state);
+    if (!s->replaced) out.emplace_back(s->key, s->published.state);
   }
   return out;
 }
 
-StatusOr<TrialResult> TrialScheduler::Get(const std::string& name) const {
+StatusOr<TrialResult> TrialScheduler::Get(const std::string& key) const {
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto& s : slots_) {
-    if (!s->replaced && s->p.trial.name == name) return s->published;
+  if (const Slot* s = Find(key)) return s->published;
+  return NotFoundError("no trial " + key + " on this node");
+}
+
+StatusOr<TrialResult> TrialScheduler::Forget(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Slot* slot = Find(key);
+  if (slot == nullptr) return NotFoundError("no trial " + key + " on this node");
+  if (!slot->done || slot->running || reporting_ > 0) {
+    return FailedPreconditionError("trial " + key + " has not ended (or is being reported)");
   }
-  return NotFoundError("no trial named " + name + " on this node");
+  TrialResult last = slot->published;
+  // Every slot of the key goes: the current one and the runs it replaced.
+  slots_.erase(std::remove_if(slots_.begin(), slots_.end(),
+                              [&](const std::unique_ptr<Slot>& s) {
+                                return s->key == key && s->done && !s->running;
+                              }),
+               slots_.end());
+  return last;
+}
+
+StatusOr<TrialResult> TrialScheduler::WaitEnded(const std::string& key,
+                                                std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  // Looked up on every wake-up: Forget may drop the slot meanwhile. `done` is set with the
+  // final record published; reporting_ covers its delivery.
+  cv_.wait_until(lock, deadline, [&] {
+    const Slot* slot = Find(key);
+    return slot == nullptr || (slot->done && reporting_ == 0);
+  });
+  if (const Slot* slot = Find(key)) return slot->published;
+  return NotFoundError("no trial " + key + " on this node");
 }
 
 Schedule TrialScheduler::schedule() const {
@@ -410,17 +468,19 @@ void TrialScheduler::Worker(int device) {
       unwritten_disk += s->p.disk_bytes;
     }
     std::vector<RunnableTrial> runnable;
+    std::vector<Slot*> candidates;  // runnable[i] is candidates[i]
     for (auto& s : slots_) {
       if (s->done || !s->admitted || s->running || !s->announced) continue;
       const double remaining =
           s->est_step_seconds * static_cast<double>(s->r.trial.training.steps - s->r.step);
       runnable.push_back({s->index, remaining, s->ready_since, s->r.step});
+      candidates.push_back(s.get());
     }
     if (runnable.empty()) {
       cv_.wait(lock);
       continue;
     }
-    Slot& slot = *slots_[runnable[policy_->Pick(runnable)].index];
+    Slot& slot = *candidates[policy_->Pick(runnable)];
     slot.running = true;
     slot.device = device;
     on_device_[device].push_back(&slot);
@@ -452,7 +512,10 @@ void TrialScheduler::Worker(int device) {
     }
     if (!s.ok()) {
       // ABORTED: fenced off (the trial moved to another agent); not a failure of the trial.
-      slot.r.state = s.code() == StatusCode::kAborted ? kTrialCancelled : kTrialFailed;
+      // UNAVAILABLE: its checkpoint could not be written (a full disk); it can resume.
+      slot.r.state = s.code() == StatusCode::kAborted       ? kTrialCancelled
+                     : s.code() == StatusCode::kUnavailable ? kTrialInterrupted
+                                                            : kTrialFailed;
       slot.r.message = s.message();
       slot.exec.reset();
     }
@@ -519,7 +582,7 @@ Status TrialScheduler::Start(Slot& slot) {
   if (!slot.store->Steps().empty()) {
     std::vector<std::string> warnings;
     auto ckpt = slot.store->LoadLatest(&warnings);
-    for (const auto& w : warnings) observer_->OnTrialMessage(trial.name, w);
+    for (const auto& w : warnings) observer_->OnTrialMessage(trial, w);
     if (!ckpt.ok()) return ckpt.status().WithContext("resuming " + trial.name);
     const std::string found = ckpt->meta.value("fingerprint", "");
     if (found != slot.p.fingerprint) {
@@ -538,8 +601,11 @@ Status TrialScheduler::Start(Slot& slot) {
     r->resumed_from_step = r->step;
     r->last_checkpoint_step = r->step;
     slot.saved_step = r->step;
-    observer_->OnTrialMessage(trial.name,
+    observer_->OnTrialMessage(trial,
                               "resumed from the checkpoint of step " + std::to_string(r->step));
+    if (std::string n = NumericsNotice(ckpt->meta, options_); !n.empty()) {
+      observer_->OnTrialMessage(trial, n);
+    }
   }
   slot.started = true;
   r->state = kTrialRunning;
@@ -551,8 +617,15 @@ Status TrialScheduler::SaveCheckpoint(Slot& slot) {
   const auto t0 = Clock::now();
   auto state = slot.exec->ExportState();
   if (!state.ok()) return state.status();
-  CheckpointData c{ProgressMeta(slot.r, slot.p.fingerprint), std::move(state).value()};
-  RETURN_IF_ERROR(slot.store->Save(slot.r.step, c));
+  CheckpointData c{ProgressMeta(slot.r, slot.p.fingerprint, options_), std::move(state).value()};
+  if (Status saved = slot.store->Save(slot.r.step, c); !saved.ok()) {
+    // A full disk is the storage's problem, not the trial's: it can resume from its previous
+    // checkpoint (here once space is freed, or on another node).
+    if (saved.code() != StatusCode::kResourceExhausted) return saved;
+    return UnavailableError("checkpoint of step " + std::to_string(slot.r.step) + ": " +
+                            saved.message() +
+                            "; the trial can resume from its previous checkpoint");
+  }
   slot.saved_step = slot.r.step;
   slot.r.last_checkpoint_step = slot.r.step;
   observer_->OnCheckpoint(slot.r.trial.name, Seconds(Clock::now() - t0));
@@ -576,7 +649,7 @@ Status TrialScheduler::AfterStep(Slot& slot, const executor::StepMetrics& m, boo
   const auto start = Clock::now();
   slot.last_step_seconds = m.seconds;
   r->step = slot.exec->step();
-  r->train_curve.push_back({r->step, m.loss});
+  AppendBounded(&r->train_curve, {r->step, m.loss});
   r->last_loss = m.loss;
   r->train_seconds += m.seconds;
   r->trained_tokens += m.tokens;
@@ -589,7 +662,7 @@ Status TrialScheduler::AfterStep(Slot& slot, const executor::StepMetrics& m, boo
   if (tr.eval_every_steps > 0 && r->step % tr.eval_every_steps == 0 && r->step < tr.steps) {
     auto val = slot.exec->Evaluate();
     if (!val.ok()) return val.status();
-    r->val_curve.push_back({r->step, *val});
+    AppendBounded(&r->val_curve, {r->step, *val});
     *evaluated = true;
   }
   r->wall_seconds += m.seconds + Seconds(Clock::now() - start);
@@ -614,7 +687,7 @@ Status TrialScheduler::Finish(Slot& slot) {
   if (r->val_curve.empty() || r->val_curve.back().step != r->step) {
     auto val = slot.exec->Evaluate();
     if (!val.ok()) return val.status();
-    r->val_curve.push_back({r->step, *val});
+    AppendBounded(&r->val_curve, {r->step, *val});
   }
   r->final_val_loss = r->val_curve.back().loss;
   r->final_train_loss = MeanOfLast(r->train_curve, 10);

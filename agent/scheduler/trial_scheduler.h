@@ -28,7 +28,7 @@ class TrialObserverInterface {
   /// After every step, evaluation and state change; `snapshot` is a copy.
   virtual void OnTrialUpdate(const TrialResult& snapshot) = 0;
   /// A notice about one trial (a corrupt checkpoint skipped, a resume).
-  virtual void OnTrialMessage(const std::string& trial, const std::string& message) = 0;
+  virtual void OnTrialMessage(const Trial& trial, const std::string& message) = 0;
   /// One optimizer step ran on `device` for `seconds`, as `shards` shard-tasks per phase;
   /// `evaluated` when an evaluation followed it.
   virtual void OnStep(const std::string& trial, int device, double seconds, int64_t shards,
@@ -58,6 +58,11 @@ struct TrialSchedulerOptions {
   std::function<int64_t(const std::string& dir)> free_disk_bytes = {};
   /// Keep every step in schedule() (the local runner draws it); a long-lived agent does not.
   bool record_schedule = true;
+  /// The numeric environment trials train in (float results are bit-identical only for the
+  /// same thread count per device and CPU kind): recorded in every checkpoint; a resume under
+  /// another is reported as a notice. 0 / empty: unknown (not compared).
+  int threads = 0;
+  std::string cpu = {};
 };
 
 /// A trial that passed the checks and can be queued: what Prepare returns.
@@ -96,14 +101,15 @@ class TrialScheduler {
   /// the host memory. No side effects besides caching the opened dataset.
   StatusOr<PreparedTrial> Prepare(const Trial& trial, const std::string& checkpoint_dir);
 
-  /// Queues a prepared trial. ALREADY_EXISTS if a trial of that name is known (and not
-  /// cancelled, failed or interrupted: those are replaced), UNAVAILABLE while draining.
+  /// Queues a prepared trial. Trials are known by TrialKey (their identity). ALREADY_EXISTS if
+  /// a trial of that identity is known (and not cancelled, failed or interrupted: those are
+  /// replaced), UNAVAILABLE while draining.
   Status Submit(PreparedTrial trial);
 
-  /// Stops a trial: now if it is not running, else after its current step. Its executor (and
-  /// spill files) are freed; its checkpoints stay. NOT_FOUND for an unknown trial,
-  /// FAILED_PRECONDITION for one that already ended.
-  Status Cancel(const std::string& name);
+  /// Stops the trial of identity `key` (TrialKey): now if it is not running, else after its
+  /// current step. Its executor (and spill files) are freed; its checkpoints stay. NOT_FOUND
+  /// for an unknown trial, FAILED_PRECONDITION for one that already ended.
+  Status Cancel(const std::string& key);
 
   /// Stops accepting trials, lets running steps end, then checkpoints every started,
   /// unfinished trial and marks every unfinished trial Interrupted with message
@@ -119,10 +125,17 @@ class TrialScheduler {
 
   /// Every trial submitted, in submission order.
   std::vector<TrialResult> Snapshot() const;
-  /// Name and state of every trial, in submission order (cheap: no curves are copied).
+  /// Key (TrialKey) and state of every trial, in submission order (cheap: no curves copied).
   std::vector<std::pair<std::string, std::string>> States() const;
-  /// One trial; NOT_FOUND if unknown.
-  StatusOr<TrialResult> Get(const std::string& name) const;
+  /// One trial by its key; NOT_FOUND if unknown.
+  StatusOr<TrialResult> Get(const std::string& key) const;
+  /// Drops an ended trial's record (a long-lived agent keeps only so many) and returns it;
+  /// NOT_FOUND if unknown, FAILED_PRECONDITION if it has not ended.
+  StatusOr<TrialResult> Forget(const std::string& key);
+  /// Waits until the trial of `key` ended (and its last update reached the observer) or
+  /// `deadline` passed, and returns it as it then stands; NOT_FOUND if unknown.
+  StatusOr<TrialResult> WaitEnded(const std::string& key,
+                                  std::chrono::steady_clock::time_point deadline);
 
   /// The optimizer steps run so far (seconds since the first Submit), busy seconds per device and
   /// the makespan so far. Task `trial` fields are submission indices.
@@ -138,6 +151,7 @@ class TrialScheduler {
 
  private:
   struct Slot;
+  Slot* Find(const std::string& key) const;  // the current slot of a key; needs mu_ held
   Status Start(Slot& slot);
   /// Runs the trial's next shard-task; when it ends an optimizer step, does the step's
   /// bookkeeping (curves, evaluation, checkpoint) and sets *stepped.
@@ -160,6 +174,7 @@ class TrialScheduler {
   mutable std::mutex mu_;  // guards everything below but the slots' worker-owned fields
   std::condition_variable cv_;
   std::vector<std::unique_ptr<Slot>> slots_;
+  size_t next_index_ = 0;  // the next Submit's index (its place in the schedule)
   std::map<std::pair<std::string, int64_t>, std::shared_ptr<const executor::TokenDataset>> data_;
   Schedule schedule_;
   std::vector<double> busy_;

@@ -3,6 +3,8 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/security/credentials.h>
 
+#include <set>
+
 #include "common/file_util.h"
 
 namespace hydra::controller {
@@ -19,8 +21,9 @@ hydra::Status FromGrpc(const grpc::Status& s, const std::string& what) {
 
 StatusOr<std::unique_ptr<GrpcAgentPool>> GrpcAgentPool::Create(
     const AgentTls& tls, std::chrono::milliseconds refresh, std::chrono::milliseconds rpc_timeout,
-    std::chrono::milliseconds status_timeout) {
+    std::chrono::milliseconds status_timeout, std::chrono::milliseconds forget_after) {
   std::unique_ptr<GrpcAgentPool> pool(new GrpcAgentPool());
+  pool->forget_after_ = forget_after;
   pool->refresh_ = refresh;
   pool->rpc_timeout_ = rpc_timeout;
   pool->status_timeout_ = status_timeout;
@@ -42,16 +45,20 @@ StatusOr<std::unique_ptr<GrpcAgentPool>> GrpcAgentPool::Create(
     pool->creds_ = grpc::SslCredentials(o);
     pool->server_name_ = tls.server_name;
   }
-  pool->thread_ = std::thread(&GrpcAgentPool::Loop, pool.get());
   return pool;
 }
 
 GrpcAgentPool::~GrpcAgentPool() {
-  stop_ = true;
-  if (thread_.joinable()) thread_.join();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [endpoint, e] : entries_) {
+      if (e.poller) retired_.push_back(std::move(e.poller));
+    }
+  }
+  Reap(/*all=*/true);
 }
 
-v1::AgentService::Stub* GrpcAgentPool::StubFor(const std::string& endpoint) {
+std::shared_ptr<v1::AgentService::Stub> GrpcAgentPool::StubFor(const std::string& endpoint) {
   std::lock_guard<std::mutex> lock(mu_);
   auto& e = entries_[endpoint];
   if (!e.stub) {
@@ -59,7 +66,7 @@ v1::AgentService::Stub* GrpcAgentPool::StubFor(const std::string& endpoint) {
     if (!server_name_.empty()) args.SetSslTargetNameOverride(server_name_);
     e.stub = v1::AgentService::NewStub(grpc::CreateCustomChannel(endpoint, creds_, args));
   }
-  return e.stub.get();
+  return e.stub;
 }
 
 hydra::Status GrpcAgentPool::Assign(const std::string& endpoint,
@@ -71,16 +78,17 @@ hydra::Status GrpcAgentPool::Assign(const std::string& endpoint,
                   "AssignTrial " + request.trial().name() + " on " + endpoint);
 }
 
-hydra::Status GrpcAgentPool::Cancel(const std::string& endpoint, const std::string& trial,
+hydra::Status GrpcAgentPool::Cancel(const std::string& endpoint, const v1::TrialRef& trial,
                                     bool delete_checkpoints) {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + rpc_timeout_ + std::chrono::seconds(30));
   v1::CancelTrialRequest req;
-  req.set_name(trial);
+  *req.mutable_trial() = trial;
   req.set_delete_checkpoints(delete_checkpoints);
   v1::CancelTrialResponse resp;
   return FromGrpc(StubFor(endpoint)->CancelTrial(&ctx, req, &resp),
-                  "CancelTrial " + trial + " on " + endpoint);
+                  "CancelTrial " + trial.namespace_() + "/" + trial.job() + "/" + trial.name() +
+                      " on " + endpoint);
 }
 
 StatusOr<v1::GetStatusResponse> GrpcAgentPool::LastStatus(const std::string& endpoint) {
@@ -108,11 +116,60 @@ StatusOr<v1::GetStatusResponse> GrpcAgentPool::LastStatus(const std::string& end
 }
 
 void GrpcAgentPool::Track(const std::vector<std::string>& endpoints) {
+  const std::set<std::string> want(endpoints.begin(), endpoints.end());
+  for (const auto& e : want) StubFor(e);
+  const auto now = Clock::now();
   {
     std::lock_guard<std::mutex> lock(mu_);
-    tracked_ = endpoints;
+    for (auto it = entries_.begin(); it != entries_.end();) {
+      if (want.count(it->first)) it->second.last_wanted = now;
+      if (now - it->second.last_wanted <= forget_after_) {
+        ++it;
+        continue;
+      }
+      if (it->second.poller) {
+        it->second.poller->stop = true;
+        it->second.poller->cv.notify_all();
+        retired_.push_back(std::move(it->second.poller));
+      }
+      it = entries_.erase(it);
+    }
+    for (const auto& endpoint : want) {
+      auto& e = entries_[endpoint];
+      if (e.poller) continue;
+      e.poller = std::make_shared<Poller>();
+      e.poller->thread = std::thread(&GrpcAgentPool::Poll, this, endpoint, e.poller);
+    }
   }
-  for (const auto& e : endpoints) StubFor(e);
+  Reap(/*all=*/false);
+}
+
+size_t GrpcAgentPool::pollers() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t n = 0;
+  for (const auto& [endpoint, e] : entries_) n += e.poller != nullptr;
+  for (const auto& p : retired_) n += !p->finished;
+  return n;
+}
+
+void GrpcAgentPool::Reap(bool all) {
+  std::vector<std::shared_ptr<Poller>> done;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = retired_.begin(); it != retired_.end();) {
+      if (all || (*it)->finished) {
+        (*it)->stop = true;
+        (*it)->cv.notify_all();
+        done.push_back(std::move(*it));
+        it = retired_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& p : done) {
+    if (p->thread.joinable()) p->thread.join();
+  }
 }
 
 double GrpcAgentPool::SecondsSinceContact(const std::string& endpoint) {
@@ -123,14 +180,17 @@ double GrpcAgentPool::SecondsSinceContact(const std::string& endpoint) {
   return std::chrono::duration<double>(Clock::now() - since).count();
 }
 
-void GrpcAgentPool::Refresh(const std::string& endpoint) {
-  auto* stub = StubFor(endpoint);
+void GrpcAgentPool::Refresh(const std::string& endpoint, const Poller* poller) {
+  auto stub = StubFor(endpoint);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + status_timeout_);
   v1::GetStatusResponse resp;
   grpc::Status s = stub->GetStatus(&ctx, {}, &resp);
   std::lock_guard<std::mutex> lock(mu_);
-  auto& e = entries_[endpoint];
+  auto it = entries_.find(endpoint);
+  // A retired poller's late answer is dropped: the endpoint left (or came back anew).
+  if (it == entries_.end() || (poller != nullptr && it->second.poller.get() != poller)) return;
+  auto& e = it->second;
   e.last_ok = s.ok();
   if (s.ok()) {
     e.last = std::move(resp);
@@ -143,30 +203,17 @@ void GrpcAgentPool::Refresh(const std::string& endpoint) {
 }
 
 StatusOr<v1::GetStatusResponse> GrpcAgentPool::FreshStatus(const std::string& endpoint) {
-  Refresh(endpoint);
+  Refresh(endpoint, nullptr);
   return LastStatus(endpoint);
 }
 
-void GrpcAgentPool::RefreshAll() {
-  std::vector<std::string> endpoints;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    endpoints = tracked_;
+void GrpcAgentPool::Poll(std::string endpoint, std::shared_ptr<Poller> poller) {
+  while (!poller->stop) {
+    Refresh(endpoint, poller.get());
+    std::unique_lock<std::mutex> lock(poller->mu);
+    poller->cv.wait_for(lock, refresh_, [&] { return poller->stop.load(); });
   }
-  // All at once: an endpoint whose calls hang until the deadline delays no other.
-  std::vector<std::thread> polls;
-  polls.reserve(endpoints.size());
-  for (const auto& endpoint : endpoints)
-    polls.emplace_back([this, endpoint] { Refresh(endpoint); });
-  for (auto& t : polls) t.join();
-}
-
-void GrpcAgentPool::Loop() {
-  while (!stop_) {
-    RefreshAll();
-    const auto end = Clock::now() + refresh_;
-    while (!stop_ && Clock::now() < end) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  poller->finished = true;
 }
 
 }  // namespace hydra::controller

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -34,65 +35,81 @@ class AgentPoolInterface {
   virtual ~AgentPoolInterface() = default;
   virtual Status Assign(const std::string& endpoint, const v1::AssignTrialRequest& request,
                         v1::AssignTrialResponse* response) = 0;
-  virtual Status Cancel(const std::string& endpoint, const std::string& trial,
+  /// Cancels exactly the trial `trial` names (namespace, job, job uid and name).
+  virtual Status Cancel(const std::string& endpoint, const v1::TrialRef& trial,
                         bool delete_checkpoints) = 0;
   /// The latest GetStatus of `endpoint` (refreshed in the background); NOT_FOUND if it was
   /// never reached, UNAVAILABLE if the last refresh failed (with the age of the data).
   virtual StatusOr<v1::GetStatusResponse> LastStatus(const std::string& endpoint) = 0;
   /// Asks the agent now (not the background copy); updates the copy.
   virtual StatusOr<v1::GetStatusResponse> FreshStatus(const std::string& endpoint) = 0;
-  /// The endpoints to keep refreshing (the inventory's agents and those holding trials).
+  /// Endpoints to keep refreshing (the inventory's agents and those holding one job's trials;
+  /// each job's pass tracks its own). An endpoint that no call has named for a while (the
+  /// pool's `forget_after`) stops being polled and is forgotten.
   virtual void Track(const std::vector<std::string>& endpoints) = 0;
   /// Seconds since `endpoint` last answered (since tracking began if it never did).
   virtual double SecondsSinceContact(const std::string& endpoint) = 0;
 };
 
-/// gRPC implementation: one channel per endpoint, GetStatus polled every `refresh` on every
-/// tracked endpoint at once (a silent one does not hold up the others), each call bounded by
+/// gRPC implementation: one channel and one long-lived poller thread per tracked endpoint,
+/// calling GetStatus every `refresh` (a silent agent holds up no other), each call bounded by
 /// `status_timeout`. A copy older than `refresh + status_timeout` (a call hangs: the network
 /// is cut) reads UNAVAILABLE, so a cut-off agent is not reported alive from its last answer.
+/// An endpoint no Track call has named for `forget_after` loses its poller and its entry.
 class GrpcAgentPool : public AgentPoolInterface {
  public:
   static StatusOr<std::unique_ptr<GrpcAgentPool>> Create(
       const AgentTls& tls, std::chrono::milliseconds refresh = std::chrono::milliseconds(1000),
       std::chrono::milliseconds rpc_timeout = std::chrono::milliseconds(10000),
-      std::chrono::milliseconds status_timeout = std::chrono::milliseconds(3000));
+      std::chrono::milliseconds status_timeout = std::chrono::milliseconds(3000),
+      std::chrono::milliseconds forget_after = std::chrono::minutes(10));
   ~GrpcAgentPool() override;
 
   Status Assign(const std::string& endpoint, const v1::AssignTrialRequest& request,
                 v1::AssignTrialResponse* response) override;
-  Status Cancel(const std::string& endpoint, const std::string& trial,
+  Status Cancel(const std::string& endpoint, const v1::TrialRef& trial,
                 bool delete_checkpoints) override;
   StatusOr<v1::GetStatusResponse> LastStatus(const std::string& endpoint) override;
   void Track(const std::vector<std::string>& endpoints) override;
   StatusOr<v1::GetStatusResponse> FreshStatus(const std::string& endpoint) override;
   double SecondsSinceContact(const std::string& endpoint) override;
 
-  /// Refreshes every tracked endpoint now (the background thread does this periodically).
-  void RefreshAll();
+  /// Pollers running now (one per tracked endpoint; tests check that none leak).
+  size_t pollers() const;
 
  private:
+  /// One endpoint's poller: stopped and joined when the endpoint is no longer tracked.
+  struct Poller {
+    std::atomic<bool> stop{false}, finished{false};
+    std::mutex mu;
+    std::condition_variable cv;
+    std::thread thread;
+  };
   struct Entry {
-    std::unique_ptr<v1::AgentService::Stub> stub;
+    std::shared_ptr<v1::AgentService::Stub> stub;
     v1::GetStatusResponse last;
     bool ever_ok = false, last_ok = false;
     std::string last_error;
     std::chrono::steady_clock::time_point last_ok_at;
     std::chrono::steady_clock::time_point tracked_since = std::chrono::steady_clock::now();
+    std::chrono::steady_clock::time_point last_wanted = tracked_since;  // latest Track naming it
+    std::shared_ptr<Poller> poller;
   };
   GrpcAgentPool() = default;
-  v1::AgentService::Stub* StubFor(const std::string& endpoint);
-  void Refresh(const std::string& endpoint);
-  void Loop();
+  std::shared_ptr<v1::AgentService::Stub> StubFor(const std::string& endpoint);
+  /// One GetStatus; the answer is kept if `poller` still owns the endpoint (null: always).
+  void Refresh(const std::string& endpoint, const Poller* poller);
+  void Poll(std::string endpoint, std::shared_ptr<Poller> poller);
+  /// Joins retired pollers that finished (all of them with `all`); needs mu_ not held.
+  void Reap(bool all);
 
   std::shared_ptr<grpc::ChannelCredentials> creds_;
   std::string server_name_;
   std::chrono::milliseconds refresh_{1000}, rpc_timeout_{10000}, status_timeout_{3000};
-  std::mutex mu_;
+  std::chrono::milliseconds forget_after_{600000};
+  mutable std::mutex mu_;
   std::map<std::string, Entry> entries_;
-  std::vector<std::string> tracked_;
-  std::atomic<bool> stop_{false};
-  std::thread thread_;
+  std::vector<std::shared_ptr<Poller>> retired_;  // stopped, maybe not yet joined
 };
 
 /// grpc::Status -> hydra::Status (same code numbers), with the endpoint in the message.

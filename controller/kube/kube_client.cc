@@ -77,6 +77,7 @@ bool IsGone(const Status& s) { return s.code() == StatusCode::kOutOfRange; }
 
 struct KubeClient::Impl {
   KubeConfig config;
+  std::unique_ptr<TokenFile> token_file;  // set when the token comes from a file
   RetryPolicy retry;
   http::client::http_client_config http_config;
   std::unique_ptr<http::client::http_client> client;
@@ -87,9 +88,8 @@ struct KubeClient::Impl {
     req.set_request_uri(path_and_query);
     req.headers().add("Accept", "application/json");
     req.headers().add("User-Agent", "hydra-controller");
-    if (!config.bearer_token.empty()) {
-      req.headers().add("Authorization", "Bearer " + config.bearer_token);
-    }
+    const std::string token = token_file ? token_file->Current() : config.bearer_token;
+    if (!token.empty()) req.headers().add("Authorization", "Bearer " + token);
     return req;
   }
 
@@ -165,6 +165,9 @@ StatusOr<std::unique_ptr<KubeClient>> KubeClient::Create(const KubeConfig& confi
   }
   auto impl = std::make_unique<Impl>();
   impl->config = config;
+  if (!config.token_file.empty()) {
+    impl->token_file = std::make_unique<TokenFile>(config.token_file, config.bearer_token);
+  }
   impl->retry = retry;
   impl->http_config.set_timeout(std::chrono::seconds(60));
   impl->http_config.set_validate_certificates(!config.insecure_skip_tls_verify);

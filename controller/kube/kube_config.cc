@@ -100,7 +100,11 @@ StatusOr<KubeConfig> LoadKubeconfig(const std::string& path, const std::string& 
       if (user["token"]) {
         config.bearer_token = user["token"].as<std::string>();
       } else if (user["tokenFile"]) {
-        ASSIGN_OR_RETURN(config.bearer_token, ReadFile(user["tokenFile"].as<std::string>()));
+        config.token_file = user["tokenFile"].as<std::string>();
+        if (fs::path(config.token_file).is_relative()) {
+          config.token_file = (fs::path(dir) / config.token_file).string();
+        }
+        ASSIGN_OR_RETURN(config.bearer_token, ReadFile(config.token_file));
       }
       if (user["exec"] || user["auth-provider"]) {
         return UnimplementedError(
@@ -112,10 +116,7 @@ StatusOr<KubeConfig> LoadKubeconfig(const std::string& path, const std::string& 
   } catch (const YAML::Exception& e) {
     return InvalidArgumentError(path + ": malformed kubeconfig: " + e.msg);
   }
-  while (!config.bearer_token.empty() &&
-         (config.bearer_token.back() == '\n' || config.bearer_token.back() == '\r')) {
-    config.bearer_token.pop_back();
-  }
+  config.bearer_token = TrimToken(config.bearer_token);
   return config;
 }
 
@@ -131,14 +132,39 @@ StatusOr<KubeConfig> InClusterConfig(const std::string& secrets_dir) {
   std::string h = host;
   if (h.find(':') != std::string::npos) h = "[" + h + "]";  // IPv6
   config.server = "https://" + h + ":" + port;
-  ASSIGN_OR_RETURN(config.bearer_token, ReadFile(secrets_dir + "/token"));
-  while (!config.bearer_token.empty() && config.bearer_token.back() == '\n')
-    config.bearer_token.pop_back();
+  config.token_file = secrets_dir + "/token";
+  ASSIGN_OR_RETURN(config.bearer_token, ReadFile(config.token_file));
+  config.bearer_token = TrimToken(config.bearer_token);
   ASSIGN_OR_RETURN(config.ca_pem, ReadFile(secrets_dir + "/ca.crt"));
   if (auto ns = ReadFile(secrets_dir + "/namespace"); ns.ok() && !ns->empty()) {
     config.default_namespace = *ns;
   }
   return config;
+}
+
+std::string TrimToken(std::string token) {
+  while (!token.empty() && (token.back() == '\n' || token.back() == '\r')) token.pop_back();
+  return token;
+}
+
+TokenFile::TokenFile(std::string path, std::string initial)
+    : path_(std::move(path)), token_(std::move(initial)) {
+  ::stat(path_.c_str(), &seen_);
+}
+
+std::string TokenFile::Current() {
+  std::lock_guard<std::mutex> lock(mu_);
+  struct stat now {};
+  if (::stat(path_.c_str(), &now) != 0) return token_;
+  const bool changed = now.st_ino != seen_.st_ino || now.st_size != seen_.st_size ||
+                       now.st_mtim.tv_sec != seen_.st_mtim.tv_sec ||
+                       now.st_mtim.tv_nsec != seen_.st_mtim.tv_nsec;
+  if (!changed) return token_;
+  if (auto text = ReadFile(path_); text.ok() && !TrimToken(*text).empty()) {
+    token_ = TrimToken(*text);
+    seen_ = now;
+  }
+  return token_;
 }
 
 StatusOr<KubeConfig> DefaultKubeConfig(const std::string& explicit_path) {

@@ -1,5 +1,8 @@
 #pragma once
 
+#include <sys/stat.h>
+
+#include <mutex>
 #include <string>
 
 #include "common/status.h"
@@ -13,6 +16,9 @@ struct KubeConfig {
   std::string client_cert_pem;  ///< client certificate (chain), with client_key_pem
   std::string client_key_pem;
   std::string bearer_token;
+  /// Where bearer_token came from, if a file: read again whenever it changes (kubelet rotates
+  /// projected service-account tokens in place).
+  std::string token_file;
   bool insecure_skip_tls_verify = false;
   std::string default_namespace = "default";
   std::string source;  ///< where it came from, for error messages
@@ -28,6 +34,25 @@ StatusOr<KubeConfig> LoadKubeconfig(const std::string& path, const std::string& 
 /// CA and namespace under `secrets_dir`. FAILED_PRECONDITION outside a pod.
 StatusOr<KubeConfig> InClusterConfig(
     const std::string& secrets_dir = "/var/run/secrets/kubernetes.io/serviceaccount");
+
+/// A bearer token file, read again whenever it changes (its inode, size or modification
+/// time): a rotated token is used from the next request on. Thread-safe.
+class TokenFile {
+ public:
+  /// `initial` is the token already read from `path`.
+  TokenFile(std::string path, std::string initial);
+  /// The current token; the last one read while the file cannot be read.
+  std::string Current();
+
+ private:
+  std::string path_;
+  std::mutex mu_;
+  std::string token_;
+  struct stat seen_ {};
+};
+
+/// A token file's text without trailing newlines.
+std::string TrimToken(std::string token);
 
 /// What kubectl would use: `explicit_path` if given, else $KUBECONFIG (its first file), else
 /// ~/.kube/config if it exists, else the in-cluster configuration.

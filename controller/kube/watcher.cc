@@ -125,6 +125,7 @@ void Watcher::Run() {
     if (s.ok()) {
       backoff = options_.initial_backoff;  // the server ended the watch: resume at once
     } else if (IsGone(s)) {
+      ++expired_;
       need_list = true;  // our resourceVersion expired: relist and report the difference
     } else {
       sleep(backoff);

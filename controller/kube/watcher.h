@@ -43,6 +43,9 @@ class Watcher {
   bool synced() const { return synced_.load(); }
   /// Times the watcher listed (1 + relists after 410 Gone).
   int lists() const { return lists_.load(); }
+  /// Watches the server answered 410 Gone (the resourceVersion was compacted away): each one
+  /// is followed by a relist.
+  int expired() const { return expired_.load(); }
   /// The last error a list or watch returned (OK if none since the last success).
   Status last_error() const;
   /// The objects as last seen, by "namespace/name".
@@ -58,7 +61,7 @@ class Watcher {
   Handler handler_;
   WatcherOptions options_;
   std::atomic<bool> stop_{false}, synced_{false};
-  std::atomic<int> lists_{0};
+  std::atomic<int> lists_{0}, expired_{0};
   std::string resource_version_;
   mutable std::mutex mu_;  // guards store_, last_error_
   std::map<std::string, Json> store_;

@@ -5,7 +5,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "common/cost_model.h"
 #include "common/units.h"
@@ -23,6 +26,52 @@ int64_t AgentInventory::FreeBytes() const {
   for (const auto& d : devices) f += d.free_bytes;
   return dcgm_free_bytes >= 0 ? std::min(f, dcgm_free_bytes) : f;
 }
+
+namespace {
+
+/// One vector sample: string labels and a finite value; an error says what is wrong.
+StatusOr<PrometheusClient::Sample> ParseSample(const nlohmann::json& r) {
+  PrometheusClient::Sample s;
+  if (!r.is_object() || !r.contains("metric") || !r["metric"].is_object()) {
+    return InvalidArgumentError("no label set");
+  }
+  for (const auto& [k, v] : r["metric"].items()) {
+    if (!v.is_string()) return InvalidArgumentError("label " + k + " is not a string");
+    s.labels[k] = v.get<std::string>();
+  }
+  const auto& value = r.contains("value") ? r["value"] : nlohmann::json();
+  if (!value.is_array() || value.size() != 2 || !value[1].is_string()) {
+    return InvalidArgumentError("no [time, \"value\"] pair");
+  }
+  const std::string text = value[1].get<std::string>();
+  char* end = nullptr;
+  s.value = std::strtod(text.c_str(), &end);
+  if (end == text.c_str() || *end != '\0' || !std::isfinite(s.value)) {
+    return InvalidArgumentError("value '" + text + "' is not a finite number");
+  }
+  return s;
+}
+
+/// A byte count from a sample: whole, >= 0 and below 2^62; nullopt (logged) otherwise.
+std::optional<int64_t> Bytes(const PrometheusClient::Sample& s, double scale, const char* what) {
+  const double v = s.value * scale;
+  if (v >= 0 && v < 4.6e18) return static_cast<int64_t>(v);
+  std::fprintf(stderr, "hydra-controller: skipping %s of %g bytes (out of range)\n", what, v);
+  return std::nullopt;
+}
+
+/// `metric` restricted to the agents' own scrape job (PromQL string escaping).
+std::string FromJob(const std::string& metric, const std::string& job) {
+  if (job.empty()) return metric;
+  std::string quoted;
+  for (char ch : job) {
+    if (ch == '\\' || ch == '"') quoted += '\\';
+    quoted += ch;
+  }
+  return metric + "{job=\"" + quoted + "\"}";
+}
+
+}  // namespace
 
 PrometheusClient::PrometheusClient(std::string base_url) : base_url_(std::move(base_url)) {
   while (!base_url_.empty() && base_url_.back() == '/') base_url_.pop_back();
@@ -46,54 +95,64 @@ StatusOr<std::vector<PrometheusClient::Sample>> PrometheusClient::Query(
     return UnavailableError("Prometheus at " + base_url_ + ": " + e.what());
   }
   auto j = nlohmann::json::parse(body, nullptr, false);
-  if (j.is_discarded() || j.value("status", "") != "success") {
-    return UnavailableError(
-        "Prometheus at " + base_url_ + " answered " + std::to_string(code) + " to '" + promql +
-        "': " + (j.is_discarded() ? body.substr(0, 200) : j.value("error", "")));
+  const bool usable = j.is_object() && j.value("status", "") == "success" && j.contains("data") &&
+                      j["data"].is_object() && j["data"].contains("result") &&
+                      j["data"]["result"].is_array();
+  if (!usable) {
+    const std::string error = j.is_object() && j.contains("error") && j["error"].is_string()
+                                  ? j["error"].get<std::string>()
+                                  : body.substr(0, 200);
+    return UnavailableError("Prometheus at " + base_url_ + " answered " + std::to_string(code) +
+                            " to '" + promql + "': " + error);
   }
   std::vector<Sample> out;
   for (const auto& r : j["data"]["result"]) {
-    Sample s;
-    for (const auto& [k, v] : r["metric"].items()) s.labels[k] = v.get<std::string>();
-    try {
-      s.value = std::stod(r["value"][1].get<std::string>());
-    } catch (...) {
-      continue;  // garbage: not a usable sample
+    auto sample = ParseSample(r);
+    if (!sample.ok()) {
+      std::fprintf(stderr, "hydra-controller: skipping a sample of '%s': %s\n", promql.c_str(),
+                   sample.status().message().c_str());
+      continue;
     }
-    if (!std::isfinite(s.value)) continue;  // NaN / Inf: no usable value either
-    out.push_back(std::move(s));
+    out.push_back(std::move(sample).value());
   }
   return out;
 }
 
-StatusOr<std::vector<AgentInventory>> FetchInventory(const PrometheusClient& prometheus) {
-  ASSIGN_OR_RETURN(auto info, prometheus.Query("hydra_agent_info"));
-  ASSIGN_OR_RETURN(auto total, prometheus.Query("hydra_device_memory_total_bytes"));
-  ASSIGN_OR_RETURN(auto free, prometheus.Query("hydra_device_memory_free_bytes"));
+StatusOr<std::vector<AgentInventory>> FetchInventory(const PrometheusClient& prometheus,
+                                                     const std::string& agent_scrape_job) {
+  ASSIGN_OR_RETURN(auto info, prometheus.Query(FromJob("hydra_agent_info", agent_scrape_job)));
+  ASSIGN_OR_RETURN(auto total,
+                   prometheus.Query(FromJob("hydra_device_memory_total_bytes", agent_scrape_job)));
+  ASSIGN_OR_RETURN(auto free,
+                   prometheus.Query(FromJob("hydra_device_memory_free_bytes", agent_scrape_job)));
   // dcgm-exporter is optional: a failed query only means no DCGM data.
   auto dcgm = prometheus.Query("DCGM_FI_DEV_FB_FREE");
+  auto label = [](const PrometheusClient::Sample& s, const char* key) {
+    auto it = s.labels.find(key);
+    return it == s.labels.end() ? std::string() : it->second;
+  };
   std::map<std::string, AgentInventory> by_node;
   for (const auto& s : info) {
-    const std::string node = s.labels.count("node") ? s.labels.at("node") : "";
-    const std::string endpoint =
-        s.labels.count("grpc_endpoint") ? s.labels.at("grpc_endpoint") : "";
+    const std::string node = label(s, "node"), endpoint = label(s, "grpc_endpoint");
     if (node.empty() || endpoint.empty()) continue;
     auto& a = by_node[node];
     a.node = node;
     a.endpoint = endpoint;
-    a.version = s.labels.count("version") ? s.labels.at("version") : "";
+    a.version = label(s, "version");
   }
   std::map<std::pair<std::string, std::string>, DeviceInventory> devices;
   for (const auto& s : total) {
-    if (!s.labels.count("node") || !s.labels.count("device")) continue;
-    auto& d = devices[{s.labels.at("node"), s.labels.at("device")}];
-    d.name = s.labels.at("device");
-    d.total_bytes = static_cast<int64_t>(s.value);
+    const std::string node = label(s, "node"), device = label(s, "device");
+    const auto bytes = Bytes(s, 1, "hydra_device_memory_total_bytes");
+    if (node.empty() || device.empty() || !bytes) continue;
+    auto& d = devices[{node, device}];
+    d.name = device;
+    d.total_bytes = *bytes;
   }
   for (const auto& s : free) {
-    if (!s.labels.count("node") || !s.labels.count("device")) continue;
-    auto it = devices.find({s.labels.at("node"), s.labels.at("device")});
-    if (it != devices.end()) it->second.free_bytes = static_cast<int64_t>(s.value);
+    auto it = devices.find({label(s, "node"), label(s, "device")});
+    const auto bytes = Bytes(s, 1, "hydra_device_memory_free_bytes");
+    if (it != devices.end() && bytes) it->second.free_bytes = *bytes;
   }
   for (const auto& [key, d] : devices) {
     auto it = by_node.find(key.first);
@@ -101,13 +160,13 @@ StatusOr<std::vector<AgentInventory>> FetchInventory(const PrometheusClient& pro
   }
   if (dcgm.ok()) {
     for (const auto& s : *dcgm) {
-      std::string host = s.labels.count("Hostname")   ? s.labels.at("Hostname")
-                         : s.labels.count("hostname") ? s.labels.at("hostname")
-                                                      : "";
+      const std::string host =
+          s.labels.count("Hostname") ? label(s, "Hostname") : label(s, "hostname");
       auto it = by_node.find(host);
-      if (it == by_node.end()) continue;
+      const auto bytes = Bytes(s, 1024.0 * 1024.0, "DCGM_FI_DEV_FB_FREE");  // MiB
+      if (it == by_node.end() || !bytes) continue;
       if (it->second.dcgm_free_bytes < 0) it->second.dcgm_free_bytes = 0;
-      it->second.dcgm_free_bytes += static_cast<int64_t>(s.value * 1024.0 * 1024.0);  // MiB
+      it->second.dcgm_free_bytes += *bytes;
     }
   }
   std::vector<AgentInventory> out;

@@ -33,6 +33,9 @@ struct AgentInventory {
 /// Reads the inventory: agents (hydra_agent_info), their devices' total and free memory, and
 /// DCGM_FI_DEV_FB_FREE (MiB, by its Hostname or hostname label) where present. Agents
 /// without device series are left out (their data is stale or incomplete).
+/// Only series of the Prometheus scrape job `agent_scrape_job` (its `job` label; "" for any)
+/// count: anything else Prometheus scrapes could export a fake hydra_agent_info. Samples of the
+/// wrong type or out of range are skipped with a log line.
 class PrometheusClient {
  public:
   explicit PrometheusClient(std::string base_url);
@@ -41,6 +44,7 @@ class PrometheusClient {
     double value = 0;
   };
   /// An instant query; UNAVAILABLE when Prometheus cannot be reached or answers an error.
+  /// Samples without string labels and a finite value are left out (logged).
   StatusOr<std::vector<Sample>> Query(const std::string& promql) const;
   const std::string& base_url() const { return base_url_; }
 
@@ -48,7 +52,8 @@ class PrometheusClient {
   std::string base_url_;
 };
 
-StatusOr<std::vector<AgentInventory>> FetchInventory(const PrometheusClient& prometheus);
+StatusOr<std::vector<AgentInventory>> FetchInventory(const PrometheusClient& prometheus,
+                                                     const std::string& agent_scrape_job);
 
 /// A trial waiting for an agent, and the one it got.
 struct TrialToPlace {

@@ -23,6 +23,9 @@ inline constexpr char kAgentUnreachable[] = "AgentUnreachable";
 inline constexpr char kInventoryUnavailable[] = "InventoryUnavailable";
 inline constexpr char kAsExpected[] = "AsExpected";
 inline constexpr char kFinished[] = "Finished";
+/// An agent refused a trial for a reason no capacity fixes (a missing dataset, a path outside
+/// the agents' roots, an invalid spec): the message names it.
+inline constexpr char kTrialRejected[] = "TrialRejected";
 
 // Event reasons.
 inline constexpr char kEventTrialAssigned[] = "TrialAssigned";
@@ -35,6 +38,7 @@ inline constexpr char kEventInvalidSpec[] = "InvalidSpec";
 inline constexpr char kEventTrialsCancelled[] = "TrialsCancelled";
 inline constexpr char kEventAgentNotice[] = "AgentNotice";
 inline constexpr char kEventStaleTrialCancelled[] = "StaleTrialCancelled";
+inline constexpr char kEventTrialRejected[] = "TrialRejected";
 
 /// The finalizer the controller puts on every MultiModelJob before touching agents.
 inline constexpr char kFinalizer[] = "hydra.dev/trials";

@@ -83,28 +83,15 @@ class ChaosTest : public ::testing::Test {
   }
 
   void StartNode(Node& n) {
-    std::vector<std::string> args = {"--node-name",
-                                     n.name,
-                                     "--grpc-bind-address",
-                                     n.endpoint(),
-                                     "--grpc-advertise-address",
-                                     n.endpoint(),
-                                     "--metrics-bind-address",
-                                     n.address + ":" + std::to_string(n.metrics),
-                                     "--health-probe-bind-address",
-                                     "0",
-                                     "--devices",
-                                     "cpu:1,budget=512Mi",
-                                     "--threads",
-                                     "1",
-                                     "--data-root",
-                                     (work_ / "data").string(),
-                                     "--checkpoint-root",
-                                     (work_ / "ckpt").string(),
-                                     "--spill-dir",
-                                     (work_ / ("spill-" + n.name)).string(),
-                                     "--shutdown-linger-seconds",
-                                     "2"};
+    std::vector<std::string> args = {
+        "--node-name", n.name, "--grpc-bind-address", n.endpoint(), "--grpc-advertise-address",
+        n.endpoint(), "--metrics-bind-address", n.address + ":" + std::to_string(n.metrics),
+        "--health-probe-bind-address", "0", "--devices", "cpu:1,budget=512Mi", "--threads", "1",
+        "--data-root", (work_ / "data").string(), "--checkpoint-root", (work_ / "ckpt").string(),
+        "--spill-dir", (work_ / ("spill-" + n.name)).string(), "--shutdown-linger-seconds", "2",
+        // node-c listens on its veth address: plaintext there is
+        // refused unless asked for.
+        "--insecure"};
     const std::string agent = kBinary + "/agent/hydra-agent";
     if (n.netns.empty()) {
       n.proc = hydra::fakes::Start(agent, args, (work_ / (n.name + ".log")).string());
@@ -440,7 +427,7 @@ TEST_F(ChaosTest, ATrialThatKeepsLosingItsAgentFailsAfterMaxRestarts) {
 TEST_F(ChaosTest, ACorruptNewestCheckpointFallsBackToThePreviousOneWithAnEvent) {
   const std::string manifest = OneTrialManifest("scarred", {{"steps: 1600", "steps: 400"}});
   auto [ref_rc, ref_out] = Sh(kBinary + "/cli/hydra run " + manifest + " -o " +
-                              (work_ / "ref").string() + " --progress quiet");
+                              (work_ / "ref").string() + " --threads 1 --progress quiet");
   ASSERT_EQ(ref_rc, 0) << ref_out;
   const Json ref =
       Json::parse(hydra::fakes::Slurp((work_ / "ref" / "results.json").string()))["trials"][0];

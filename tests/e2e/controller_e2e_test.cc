@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -113,6 +114,21 @@ TEST_F(ControllerE2eTest, TheApiServerRejectsInvalidManifestsWithTheRulesMessage
        "steps: Required value"},
       {"unknown field", "training: {steps: 10, batchSize: 8}",
        "training: {steps: 10, batchSize: 8, dropout: 0.1}", "unknown field"},
+      {"host budget of 8Ei", "training: {steps: 10, batchSize: 8}",
+       "training: {steps: 10, batchSize: 8}\n  resources: {hostMemoryBudget: 8Ei}",
+       "must be below 2^63 bytes (8Ei)"},
+      {"host budget of 2^63 bytes", "training: {steps: 10, batchSize: 8}",
+       "training: {steps: 10, batchSize: 8}\n  resources: {hostMemoryBudget: 9223372036854775808}",
+       "spec.resources.hostMemoryBudget"},  // past int64: the schema refuses it as a number
+      {"device budget of 0", "training: {steps: 10, batchSize: 8}",
+       "training: {steps: 10, batchSize: 8}\n  resources: {deviceMemoryBudget: 0}", "must be > 0"},
+      {"a grid of 17 x 16 = 272 trials", "learningRate: [0.001, 0.002]",
+       "learningRate: [0.001, 0.002, 0.003, 0.004, 0.005, 0.006, 0.007, 0.008, 0.009, 0.01, 0.011, "
+       "0.012, 0.013, 0.014, 0.015, 0.016, 0.017], seed: [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, "
+       "12, 13, 14, 15]",
+       "expands to more than 256 trials"},
+      {"too many evaluation sequences", "path: data/corpus.txt",
+       "path: data/corpus.txt, evalSequences: 65537", "less than or equal to 65536"},
       {"unknown retention", "training: {steps: 10, batchSize: 8}",
        "training: {steps: 10, batchSize: 8}\n  checkpointRetention: Sometimes",
        "Unsupported value: \"Sometimes\""},
@@ -129,7 +145,11 @@ TEST_F(ControllerE2eTest, TheApiServerRejectsInvalidManifestsWithTheRulesMessage
     EXPECT_THAT(out, HasSubstr(c.message)) << c.what;
     rejected += rc != 0;
   }
-  EXPECT_GE(rejected, 12);
+  EXPECT_GE(rejected, 17);
+  // A job's name leaves room for its trials' names (DNS labels of at most 63 characters).
+  auto [long_rc, long_out] = Apply(Manifest(std::string(59, 'j'), "", ""), dir_);
+  EXPECT_NE(long_rc, 0) << "a 59-character job name was accepted";
+  EXPECT_THAT(long_out, HasSubstr("may not be more than 58"));
   // Every example is a valid MultiModelJob for the API server too.
   for (const auto& e : fs::recursive_directory_iterator(kSource + "/examples")) {
     if (e.path().extension() != ".yaml") continue;
@@ -348,6 +368,167 @@ spec:
       << hydra::fakes::Slurp(c2.out_path);
   holder = Sh("kubectl get lease -n default hydra-controller -o jsonpath={.spec.holderIdentity}");
   EXPECT_EQ(holder.second, "replica-2");
+  cleanup();
+}
+
+/// GetStatus of an agent over plaintext (the test agents bind loopback).
+v1::GetStatusResponse AgentStatus(const Agent& a) {
+  auto stub = v1::AgentService::NewStub(
+      grpc::CreateChannel(a.endpoint(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::GetStatusResponse resp;
+  stub->GetStatus(&ctx, {}, &resp);
+  return resp;
+}
+
+/// The agent's record of the trial `name` of job `job` in namespace `ns`, if it has one.
+std::optional<v1::TrialStatus> AgentTrial(const Agent& a, const std::string& ns,
+                                          const std::string& job, const std::string& name) {
+  const v1::GetStatusResponse status = AgentStatus(a);
+  for (const auto& t : status.trials()) {
+    if (t.namespace_() == ns && t.job() == job && t.name() == name) return t;
+  }
+  return std::nullopt;
+}
+
+/// Files under `dir`, recursively (0 when it does not exist).
+size_t FilesUnder(const fs::path& dir) {
+  std::error_code ec;
+  size_t n = 0;
+  for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    n += it->is_regular_file();
+  }
+  return n;
+}
+
+// Two tenants run jobs of the same name, so their trials have the same names too, on the same
+// agent. Deleting one tenant's job (checkpointRetention: Delete) cancels and deletes only its
+// own trials. A real agent whose metrics reach Prometheus through an unrelated scrape job (as
+// any pod's could) is never given a trial, however much memory it claims. A missing dataset is
+// reported as such (TrialRejected), not as waiting for capacity.
+TEST_F(ControllerE2eTest, TenantsWithTheSameJobNameCannotTouchEachOther) {
+  const fs::path work = dir_ / "tenants";
+  fs::create_directories(work / "data");
+  fs::create_directories(work / "ckpt");
+  fs::copy_file(kSource + "/examples/data/corpus.txt", work / "data" / "corpus.txt");
+  std::vector<Agent> agents;
+  // Two devices, so that both tenants' trials run at once (on one, the longest-remaining-
+  // time-first policy would run one trial after the other).
+  agents.push_back(hydra::fakes::StartAgentProcess("node-a", "cpu:2,budget=512Mi", work,
+                                                   work / "data", work / "ckpt"));
+  // The impostor: a working agent with 8x the memory, scraped as job "other".
+  Agent impostor = hydra::fakes::StartAgentProcess("node-evil", "cpu:1,budget=4Gi", work,
+                                                   work / "data", work / "ckpt");
+  ASSERT_GT(agents[0].proc.pid, 0);
+  ASSERT_GT(impostor.proc.pid, 0);
+  int prom_port = 0;
+  Proc prometheus =
+      hydra::fakes::StartPrometheus(work, {"127.0.0.1:" + std::to_string(agents[0].metrics)},
+                                    &prom_port, {"127.0.0.1:" + std::to_string(impostor.metrics)});
+  ASSERT_TRUE(Eventually(
+      [&] {
+        auto [rc, body] = Sh("curl -s 'http://127.0.0.1:" + std::to_string(prom_port) +
+                             "/api/v1/query?query=count(hydra_agent_info)'");
+        auto j = Json::parse(body, nullptr, false);
+        return rc == 0 && !j.is_discarded() && j["data"]["result"].size() == 1 &&
+               j["data"]["result"][0]["value"][1] == "2";
+      },
+      60))
+      << "both agents' metrics are in Prometheus";
+  Proc controller = hydra::fakes::Start(
+      kBinary + "/controller/hydra-controller",
+      {"--prometheus-url", "http://127.0.0.1:" + std::to_string(prom_port), "--data-root",
+       work.string(), "--checkpoint-root", (work / "ckpt").string(), "--metrics-bind-address", "0",
+       "--health-probe-bind-address", "0", "--resync-seconds", "1", "--inventory-seconds", "1"},
+      (work / "controller.log").string());
+  auto cleanup = [&] {
+    hydra::fakes::Stop(controller, SIGKILL, std::chrono::seconds(5));
+    hydra::fakes::Stop(agents[0].proc, SIGKILL, std::chrono::seconds(5));
+    hydra::fakes::Stop(impostor.proc, SIGKILL, std::chrono::seconds(5));
+    hydra::fakes::Stop(prometheus, SIGTERM, std::chrono::seconds(10));
+  };
+  const std::string job = R"(apiVersion: hydra.dev/v1alpha1
+kind: MultiModelJob
+metadata: {name: sweep, namespace: NS}
+spec:
+  model: {family: gpt2, nLayer: 1, nEmbd: 32, nHead: 2, contextLength: 32}
+  dataset: {path: data/corpus.txt}
+  search: {grid: {learningRate: [1.0e-3]}}
+  training: {steps: 1000000, batchSize: 4, evalEverySteps: 5, checkpointEverySteps: 5}
+  resources: {deviceMemoryBudget: 64Mi}
+  checkpointRetention: Delete
+)";
+  const std::string trial = "sweep-lr1e-3";
+  for (const std::string ns : {"team-a", "team-b"}) {
+    ASSERT_EQ(Sh("kubectl create namespace " + ns).first, 0);
+    std::string m = job;
+    m.replace(m.find("NS"), 2, ns);
+    auto [rc, out] = Apply(m, work);
+    ASSERT_EQ(rc, 0) << out;
+  }
+  // Both trials run on node-a with checkpoints on disk, each in its tenant's directory.
+  const fs::path dir_a = work / "ckpt" / "team-a" / "sweep" / trial;
+  const fs::path dir_b = work / "ckpt" / "team-b" / "sweep" / trial;
+  ASSERT_TRUE(Eventually(
+      [&] {
+        for (const std::string ns : {"team-a", "team-b"}) {
+          auto t = AgentTrial(agents[0], ns, "sweep", trial);
+          if (!t || t->state() != v1::RUNNING || t->last_checkpoint_step() < 5) return false;
+        }
+        return true;
+      },
+      120))
+      << AgentStatus(agents[0]).DebugString() << hydra::fakes::Slurp(controller.out_path);
+  EXPECT_GT(FilesUnder(dir_a), 0u);
+  EXPECT_GT(FilesUnder(dir_b), 0u);
+  const auto uid_a = AgentTrial(agents[0], "team-a", "sweep", trial)->job_uid();
+  const auto uid_b = AgentTrial(agents[0], "team-b", "sweep", trial)->job_uid();
+  EXPECT_FALSE(uid_a.empty());
+  EXPECT_NE(uid_a, uid_b);
+
+  // A dataset that is not there: its own reason and an Event naming it, not "capacity".
+  ASSERT_EQ(Apply(Manifest("lost", "path: data/corpus.txt", "path: data/missing.txt"), work).first,
+            0);
+  EXPECT_TRUE(Eventually(
+      [&] {
+        auto [rc, out] = Sh("kubectl get events --field-selector involvedObject.name=lost");
+        return out.find("TrialRejected") != std::string::npos &&
+               out.find("missing.txt") != std::string::npos;
+      },
+      60))
+      << Sh("kubectl get mmj lost -o yaml").second;
+  auto lost = Sh("kubectl get mmj lost -o jsonpath={.status.conditions}");
+  EXPECT_THAT(lost.second, HasSubstr("TrialRejected"));
+  EXPECT_THAT(lost.second, Not(HasSubstr("WaitingForCapacity")));
+  Sh("kubectl delete mmj lost --timeout=60s");
+
+  // team-a deletes its job: its trial is cancelled and its files go; team-b's trial, of the
+  // same name on the same agent, trains on with its checkpoints intact.
+  const int64_t b_before = AgentTrial(agents[0], "team-b", "sweep", trial)->step();
+  auto del = Sh("kubectl delete -n team-a mmj sweep --timeout=60s");
+  EXPECT_EQ(del.first, 0) << del.second;
+  auto a_after = AgentTrial(agents[0], "team-a", "sweep", trial);
+  ASSERT_TRUE(a_after.has_value());
+  EXPECT_EQ(a_after->state(), v1::CANCELLED);
+  EXPECT_FALSE(fs::exists(dir_a)) << "team-a's checkpoints were not deleted";
+  EXPECT_TRUE(Eventually(
+      [&] {
+        auto b = AgentTrial(agents[0], "team-b", "sweep", trial);
+        return b && b->state() == v1::RUNNING && b->step() > b_before + 5;
+      },
+      60))
+      << AgentStatus(agents[0]).DebugString();
+  EXPECT_GT(FilesUnder(dir_b), 0u) << "team-b lost its checkpoints";
+  EXPECT_TRUE(fs::exists(dir_b)) << "team-b's checkpoints were deleted";
+  auto job_b = Sh("kubectl get -n team-b mmj sweep -o jsonpath={.status.running}");
+  EXPECT_EQ(job_b.second, "1");
+
+  // The impostor never got a trial, nor was it dialled for one.
+  EXPECT_EQ(AgentStatus(impostor).trials_size(), 0);
+  EXPECT_THAT(hydra::fakes::Slurp(controller.out_path), Not(HasSubstr("node-evil")));
+  Sh("kubectl delete -n team-b mmj sweep --timeout=60s");
+  EXPECT_FALSE(fs::exists(dir_b));
   cleanup();
 }
 

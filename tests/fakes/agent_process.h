@@ -17,7 +17,9 @@ struct AgentProcess {
   std::string endpoint() const { return "127.0.0.1:" + std::to_string(grpc); }
 };
 
-/// Starts build/agent/hydra-agent on free loopback ports; its log is `work/<node>.log`.
+/// Starts build/agent/hydra-agent on free loopback ports; its log is `work/<node>.log`. It
+/// advertises its bind address (the default for a concrete address), which the controller
+/// then dials.
 inline AgentProcess StartAgentProcess(const std::string& node, const std::string& devices,
                                       const std::filesystem::path& work,
                                       const std::filesystem::path& data_root,
@@ -27,36 +29,25 @@ inline AgentProcess StartAgentProcess(const std::string& node, const std::string
   a.grpc = FreePort();
   a.metrics = FreePort();
   a.health = FreePort();
-  a.proc = Start(std::string(HYDRA_BINARY_DIR) + "/agent/hydra-agent",
-                 {"--node-name",
-                  node,
-                  "--grpc-bind-address",
-                  a.endpoint(),
-                  "--grpc-advertise-address",
-                  a.endpoint(),
-                  "--metrics-bind-address",
-                  "127.0.0.1:" + std::to_string(a.metrics),
-                  "--health-probe-bind-address",
-                  "127.0.0.1:" + std::to_string(a.health),
-                  "--devices",
-                  devices,
-                  "--threads",
-                  "1",
-                  "--data-root",
-                  data_root.string(),
-                  "--checkpoint-root",
-                  checkpoint_root.string(),
-                  "--spill-dir",
-                  (work / ("spill-" + node)).string()},
-                 (work / (node + ".log")).string());
+  a.proc =
+      Start(std::string(HYDRA_BINARY_DIR) + "/agent/hydra-agent",
+            {"--node-name", node, "--grpc-bind-address", a.endpoint(), "--metrics-bind-address",
+             "127.0.0.1:" + std::to_string(a.metrics), "--health-probe-bind-address",
+             "127.0.0.1:" + std::to_string(a.health), "--devices", devices, "--threads", "1",
+             "--data-root", data_root.string(), "--checkpoint-root", checkpoint_root.string(),
+             "--spill-dir", (work / ("spill-" + node)).string()},
+            (work / (node + ".log")).string());
   return a;
 }
 
 /// Starts Debian's Prometheus on a free port scraping `targets` ("host:port" of /metrics) every
-/// second, with honor_labels (the agents' `job` label is the MultiModelJob). Returns the
-/// process; `port` receives its port. Its log is `work/prometheus.log`.
+/// second as scrape job hydra-agent, with honor_labels as the chart's ServiceMonitor sets it.
+/// `other_targets`, if any, are scraped as an unrelated job "other" (honor_labels false), as a
+/// cluster's Prometheus scrapes every other pod. Returns the process; `port` receives its port.
+/// Its log is `work/prometheus.log`.
 inline Proc StartPrometheus(const std::filesystem::path& work,
-                            const std::vector<std::string>& targets, int* port) {
+                            const std::vector<std::string>& targets, int* port,
+                            const std::vector<std::string>& other_targets = {}) {
   *port = FreePort();
   std::ofstream cfg(work / "prometheus.yml");
   cfg << "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
@@ -64,6 +55,13 @@ inline Proc StartPrometheus(const std::filesystem::path& work,
       << "    static_configs:\n      - targets: [";
   for (size_t i = 0; i < targets.size(); ++i) cfg << (i ? ", " : "") << "'" << targets[i] << "'";
   cfg << "]\n";
+  if (!other_targets.empty()) {
+    cfg << "  - job_name: other\n    static_configs:\n      - targets: [";
+    for (size_t i = 0; i < other_targets.size(); ++i) {
+      cfg << (i ? ", " : "") << "'" << other_targets[i] << "'";
+    }
+    cfg << "]\n";
+  }
   cfg.close();
   return Start("/usr/bin/prometheus",
                {"--config.file=" + (work / "prometheus.yml").string(),

@@ -88,6 +88,13 @@ TEST_F(AgentFlagsTest, MistakesStopTheAgentWithTheFlagNamed) {
   EXPECT_EQ(Run(args, &out), 2);
   EXPECT_THAT(out, HasSubstr("mutual TLS"));
 
+  // Plaintext gRPC on every interface: refused unless asked for by name.
+  args = Roots();
+  args.back() = "0.0.0.0:0";
+  EXPECT_EQ(Run(args, &out), 2);
+  EXPECT_THAT(out, HasSubstr("--insecure"));
+  EXPECT_THAT(out, HasSubstr("reachable from other machines"));
+
   args = Roots();
   args.insert(args.end(), {"--host-memory", "-3Gi"});
   EXPECT_EQ(Run(args, &out), 2);

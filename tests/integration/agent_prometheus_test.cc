@@ -113,6 +113,9 @@ class AgentPrometheusTest : public ::testing::Test {
 
   v1::AssignTrialRequest Request(const std::string& name, int64_t steps) {
     Trial t;
+    t.namespace_ = "default";
+    t.job = "sweep";
+    t.job_uid = "3c1d9e2a-7b44-4f0e-9d1a-5e6f7a8b9c0d";
     t.name = name;
     t.model = {"gpt2", 2, 32, 2, 32, 256};
     t.training.steps = steps;
@@ -121,8 +124,8 @@ class AgentPrometheusTest : public ::testing::Test {
     t.training.checkpoint_every_steps = 10;
     t.dataset.path = t.dataset.resolved_path = (dir_ / "data" / "corpus.txt").string();
     v1::AssignTrialRequest req;
-    wire::TrialToProto(t, "sweep", "default", req.mutable_trial());
-    req.set_checkpoint_dir((dir_ / "ckpt" / name).string());
+    wire::TrialToProto(t, req.mutable_trial());
+    req.set_checkpoint_dir((dir_ / "ckpt" / "default" / "sweep" / name).string());
     return req;
   }
 
@@ -230,7 +233,11 @@ TEST_F(AgentPrometheusTest, TwoAgentsTrainAndPrometheusSeesTheirMemoryAndProgres
   {
     grpc::ClientContext ctx;
     v1::CancelTrialRequest req;
-    req.set_name("sweep-long");
+    const auto spec = Request("sweep-long", 1).trial();
+    req.mutable_trial()->set_namespace_(spec.namespace_());
+    req.mutable_trial()->set_job(spec.job());
+    req.mutable_trial()->set_job_uid(spec.job_uid());
+    req.mutable_trial()->set_name(spec.name());
     v1::CancelTrialResponse resp;
     ASSERT_TRUE(Stub(b)->CancelTrial(&ctx, req, &resp).ok());
     EXPECT_EQ(resp.trial().state(), v1::CANCELLED);

@@ -279,6 +279,25 @@ TEST(JobTest, GridRuleViolationNamesTheTrial) {
   EXPECT_THAT(job.status().message(), HasSubstr("nHead (3) must divide nEmbd (128)"));
 }
 
+// yaml-cpp 0.7's LoadAll reports empty documents forever for these (jbeder/yaml-cpp#1319) and
+// ran out of memory; found by tests/fuzz (regressions/manifest/).
+TEST(JobTest, TextThatStallsTheYamlParserIsMalformedNotEndless) {
+  for (const std::string& text :
+       std::vector<std::string>{", 16]", ",\n", std::string(kGood) + "\n, 16]"}) {
+    auto job = ParseJobYaml(text, "/base");
+    ASSERT_FALSE(job.ok()) << text;
+    EXPECT_EQ(job.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_THAT(job.status().message(), HasSubstr("malformed YAML")) << text;
+  }
+}
+
+TEST(JobTest, ExactlyOneDocument) {
+  auto none = ParseJobYaml("# nothing\n", "/base");
+  EXPECT_THAT(none.status().message(), HasSubstr("found none"));
+  auto two = ParseJobYaml(std::string(kGood) + "\n---\n" + kGood, "/base");
+  EXPECT_THAT(two.status().message(), HasSubstr("exactly one YAML document, found more"));
+}
+
 TEST(JobTest, LoadJobFileReportsMissingFile) {
   auto job = LoadJobFile("/nonexistent/job.yaml");
   ASSERT_FALSE(job.ok());

@@ -84,6 +84,35 @@ TEST(GrpcAgentPoolTest, ACutOffAgentReadsUnavailableAndHoldsUpNoOther) {
   EXPECT_TRUE((*pool)->LastStatus(b.endpoint).ok());
 }
 
+// Each job's pass tracks the endpoints it needs; one job's pass must not stop the polling of
+// an agent only another job uses (nor restart its silence clock). Endpoints no pass names for
+// `forget_after` are dropped with their pollers.
+TEST(GrpcAgentPoolTest, AnEndpointIsForgottenOnlyWhenNoPassNamedItForAWhile) {
+  Server a("node-a"), b("node-b");
+  auto pool = GrpcAgentPool::Create({}, /*refresh=*/50ms, /*rpc_timeout=*/2s,
+                                    /*status_timeout=*/300ms, /*forget_after=*/1500ms);
+  ASSERT_TRUE(pool.ok());
+  (*pool)->Track({a.endpoint, b.endpoint});
+  b.agent.cut = true;  // b never answers: its silence must keep growing
+  std::this_thread::sleep_for(400ms);
+  (*pool)->Track({a.endpoint});  // another job's pass, which does not use b
+  EXPECT_EQ((*pool)->pollers(), 2u);
+  std::this_thread::sleep_for(300ms);
+  EXPECT_GE((*pool)->SecondsSinceContact(b.endpoint), 0.6) << "b's silence was reset";
+  (*pool)->Track({b.endpoint});  // b's job
+  (*pool)->Track({a.endpoint});
+  std::this_thread::sleep_for(1600ms);
+  (*pool)->Track({a.endpoint});  // nobody named b for longer than forget_after
+  b.agent.cut = false;
+  for (int i = 0; i < 100 && (*pool)->pollers() != 1; ++i) {
+    std::this_thread::sleep_for(20ms);
+    (*pool)->Track({a.endpoint});  // reaps the stopped poller once it has finished
+  }
+  EXPECT_EQ((*pool)->pollers(), 1u);
+  EXPECT_TRUE((*pool)->LastStatus(a.endpoint).ok());
+  EXPECT_EQ((*pool)->LastStatus(b.endpoint).status().code(), StatusCode::kNotFound);
+}
+
 TEST(GrpcAgentPoolTest, TlsChecksEveryAgentAgainstOneFixedNameWhenAsked) {
   const fs::path dir = fs::temp_directory_path() / ("agent-pool-tls-" + std::to_string(::getpid()));
   ASSERT_TRUE(fakes::MakeTestCertificates(dir));

@@ -164,8 +164,14 @@ TEST(InventoryTest, AgentsDevicesAndDcgmFromPrometheus) {
   prom.Push(200, result(R"({"metric":{"node":"n1","device":"cuda:0"},"value":[1,"8589934592"]},
                           {"metric":{"node":"n2","device":"cpu:0"},"value":[1,"NaN"]})"));
   prom.Push(200, result(R"({"metric":{"Hostname":"n1","gpu":"0"},"value":[1,"2048"]})"));
-  auto inv = FetchInventory(PrometheusClient(prom.url()));
+  auto inv = FetchInventory(PrometheusClient(prom.url()), "hydra-agent");
   ASSERT_TRUE(inv.ok()) << inv.status();
+  // Only the agents' own scrape job is asked (URL-encoded {job="hydra-agent"}).
+  const auto asked = prom.requests();
+  ASSERT_GE(asked.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_THAT(asked[i], HasSubstr("%7Bjob%3D%22hydra-agent%22%7D")) << asked[i];
+  }
   ASSERT_EQ(inv->size(), 2u) << "n3 has no device series: left out";
   const auto& n1 = (*inv)[0];
   EXPECT_EQ(n1.endpoint, "n1:9443");
@@ -174,9 +180,38 @@ TEST(InventoryTest, AgentsDevicesAndDcgmFromPrometheus) {
   EXPECT_EQ(n1.FreeBytes(), int64_t{2048} << 20);
   EXPECT_EQ((*inv)[1].FreeBytes(), 0) << "an unreadable value counts as nothing free";
   prom.Push(503, R"({"status":"error","error":"query timed out"})");
-  auto down = FetchInventory(PrometheusClient(prom.url()));
+  auto down = FetchInventory(PrometheusClient(prom.url()), "hydra-agent");
   EXPECT_EQ(down.status().code(), StatusCode::kUnavailable);
   EXPECT_THAT(down.status().message(), HasSubstr("query timed out"));
+}
+
+TEST(InventoryTest, SamplesOfTheWrongTypeOrOutOfRangeAreSkipped) {
+  fakes::ScriptedServer prom;
+  auto result = [](const std::string& series) {
+    return R"({"status":"success","data":{"resultType":"vector","result":[)" + series + "]}}";
+  };
+  // A non-string label, a value that is no number, a value past int64, a negative one, a
+  // result that is not an object: each skipped, the good agent kept, nothing thrown.
+  prom.Push(200, result(R"({"metric":{"node":"n1","grpc_endpoint":"n1:9443"},"value":[1,"1"]},
+                          {"metric":{"node":7,"grpc_endpoint":"n7:9443"},"value":[1,"1"]},
+                          "garbage",
+                          {"metric":{"node":"n2","grpc_endpoint":"n2:9443"},"value":[1,"1"]})"));
+  prom.Push(200, result(R"({"metric":{"node":"n1","device":"cpu:0"},"value":[1,"1073741824"]},
+                          {"metric":{"node":"n2","device":"cpu:0"},"value":[1,"1e300"]},
+                          {"metric":{"node":"n2","device":"cpu:1"},"value":[1,"-5"]},
+                          {"metric":{"node":"n2","device":"cpu:2"},"value":[1,"lots"]},
+                          {"metric":{"node":"n2","device":"cpu:3"},"value":[1]})"));
+  prom.Push(200, result(R"({"metric":{"node":"n1","device":"cpu:0"},"value":[1,"1073741824"]})"));
+  prom.Push(200, R"({"status":"success","data":"not an object"})");  // DCGM: unusable
+  auto inv = FetchInventory(PrometheusClient(prom.url()), "hydra-agent");
+  ASSERT_TRUE(inv.ok()) << inv.status();
+  ASSERT_EQ(inv->size(), 1u) << "n2 has no usable device series";
+  EXPECT_EQ((*inv)[0].node, "n1");
+  EXPECT_EQ((*inv)[0].MaxDeviceBytes(), int64_t{1} << 30);
+  EXPECT_EQ((*inv)[0].dcgm_free_bytes, -1);
+  prom.Push(200, R"([1, 2, 3])");
+  EXPECT_EQ(FetchInventory(PrometheusClient(prom.url()), "").status().code(),
+            StatusCode::kUnavailable);
 }
 
 }  // namespace

@@ -1,10 +1,21 @@
 #include "agent/executor/checkpoint.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <memory>
+#include <optional>
 
 namespace hydra::executor {
 namespace {
@@ -33,6 +44,51 @@ class CheckpointTest : public ::testing::Test {
   fs::path dir_;
 };
 
+std::string Slurp(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void Spit(const fs::path& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+/// A checkpoint file laid out by hand: magic, `header_len` (the real length unless given),
+/// the header text, `data`, a correct CRC-32 of all that, and the end marker. What the writer
+/// never produces, yet a reader must survive.
+std::string RawCheckpoint(const std::string& header, const std::string& data,
+                          std::optional<uint64_t> header_len = std::nullopt) {
+  std::string out = "HYDRACK1";
+  const uint64_t len = header_len.value_or(header.size());
+  out.append(reinterpret_cast<const char*>(&len), sizeof(len));
+  out += header + data;
+  const uint32_t crc = static_cast<uint32_t>(
+      crc32_z(crc32_z(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(out.data()), out.size()));
+  out.append(reinterpret_cast<const char*>(&crc), sizeof(crc));
+  return out + "HYDRAEND";
+}
+
+/// A header with one table entry per element of `buffers` (JSON objects).
+std::string Header(const std::vector<nlohmann::json>& buffers) {
+  return nlohmann::json{{"meta", {{"step", 1}}}, {"buffers", buffers}}.dump();
+}
+
+nlohmann::json Entry(const std::string& name, std::vector<int64_t> shape, uint64_t offset,
+                     uint64_t bytes) {
+  return {
+      {"name", name}, {"dtype", "float32"}, {"shape", shape}, {"offset", offset}, {"bytes", bytes}};
+}
+
+/// ReadCheckpointFile of `bytes`, which must be DATA_LOSS naming the file and `problem`.
+void ExpectCorrupt(const fs::path& path, const std::string& bytes, const std::string& problem) {
+  Spit(path, bytes);
+  auto read = ReadCheckpointFile(path.string());
+  ASSERT_FALSE(read.ok()) << "accepted a file with: " << problem;
+  EXPECT_EQ(read.status().code(), StatusCode::kDataLoss) << read.status();
+  EXPECT_NE(read.status().message().find(path.string()), std::string::npos) << read.status();
+  EXPECT_NE(read.status().message().find(problem), std::string::npos) << read.status();
+}
+
 TEST_F(CheckpointTest, RoundTripIsExact) {
   const std::string path = (dir_ / "c.hck").string();
   ASSERT_TRUE(WriteCheckpointFile(path, Sample(3)).ok());
@@ -45,6 +101,19 @@ TEST_F(CheckpointTest, RoundTripIsExact) {
   EXPECT_EQ(back->buffers[0].data, Sample(3).buffers[0].data);
   EXPECT_TRUE(back->buffers[1].data.empty());
   EXPECT_FALSE(fs::exists(path + ".tmp"));
+}
+
+TEST_F(CheckpointTest, ReadsTheFilesOfEarlierVersions) {
+  // Written by CheckpointStore before the reader was rewritten (tests/fuzz/make_seeds.cc);
+  // the format is unchanged, so it must load as it did.
+  auto read =
+      ReadCheckpointFile(HYDRA_SOURCE_DIR "/tests/fuzz/corpus/checkpoint/ckpt-0000000007.hck");
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->meta["step"], 7);
+  ASSERT_EQ(read->buffers.size(), 4u);
+  EXPECT_EQ(read->buffers[0].name, "wte.weight");
+  EXPECT_EQ(read->buffers[0].shape, (std::vector<int64_t>{4, 3}));
+  EXPECT_EQ(read->buffers[3].dtype, "int64");
 }
 
 TEST_F(CheckpointTest, DetectsCorruptionAndTruncation) {
@@ -63,6 +132,131 @@ TEST_F(CheckpointTest, DetectsCorruptionAndTruncation) {
   fs::resize_file(path, size / 2);
   EXPECT_EQ(ReadCheckpointFile(path).status().code(), StatusCode::kDataLoss);
   EXPECT_EQ(ReadCheckpointFile((dir_ / "none").string()).status().code(), StatusCode::kNotFound);
+}
+
+TEST_F(CheckpointTest, EveryTruncationIsDataLoss) {
+  const fs::path path = dir_ / "c.hck";
+  ASSERT_TRUE(WriteCheckpointFile(path.string(), Sample(3)).ok());
+  const std::string whole = Slurp(path);
+  for (size_t n = 0; n < whole.size(); ++n) {
+    Spit(path, whole.substr(0, n));
+    auto read = ReadCheckpointFile(path.string());
+    ASSERT_EQ(read.status().code(), StatusCode::kDataLoss) << n << " bytes: " << read.status();
+  }
+  ExpectCorrupt(path, whole.substr(0, 20), "truncated (20 bytes");
+}
+
+TEST_F(CheckpointTest, HeaderLengthBeyondTheFileOrTheLimitIsRefused) {
+  const std::string header = Header({Entry("w", {2}, 0, 8)});
+  const std::string data(8, 'd');
+  const fs::path path = dir_ / "c.hck";
+  ExpectCorrupt(path, RawCheckpoint(header, data, header.size() + data.size() + 1),
+                "is larger than the file");
+  ExpectCorrupt(path, RawCheckpoint(header, data, std::numeric_limits<uint64_t>::max()),
+                "exceeds the limit");
+  ExpectCorrupt(path, RawCheckpoint(header, data, kMaxCheckpointHeaderBytes + 1),
+                "exceeds the limit");
+  Spit(path, RawCheckpoint(header, data));
+  EXPECT_TRUE(ReadCheckpointFile(path.string()).ok()) << "the hand-made file itself is valid";
+}
+
+TEST_F(CheckpointTest, BufferWhoseOffsetPlusSizeOverflowsIsRefused) {
+  const fs::path path = dir_ / "c.hck";
+  const uint64_t int64_max = std::numeric_limits<int64_t>::max();
+  // Offset + size past INT64_MAX, and past UINT64_MAX (wrapping to a small number).
+  ExpectCorrupt(path, RawCheckpoint(Header({Entry("w", {2}, int64_max - 3, 8)}), "12345678"),
+                "lies outside");
+  ExpectCorrupt(
+      path,
+      RawCheckpoint(Header({Entry("w", {2}, std::numeric_limits<uint64_t>::max() - 3, 8)}),
+                    "12345678"),
+      "lies outside");
+  // A shape whose element count overflows 64 bits.
+  ExpectCorrupt(path,
+                RawCheckpoint(Header({Entry("w", {int64_t{1} << 40, 1 << 30}, 0, 8)}), "12345678"),
+                "overflows 64 bits");
+}
+
+TEST_F(CheckpointTest, OverlappingBuffersAreRefused) {
+  const fs::path path = dir_ / "c.hck";
+  ExpectCorrupt(path,
+                RawCheckpoint(Header({Entry("a", {6}, 0, 24), Entry("b", {6}, 16, 24)}),
+                              std::string(40, 'd')),
+                "buffer 'b' overlaps buffer 'a'");
+  // Listed in any order, and a second buffer at the very same place.
+  ExpectCorrupt(
+      path,
+      RawCheckpoint(Header({Entry("b", {2}, 0, 8), Entry("a", {2}, 0, 8)}), std::string(8, 'd')),
+      "overlaps");
+}
+
+TEST_F(CheckpointTest, TrailingGarbageAndGapsAreRefused) {
+  const fs::path path = dir_ / "c.hck";
+  ExpectCorrupt(path, RawCheckpoint(Header({Entry("w", {2}, 0, 8)}), std::string(9, 'd')),
+                "1 bytes of trailing garbage after the last buffer");
+  ExpectCorrupt(
+      path,
+      RawCheckpoint(Header({Entry("a", {2}, 0, 8), Entry("b", {2}, 12, 8)}), std::string(20, 'd')),
+      "4 bytes before buffer 'b' belong to no buffer");
+  // Bytes appended after a whole file leave it without its end marker.
+  const std::string whole = RawCheckpoint(Header({Entry("w", {2}, 0, 8)}), std::string(8, 'd'));
+  ExpectCorrupt(path, whole + "x", "no end marker");
+}
+
+TEST_F(CheckpointTest, DtypeShapeAndSizeMustAgree) {
+  const fs::path path = dir_ / "c.hck";
+  ExpectCorrupt(path, RawCheckpoint(Header({Entry("w", {3}, 0, 8)}), std::string(8, 'd')),
+                "holds 8 bytes, but its dtype and shape need 12");
+  nlohmann::json odd = Entry("w", {2}, 0, 8);
+  odd["dtype"] = "float128";
+  ExpectCorrupt(path, RawCheckpoint(Header({odd}), std::string(8, 'd')), "unknown dtype");
+  odd = Entry("w", {2}, 0, 8);
+  odd["shape"] = {-2, -1};
+  ExpectCorrupt(path, RawCheckpoint(Header({odd}), std::string(8, 'd')), "has no shape");
+  odd = Entry("w", {2}, 0, 8);
+  odd["offset"] = 0.5;
+  ExpectCorrupt(path, RawCheckpoint(Header({odd}), std::string(8, 'd')), "has no offset");
+  ExpectCorrupt(
+      path,
+      RawCheckpoint(Header({Entry("w", {2}, 0, 8), Entry("w", {2}, 8, 8)}), std::string(16, 'd')),
+      "two buffers are named 'w'");
+}
+
+TEST_F(CheckpointTest, MalformedHeadersAreRefused) {
+  const fs::path path = dir_ / "c.hck";
+  ExpectCorrupt(path, RawCheckpoint("{\"meta\": 1, \"buffers\": [}", ""), "not valid JSON");
+  ExpectCorrupt(path, RawCheckpoint("[1, 2]", ""), "header has no meta");
+  ExpectCorrupt(path, RawCheckpoint("{\"meta\": {}, \"buffers\": {}}", ""), "no buffer table");
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  ExpectCorrupt(path, RawCheckpoint("{\"meta\": " + deep + ", \"buffers\": []}", ""),
+                "nests deeper than");
+  std::string bad_magic = RawCheckpoint(Header({}), "");
+  bad_magic[0] = 'X';
+  ExpectCorrupt(path, bad_magic, "bad magic");
+}
+
+TEST_F(CheckpointTest, AHugeDeclaredBufferIsRefusedBeforeItIsAllocated) {
+  // 4 TiB declared in a file of a few hundred bytes. Were it allocated first, the allocation
+  // would fail (std::bad_alloc, or an ASan abort) instead of this DATA_LOSS.
+  const uint64_t huge = uint64_t{1} << 42;
+  const fs::path path = dir_ / "c.hck";
+  ExpectCorrupt(path,
+                RawCheckpoint(Header({Entry("w", {static_cast<int64_t>(huge / 4)}, 0, huge)}),
+                              std::string(8, 'd')),
+                "lies outside the file's 8 data bytes");
+}
+
+TEST_F(CheckpointTest, ReadsFromAnOpenFileWithoutMovingItsOffset) {
+  const std::string path = (dir_ / "c.hck").string();
+  ASSERT_TRUE(WriteCheckpointFile(path, Sample(4)).ok());
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::lseek(fd, 5, SEEK_SET), 5);
+  auto read = ReadCheckpointFd(fd, "the-name");
+  EXPECT_EQ(::lseek(fd, 0, SEEK_CUR), 5);
+  ::close(fd);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->buffers[0].data, Sample(4).buffers[0].data);
 }
 
 TEST_F(CheckpointTest, StoreKeepsNewestAndFallsBackPastCorruption) {
@@ -109,18 +303,146 @@ TEST_F(CheckpointTest, UnwritableDirectoryIsAClearError) {
   EXPECT_NE(s.message().find("previous one is intact"), std::string::npos);
 }
 
-TEST_F(CheckpointTest, FullDiskLeavesThePreviousCheckpoint) {
-  if (!fs::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
-  // Writing through /dev/full fails with ENOSPC; the store's earlier file must survive.
+TEST_F(CheckpointTest, APlantedSymlinkAtTheTemporaryPathIsNotWrittenThrough) {
+  // The write succeeds: O_EXCL | O_NOFOLLOW refuse the link, which is then unlinked (the link,
+  // not its target) and the temporary file created afresh.
+  const fs::path victim = dir_ / "victim";
+  Spit(victim, "precious");
   const std::string path = (dir_ / "c.hck").string();
-  ASSERT_TRUE(WriteCheckpointFile(path, Sample(1)).ok());
-  fs::create_symlink("/dev/full", path + ".tmp");
-  Status s = WriteCheckpointFile(path, Sample(2));
-  ASSERT_FALSE(s.ok());
-  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s;
+  fs::create_symlink(victim, path + ".tmp");
+  ASSERT_TRUE(WriteCheckpointFile(path, Sample(2)).ok());
+  EXPECT_EQ(Slurp(victim), "precious");
+  EXPECT_FALSE(fs::exists(fs::symlink_status(path + ".tmp")));
   auto back = ReadCheckpointFile(path);
-  ASSERT_TRUE(back.ok());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->meta["step"], 2);
+  // The same through the store, with a link to a device that would fail every write.
+  if (fs::exists("/dev/full")) {
+    CheckpointStore store((dir_ / "trial").string());
+    ASSERT_TRUE(store.Save(1, Sample(1)).ok());
+    fs::create_symlink("/dev/full", store.PathFor(2) + ".tmp");
+    ASSERT_TRUE(store.Save(2, Sample(2)).ok());
+    EXPECT_EQ(store.Steps(), (std::vector<int64_t>{1, 2}));
+  }
+}
+
+TEST_F(CheckpointTest, ALinkOrAFifoPlantedAsACheckpointIsCorruptAndNeverFollowed) {
+  // A real checkpoint elsewhere, linked in as step 3: not read through the link.
+  const fs::path elsewhere = dir_ / "elsewhere.hck";
+  ASSERT_TRUE(WriteCheckpointFile(elsewhere.string(), Sample(3)).ok());
+  const fs::path link = dir_ / "link.hck";
+  fs::create_symlink(elsewhere, link);
+  auto linked = ReadCheckpointFile(link.string());
+  EXPECT_EQ(linked.status().code(), StatusCode::kDataLoss) << linked.status();
+  EXPECT_NE(linked.status().message().find("symbolic link"), std::string::npos);
+  // A FIFO would block a plain open forever.
+  const fs::path fifo = dir_ / "fifo.hck";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  auto piped = ReadCheckpointFile(fifo.string());
+  EXPECT_EQ(piped.status().code(), StatusCode::kDataLoss) << piped.status();
+  EXPECT_NE(piped.status().message().find("not a regular file"), std::string::npos);
+}
+
+TEST_F(CheckpointTest, ASymlinkAtTheFinalPathIsReplacedNotFollowed) {
+  // The write succeeds: rename replaces the link itself; its target is untouched.
+  const fs::path victim = dir_ / "victim";
+  Spit(victim, "precious");
+  const fs::path path = dir_ / "c.hck";
+  fs::create_symlink(victim, path);
+  ASSERT_TRUE(WriteCheckpointFile(path.string(), Sample(2)).ok());
+  EXPECT_EQ(Slurp(victim), "precious");
+  EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(path)));
+  EXPECT_TRUE(ReadCheckpointFile(path.string()).ok());
+}
+
+TEST_F(CheckpointTest, ASymlinkedDirectoryIsRefused) {
+  // The write fails: the directory itself may have been swapped for a link to anywhere.
+  fs::create_directories(dir_ / "real");
+  fs::create_directory_symlink(dir_ / "real", dir_ / "link");
+  CheckpointStore store((dir_ / "link").string());
+  Status s = store.Save(1, Sample(1));
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("symbolic link"), std::string::npos) << s;
+  EXPECT_TRUE(fs::is_empty(dir_ / "real"));
+}
+
+TEST_F(CheckpointTest, ALeftoverTemporaryFileIsReplaced) {
+  const std::string path = (dir_ / "c.hck").string();
+  Spit(path + ".tmp", "a crashed write's leftover");
+  ASSERT_TRUE(WriteCheckpointFile(path, Sample(5)).ok());
+  EXPECT_FALSE(fs::exists(path + ".tmp"));
+  EXPECT_TRUE(ReadCheckpointFile(path).ok());
+}
+
+/// Checks what a store whose second Save ran out of space (`s`) left behind.
+void ExpectOutOfSpace(const Status& s, const CheckpointStore& store) {
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("directory " + store.dir()), std::string::npos) << s;
+  EXPECT_NE(s.message().find("previous one is intact"), std::string::npos) << s;
+  EXPECT_FALSE(fs::exists(store.PathFor(2) + ".tmp"));
+  EXPECT_EQ(store.Steps(), (std::vector<int64_t>{1}));
+  auto back = store.LoadLatest(nullptr);
+  ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->meta["step"], 1);
+}
+
+CheckpointData Large(int64_t step, size_t bytes) {
+  CheckpointData d;
+  d.meta = {{"step", step}};
+  d.buffers.push_back(
+      {"big", "Byte", {static_cast<int64_t>(bytes)}, std::vector<char>(bytes, 'b')});
+  return d;
+}
+
+TEST_F(CheckpointTest, AFullDiskIsResourceExhaustedAndKeepsThePreviousCheckpoint) {
+  // A real ENOSPC: a 256 KiB tmpfs mounted for the test (needs root and mount(2); skipped
+  // otherwise, the injected failures below still run).
+  const fs::path mnt = dir_ / "tmpfs";
+  fs::create_directories(mnt);
+  if (::mount("hydra-test", mnt.c_str(), "tmpfs", 0, "size=256k") != 0) {
+    GTEST_SKIP() << "cannot mount a tmpfs here (" << std::strerror(errno) << ")";
+  }
+  struct Unmount {
+    ~Unmount() { ::umount2(path.c_str(), MNT_DETACH); }
+    std::string path;
+  } unmount{mnt.string()};
+  CheckpointStore store((mnt / "trial").string());
+  ASSERT_TRUE(store.Save(1, Sample(1)).ok());
+  Status s = store.Save(2, Large(2, 1 << 20));
+  ExpectOutOfSpace(s, store);
+  EXPECT_NE(s.message().find("No space left"), std::string::npos) << s;
+}
+
+TEST_F(CheckpointTest, AnInjectedQuotaOrFullDiskIsResourceExhausted) {
+  for (int err : {EDQUOT, ENOSPC}) {
+    // Writes go through until 100 bytes, then fail with `err`.
+    auto budget = std::make_shared<size_t>(100);
+    CheckpointWriteFn write_fn = [budget, err](int fd, const void* p, size_t n) -> ssize_t {
+      if (*budget == 0) {
+        errno = err;
+        return -1;
+      }
+      const ssize_t w = ::write(fd, p, std::min(n, *budget));
+      if (w > 0) *budget -= static_cast<size_t>(w);
+      return w;
+    };
+    const fs::path dir = dir_ / ("trial" + std::to_string(err));
+    CheckpointStore store(dir.string(), 2, write_fn);
+    ASSERT_TRUE(CheckpointStore(dir.string()).Save(1, Sample(1)).ok());
+    ExpectOutOfSpace(store.Save(2, Large(2, 4096)), store);
+  }
+}
+
+TEST_F(CheckpointTest, OtherWriteErrorsKeepTheirCode) {
+  CheckpointWriteFn eio = [](int, const void*, size_t) -> ssize_t {
+    errno = EIO;
+    return -1;
+  };
+  CheckpointStore store((dir_ / "trial").string(), 2, eio);
+  Status s = store.Save(1, Sample(1));
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s;
+  EXPECT_FALSE(fs::exists(store.PathFor(1) + ".tmp"));
+  EXPECT_TRUE(store.Steps().empty());
 }
 
 }  // namespace

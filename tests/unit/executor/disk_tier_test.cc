@@ -3,10 +3,12 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <numeric>
 
 #include "agent/executor/tier_ledger.h"
@@ -165,6 +167,30 @@ TEST_F(DiskTierTest, UnusableDirectoryIsAClearError) {
   DiskTier disk(dir_.string() + ".file/sub");
   EXPECT_FALSE(disk.Init().ok());
   fs::remove(dir_.string() + ".file");
+}
+
+TEST_F(DiskTierTest, TheTrailerCheckAgreesWithTheWriter) {
+  DiskTier disk((dir_ / "t").string());
+  ASSERT_TRUE(disk.Init().ok());
+  std::vector<char> a(5000, 'a');
+  ASSERT_TRUE(disk.WriteSync("k", {{a.data(), a.size()}}).ok());
+  std::ifstream in(dir_ / "t" / "k.spill", std::ios::binary);
+  // One spare byte in front, so that the block is not 8-byte aligned.
+  std::string file = " " + std::string(std::istreambuf_iterator<char>(in), {});
+  ASSERT_EQ(file.size(), 1 + 3 * kSpillAlignment);
+  const char* data = file.data() + 1;
+  const uint64_t total = 2 * kSpillAlignment;
+  const uint64_t digest = XXH3_64bits(data, total);
+  const ConstBytes block{data + total, kSpillAlignment};
+  EXPECT_TRUE(CheckSpillTrailer(block, digest, total, "k").ok());
+  for (const Status& s :
+       {CheckSpillTrailer(block, digest + 1, total, "k"),
+        CheckSpillTrailer(block, digest, total - kSpillAlignment, "k"),
+        CheckSpillTrailer({data + total, kSpillAlignment - 1}, digest, total, "k"),
+        CheckSpillTrailer({data, kSpillAlignment}, digest, total, "k")}) {
+    EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s;
+    EXPECT_NE(s.message().find("spill file k is corrupt"), std::string::npos) << s;
+  }
 }
 
 TEST(TierLedgerTest, EnforcesTheDeviceBudgetAndTracksPeaks) {

@@ -5,12 +5,14 @@
 #include <gmock/gmock.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <functional>
 
+#include "agent/executor/checkpoint.h"
 #include "agent/rpc/tls.h"
 #include "proto/trial_proto.h"
 #include "tests/fakes/fake_executor.h"
@@ -70,8 +72,11 @@ class AgentServiceTest : public ::testing::Test {
         grpc::CreateChannel(target, creds ? creds : grpc::InsecureChannelCredentials()));
   }
 
-  Trial MakeTrial(const std::string& name, int64_t steps) {
+  Trial MakeTrial(const std::string& name, int64_t steps, const std::string& ns = "ns") {
     Trial t;
+    t.namespace_ = ns;
+    t.job = "job-1";
+    t.job_uid = "uid-1";
     t.name = name;
     t.model = {"gpt2", 1, 8, 2, 8, 256};
     t.training.steps = steps;
@@ -81,11 +86,35 @@ class AgentServiceTest : public ::testing::Test {
     t.dataset.path = t.dataset.resolved_path = (dir_ / "data" / "corpus.txt").string();
     return t;
   }
-  v1::AssignTrialRequest Request(const std::string& name, int64_t steps = 10) {
+  /// The checkpoint directory the controller names: <root>/<namespace>/<job>/<trial>.
+  fs::path TrialDir(const std::string& name, const std::string& ns = "ns") {
+    return dir_ / "ckpt" / ns / "job-1" / name;
+  }
+  v1::AssignTrialRequest Request(const std::string& name, int64_t steps = 10,
+                                 const std::string& ns = "ns") {
     v1::AssignTrialRequest req;
-    wire::TrialToProto(MakeTrial(name, steps), "job-1", "ns", req.mutable_trial());
-    req.set_checkpoint_dir((dir_ / "ckpt" / name).string());
+    wire::TrialToProto(MakeTrial(name, steps, ns), req.mutable_trial());
+    req.set_checkpoint_dir(TrialDir(name, ns).string());
     return req;
+  }
+  static v1::TrialRef Ref(const std::string& name, const std::string& ns = "ns",
+                          const std::string& uid = "uid-1") {
+    v1::TrialRef ref;
+    ref.set_namespace_(ns);
+    ref.set_job("job-1");
+    ref.set_job_uid(uid);
+    ref.set_name(name);
+    return ref;
+  }
+  grpc::Status Cancel(v1::AgentService::Stub& stub, const v1::TrialRef& ref, bool delete_files,
+                      v1::CancelTrialResponse* resp = nullptr) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    v1::CancelTrialRequest req;
+    *req.mutable_trial() = ref;
+    req.set_delete_checkpoints(delete_files);
+    v1::CancelTrialResponse ignored;
+    return stub.CancelTrial(&ctx, req, resp ? resp : &ignored);
   }
   grpc::Status Assign(v1::AgentService::Stub& stub, const v1::AssignTrialRequest& req,
                       v1::AssignTrialResponse* resp = nullptr) {
@@ -141,14 +170,16 @@ TEST_F(AgentServiceTest, AssignedTrialsTrainAndReportThroughStatusAndMetrics) {
     EXPECT_EQ(t.step(), t.steps());
     EXPECT_EQ(t.last_checkpoint_step(), t.steps());
     EXPECT_TRUE(std::isfinite(t.final_validation_loss()));
-    EXPECT_EQ(t.checkpoint_dir(), (dir_ / "ckpt" / t.name()).string());
+    EXPECT_EQ(t.checkpoint_dir(), fs::canonical(TrialDir(t.name())).string());
+    EXPECT_EQ(t.namespace_(), "ns");
+    EXPECT_EQ(t.job_uid(), "uid-1");
   }
   service_->Tick();
   const std::string text = metrics_->Render();
   EXPECT_THAT(
       text,
-      HasSubstr(
-          "hydra_trial_step{node=\"node-a\",job=\"job-1\",namespace=\"ns\",trial=\"t-a\"} 12"));
+      HasSubstr("hydra_trial_step{node=\"node-a\",job=\"job-1\",job_uid=\"uid-1\",namespace=\"ns\","
+                "trial=\"t-a\"} 12"));
   EXPECT_THAT(text, HasSubstr("split=\"validation\""));
   EXPECT_THAT(text, HasSubstr("hydra_shard_tasks_total{node=\"node-a\",phase=\"forward\"} 20"));
   EXPECT_THAT(text, HasSubstr("hydra_agent_trials{node=\"node-a\",state=\"Succeeded\"} 2"));
@@ -213,6 +244,34 @@ TEST_F(AgentServiceTest, BadRequestsGetTheRightCodeAndChangeNothing) {
        grpc::PERMISSION_DENIED, "checkpoint_dir"},
       {"checkpoint dir missing", [](auto* r, auto&) { r->clear_checkpoint_dir(); },
        grpc::INVALID_ARGUMENT, "checkpoint_dir: required"},
+      {"checkpoint dir is the checkpoint root",
+       [](auto* r, const fs::path& d) { r->set_checkpoint_dir((d / "ckpt").string()); },
+       grpc::INVALID_ARGUMENT, "is not the directory of trial ns/job-1/good"},
+      {"checkpoint dir is the job's directory (every trial's parent)",
+       [](auto* r, const fs::path& d) { r->set_checkpoint_dir((d / "ckpt/ns/job-1").string()); },
+       grpc::INVALID_ARGUMENT, "is not the directory of trial"},
+      {"checkpoint dir of another trial",
+       [](auto* r, const fs::path& d) {
+         r->set_checkpoint_dir((d / "ckpt/ns/job-1/other").string());
+       },
+       grpc::INVALID_ARGUMENT, "ckpt/ns/job-1/good"},
+      {"checkpoint dir of another namespace",
+       [](auto* r, const fs::path& d) {
+         r->set_checkpoint_dir((d / "ckpt/a/job-1/good").string());
+       },
+       grpc::INVALID_ARGUMENT, "is not the directory of trial"},
+      {"no namespace", [](auto* r, auto&) { r->mutable_trial()->clear_namespace_(); },
+       grpc::INVALID_ARGUMENT, "trial.namespace: required"},
+      {"no job uid", [](auto* r, auto&) { r->mutable_trial()->clear_job_uid(); },
+       grpc::INVALID_ARGUMENT, "trial.jobUid: required"},
+      {"trial name longer than a DNS label",
+       [](auto* r, auto&) { r->mutable_trial()->set_name(std::string(64, 'a')); },
+       grpc::INVALID_ARGUMENT, "more than a DNS-1123 label's 63"},
+      {"dataset is a FIFO",
+       [](auto* r, const fs::path& d) {
+         r->mutable_trial()->mutable_dataset()->set_path((d / "data/pipe.txt").string());
+       },
+       grpc::INVALID_ARGUMENT, "not a regular file"},
       {"dataset missing",
        [](auto* r, const fs::path& d) {
          r->mutable_trial()->mutable_dataset()->set_path((d / "data/none.txt").string());
@@ -226,8 +285,11 @@ TEST_F(AgentServiceTest, BadRequestsGetTheRightCodeAndChangeNothing) {
        "8589934592 bytes); the devices of node node-a have 1.00 GiB "
        "(1073741824 bytes)"},
       {"refused by the executor (cannot fit)",
-       [](auto* r, auto&) { r->mutable_trial()->set_name("refused"); }, grpc::RESOURCE_EXHAUSTED,
-       "refused"},
+       [](auto* r, const fs::path& d) {
+         r->mutable_trial()->set_name("refused");
+         r->set_checkpoint_dir((d / "ckpt/ns/job-1/refused").string());
+       },
+       grpc::RESOURCE_EXHAUSTED, "refused"},
       {"shard plan with a gap",
        [](auto* r, auto&) {
          auto* a = r->mutable_shard_plan()->add_shards();
@@ -242,6 +304,7 @@ TEST_F(AgentServiceTest, BadRequestsGetTheRightCodeAndChangeNothing) {
        [](auto* r, auto&) { r->set_resume_from_step(40); }, grpc::FAILED_PRECONDITION,
        "resume_from_step 40"},
   };
+  ASSERT_EQ(::mkfifo((dir_ / "data" / "pipe.txt").c_str(), 0600), 0);
   for (const auto& c : cases) {
     auto req = Request("good");
     c.mutate(&req, dir_);
@@ -251,30 +314,121 @@ TEST_F(AgentServiceTest, BadRequestsGetTheRightCodeAndChangeNothing) {
     EXPECT_EQ(StatusOf(*stub).trials_size(), 0) << c.name << " changed the agent's state";
     EXPECT_TRUE(fs::is_empty(dir_ / "ckpt")) << c.name << " wrote under the checkpoint root";
   }
-  grpc::ClientContext ctx;
-  v1::CancelTrialRequest cancel;
-  cancel.set_name("nobody");
-  v1::CancelTrialResponse cancelled;
-  EXPECT_EQ(stub->CancelTrial(&ctx, cancel, &cancelled).error_code(), grpc::NOT_FOUND);
-  grpc::ClientContext ctx2;
-  cancel.clear_name();
-  EXPECT_EQ(stub->CancelTrial(&ctx2, cancel, &cancelled).error_code(), grpc::INVALID_ARGUMENT);
+  EXPECT_EQ(Cancel(*stub, Ref("nobody"), false).error_code(), grpc::NOT_FOUND);
+  for (auto clear : std::vector<std::function<void(v1::TrialRef*)>>{
+           [](v1::TrialRef* r) { r->clear_name(); }, [](v1::TrialRef* r) { r->clear_job(); },
+           [](v1::TrialRef* r) { r->clear_namespace_(); },
+           [](v1::TrialRef* r) { r->clear_job_uid(); }}) {
+    v1::TrialRef ref = Ref("nobody");
+    clear(&ref);
+    EXPECT_EQ(Cancel(*stub, ref, true).error_code(), grpc::INVALID_ARGUMENT) << ref.DebugString();
+  }
   // Still serving.
   EXPECT_TRUE(Assign(*stub, Request("good")).ok());
 }
 
-TEST_F(AgentServiceTest, DuplicateAndCheckpointDirectoryConflictsAreRefused) {
+TEST_F(AgentServiceTest, DuplicateAndForeignCheckpointDirectoriesAreRefused) {
   factory_.step_delay = std::chrono::milliseconds(10);
   StartServer();
   auto stub = Client();
   ASSERT_TRUE(Assign(*stub, Request("t1", 1000)).ok());
   EXPECT_EQ(Assign(*stub, Request("t1", 1000)).error_code(), grpc::ALREADY_EXISTS);
   auto other = Request("t2", 1000);
-  other.set_checkpoint_dir((dir_ / "ckpt" / "t1").string());
+  other.set_checkpoint_dir(TrialDir("t1").string());
   grpc::Status s = Assign(*stub, other);
-  EXPECT_EQ(s.error_code(), grpc::FAILED_PRECONDITION);
-  EXPECT_THAT(s.error_message(), HasSubstr("in use by trial t1"));
+  EXPECT_EQ(s.error_code(), grpc::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("is not the directory of trial ns/job-1/t2"));
+  // A directory below the trial's own is its own, but not while the trial runs in its parent.
+  auto nested = Request("t1", 1000);
+  nested.set_checkpoint_dir((TrialDir("t1") / "deeper").string());
+  EXPECT_EQ(Assign(*stub, nested).error_code(), grpc::ALREADY_EXISTS);
   EXPECT_EQ(StatusOf(*stub).trials_size(), 1);
+}
+
+TEST_F(AgentServiceTest, TheSameTrialNameInTwoNamespacesAreTwoTrials) {
+  factory_.step_delay = std::chrono::milliseconds(5);
+  StartServer();
+  auto stub = Client();
+  ASSERT_TRUE(Assign(*stub, Request("t1", 100000, "team-a")).ok());
+  // Team b's trial of the same name (and job name) is another trial, not ALREADY_EXISTS.
+  ASSERT_TRUE(Assign(*stub, Request("t1", 100000, "team-b")).ok());
+  ASSERT_TRUE(WaitFor(*stub, [](const v1::GetStatusResponse& s) {
+    int stepped = 0;
+    for (const auto& t : s.trials()) stepped += t.step() >= 4 && t.last_checkpoint_step() >= 4;
+    return stepped == 2;
+  }));
+  // Team b cancels its t1 and deletes its checkpoints; a cancel naming team a's job uid wrongly
+  // touches nothing.
+  EXPECT_EQ(Cancel(*stub, Ref("t1", "team-a", "uid-2"), true).error_code(), grpc::NOT_FOUND);
+  v1::CancelTrialResponse resp;
+  ASSERT_TRUE(Cancel(*stub, Ref("t1", "team-b"), true, &resp).ok());
+  EXPECT_EQ(resp.trial().state(), v1::CANCELLED);
+  EXPECT_EQ(resp.trial().namespace_(), "team-b");
+  EXPECT_FALSE(fs::exists(TrialDir("t1", "team-b")));
+  auto status = StatusOf(*stub);
+  ASSERT_EQ(status.trials_size(), 2);
+  for (const auto& t : status.trials()) {
+    EXPECT_EQ(t.state(), t.namespace_() == "team-a" ? v1::RUNNING : v1::CANCELLED)
+        << t.namespace_();
+  }
+  EXPECT_FALSE(executor::CheckpointStore(TrialDir("t1", "team-a").string()).Steps().empty())
+      << "team a's checkpoints are intact";
+  EXPECT_TRUE(fs::exists(TrialDir("t1", "team-a") / "ATTEMPT") ||
+              fs::exists(TrialDir("t1", "team-a")));
+}
+
+TEST_F(AgentServiceTest, PlantedSymlinksAreNeverWrittenThrough) {
+  StartServer();
+  auto stub = Client();
+  // Someone with write access to the shared storage plants symlinks where the trial's
+  // checkpoint and temporary files will go, pointing at a file they want overwritten.
+  const fs::path victim = dir_ / "outside" / "victim.txt";
+  std::ofstream(victim) << "precious";
+  fs::create_directories(TrialDir("trap"));
+  for (const char* name : {"ckpt-0000000004.hck", "ckpt-0000000004.hck.tmp",
+                           "ckpt-0000000008.hck.tmp", "ATTEMPT.tmp"}) {
+    fs::create_symlink(victim, TrialDir("trap") / name);
+  }
+  auto req = Request("trap", 8);
+  req.set_attempt(1);
+  ASSERT_TRUE(Assign(*stub, req).ok());
+  ASSERT_TRUE(WaitFor(*stub, [](const v1::GetStatusResponse& s) {
+    return s.trials_size() == 1 && s.trials(0).state() != v1::PENDING &&
+           s.trials(0).state() != v1::RUNNING;
+  }));
+  EXPECT_EQ(fakes::Slurp(victim.string()), "precious");
+  auto t = StatusOf(*stub).trials(0);
+  // Either the trial went on (the links were replaced, not followed) or it stopped with an
+  // error naming the file; it never wrote through.
+  if (t.state() != v1::SUCCEEDED) {
+    EXPECT_THAT(t.message(), HasSubstr(TrialDir("trap").string()));
+  }
+}
+
+TEST_F(AgentServiceTest, AMillionStepsKeepTheCheckpointTheSameSize) {
+  StartServer();
+  auto stub = Client();
+  auto req = Request("long-run", 1000000);
+  req.mutable_trial()->mutable_training()->set_checkpoint_every_steps(200000);
+  req.mutable_trial()->mutable_training()->set_eval_every_steps(1000);
+  ASSERT_TRUE(Assign(*stub, req).ok());
+  for (int i = 0; i < 12000; ++i) {  // at most 120 s
+    auto s = StatusOf(*stub);
+    if (s.trials_size() == 1 && s.trials(0).state() == v1::SUCCEEDED) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(StatusOf(*stub).trials(0).state(), v1::SUCCEEDED);
+  const auto dir = TrialDir("long-run");
+  const auto size = [&](int64_t step) {
+    char name[32];
+    std::snprintf(name, sizeof(name), "ckpt-%010lld.hck", static_cast<long long>(step));
+    return static_cast<int64_t>(fs::file_size(dir / name));
+  };
+  // The store keeps the two newest: steps 800000 and 1000000. The curves inside are bounded,
+  // so the later checkpoint is no larger but for a few more digits per step number.
+  const int64_t at_800k = size(800000), at_1m = size(1000000);
+  EXPECT_LE(at_1m, at_800k + 4096) << at_800k << " -> " << at_1m;
+  EXPECT_LT(at_1m, 200 * 1024) << "curves of a million points would be megabytes";
 }
 
 TEST_F(AgentServiceTest, WatchStreamsSnapshotThenStepsAndStatesInOrder) {
@@ -346,11 +500,8 @@ TEST_F(AgentServiceTest, CancelAndDrain) {
     }
     return true;
   }));
-  grpc::ClientContext cctx;
-  v1::CancelTrialRequest cancel;
-  cancel.set_name("c1");
   v1::CancelTrialResponse cancelled;
-  ASSERT_TRUE(stub->CancelTrial(&cctx, cancel, &cancelled).ok());
+  ASSERT_TRUE(Cancel(*stub, Ref("c1"), false, &cancelled).ok());
   EXPECT_EQ(cancelled.trial().state(), v1::CANCELLED);
   EXPECT_EQ(service_->NotReadyReason(), "");
 
@@ -362,7 +513,7 @@ TEST_F(AgentServiceTest, CancelAndDrain) {
     if (t.name() == "c2") {
       EXPECT_EQ(t.state(), v1::INTERRUPTED);
       EXPECT_EQ(t.last_checkpoint_step(), t.step());
-      EXPECT_TRUE(fs::exists(dir_ / "ckpt" / "c2"));
+      EXPECT_TRUE(fs::exists(TrialDir("c2")));
     }
   }
   EXPECT_THAT(service_->NotReadyReason(), HasSubstr("draining"));
@@ -434,8 +585,8 @@ TEST_F(AgentServiceTest, FencingStopsTheOlderHolderAndRefusesOlderAssignments) {
   // Another agent takes the trial over (attempt 2 in the same shared checkpoint directory):
   // this one stops before its next step and never writes another checkpoint.
   // Written as the agents write it: a complete file renamed into place.
-  std::ofstream(dir_ / "ckpt" / "moving" / "ATTEMPT.tmp") << "2\n";
-  fs::rename(dir_ / "ckpt" / "moving" / "ATTEMPT.tmp", dir_ / "ckpt" / "moving" / "ATTEMPT");
+  std::ofstream(TrialDir("moving") / "ATTEMPT.tmp") << "2\n";
+  fs::rename(TrialDir("moving") / "ATTEMPT.tmp", TrialDir("moving") / "ATTEMPT");
   ASSERT_TRUE(WaitFor(
       *stub, [](const v1::GetStatusResponse& s) { return s.trials(0).state() == v1::CANCELLED; }));
   EXPECT_THAT(StatusOf(*stub).trials(0).message(), HasSubstr("superseded: attempt 2"));
@@ -450,7 +601,7 @@ TEST_F(AgentServiceTest, FencingStopsTheOlderHolderAndRefusesOlderAssignments) {
   auto current = Request("moving", 100000);
   current.set_attempt(2);
   EXPECT_TRUE(Assign(*stub, current).ok());
-  EXPECT_EQ(fakes::Slurp((dir_ / "ckpt" / "moving" / "ATTEMPT").string()), "2\n");
+  EXPECT_EQ(fakes::Slurp((TrialDir("moving") / "ATTEMPT").string()), "2\n");
 }
 
 TEST_F(AgentServiceTest, ANewerAttemptOfATrialStillHereStopsTheOldCopyFirst) {

@@ -3,6 +3,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include "common/job_json.h"
 
 namespace hydra::wire {
@@ -12,7 +14,7 @@ using ::testing::HasSubstr;
 
 const char kGpt2[] = R"(apiVersion: hydra.dev/v1alpha1
 kind: MultiModelJob
-metadata: {name: j}
+metadata: {name: j, namespace: team-a, uid: 6f1c2d3e-aaaa-4bbb-8ccc-0123456789ab}
 spec:
   model: {family: gpt2, nLayer: 3, nEmbd: 32, nHead: 4, contextLength: 16}
   dataset: {path: /data/corpus.txt, evalSequences: 7, validationFraction: 0.1}
@@ -41,11 +43,13 @@ TEST(TrialProtoTest, RoundTripKeepsTheWholeConfiguration) {
   for (const char* yaml : {kGpt2, kImages}) {
     const Trial t = Sample(yaml);
     v1::TrialSpec spec;
-    TrialToProto(t, "j", "team-a", &spec);
+    TrialToProto(t, &spec);
     EXPECT_EQ(spec.job(), "j");
-    EXPECT_EQ(spec.namespace_(), "team-a");
+    EXPECT_EQ(spec.namespace_(), t.namespace_);
+    EXPECT_EQ(spec.job_uid(), t.job_uid);
     auto back = TrialFromProto(spec);
     ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(TrialKey(*back), TrialKey(t)) << "the identity crosses the wire whole";
     EXPECT_EQ(TrialConfigJson(*back), TrialConfigJson(t));
     EXPECT_EQ(TrialFingerprint(*back), TrialFingerprint(t)) << "a checkpoint moves with the trial";
     EXPECT_EQ(HyperparametersJson(*back), HyperparametersJson(t));
@@ -54,6 +58,36 @@ TEST(TrialProtoTest, RoundTripKeepsTheWholeConfiguration) {
     EXPECT_EQ(back->dataset.image_shape, t.dataset.image_shape);
   }
   EXPECT_EQ(Sample(kImages).dataset.image_shape, (std::vector<int64_t>{1, 28, 20}));
+  const Trial t = Sample();
+  EXPECT_EQ(t.namespace_, "team-a");
+  EXPECT_EQ(t.job, "j");
+  EXPECT_EQ(t.job_uid, "6f1c2d3e-aaaa-4bbb-8ccc-0123456789ab");
+  EXPECT_EQ(TrialKeyOf(TrialRefOf(t)), TrialKey(t));
+}
+
+TEST(TrialProtoTest, KeysTellTrialsOfTheSameNameApart) {
+  Trial a = Sample(), b = Sample(), c = Sample();
+  b.namespace_ = "team-b";
+  c.job_uid = "another-uid";
+  EXPECT_NE(TrialKey(a), TrialKey(b));
+  EXPECT_NE(TrialKey(a), TrialKey(c));
+  Trial bare;
+  bare.name = "x";
+  EXPECT_EQ(TrialKey(bare), "x") << "a trial without an owner is its name";
+}
+
+TEST(TrialProtoTest, AnIdentityWithABadPartIsRefused) {
+  for (auto mutate : std::vector<std::function<void(v1::TrialSpec*)>>{
+           [](v1::TrialSpec* s) { s->set_namespace_("Team/A"); },
+           [](v1::TrialSpec* s) { s->set_job("a/b"); },
+           [](v1::TrialSpec* s) { s->set_job_uid("u/1"); },
+           [](v1::TrialSpec* s) { s->set_name(std::string(64, 'a')); }}) {
+    v1::TrialSpec spec;
+    TrialToProto(Sample(), &spec);
+    mutate(&spec);
+    EXPECT_EQ(TrialFromProto(spec).status().code(), StatusCode::kInvalidArgument)
+        << spec.ShortDebugString();
+  }
 }
 
 TEST(TrialProtoTest, HostMemoryBudgetZeroIsNotUnlimited) {
@@ -63,7 +97,7 @@ TEST(TrialProtoTest, HostMemoryBudgetZeroIsNotUnlimited) {
     Trial t = Sample();
     t.resources.host_memory_budget = budget;
     v1::TrialSpec spec;
-    TrialToProto(t, "j", "", &spec);
+    TrialToProto(t, &spec);
     auto back = TrialFromProto(spec);
     ASSERT_TRUE(back.ok()) << back.status();
     EXPECT_EQ(back->resources.host_memory_budget, budget);
@@ -72,7 +106,7 @@ TEST(TrialProtoTest, HostMemoryBudgetZeroIsNotUnlimited) {
 
 TEST(TrialProtoTest, EveryProblemIsNamedWithItsField) {
   v1::TrialSpec spec;
-  TrialToProto(Sample(), "j", "", &spec);
+  TrialToProto(Sample(), &spec);
   spec.mutable_training()->set_learning_rate(-1);
   spec.mutable_training()->set_optimizer("lion");
   spec.mutable_dataset()->set_eval_sequences(0);

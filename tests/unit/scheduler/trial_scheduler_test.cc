@@ -25,9 +25,9 @@ class RecordingObserver : public TrialObserverInterface {
     std::lock_guard<std::mutex> lock(mu);
     states[r.trial.name].push_back(r.state);
   }
-  void OnTrialMessage(const std::string& trial, const std::string& m) override {
+  void OnTrialMessage(const Trial& trial, const std::string& m) override {
     std::lock_guard<std::mutex> lock(mu);
-    messages.push_back(trial + ": " + m);
+    messages.push_back(trial.name + ": " + m);
   }
   void OnStep(const std::string&, int device, double, int64_t, bool) override {
     std::lock_guard<std::mutex> lock(mu);
@@ -247,6 +247,40 @@ TEST_F(TrialSchedulerTest, InterruptedTrialResumesOnAnotherSchedulerToTheSameLos
   for (size_t i = 0; i < straight.size(); ++i) {
     EXPECT_EQ(r->train_curve[i].loss, straight[i].loss) << i;
   }
+}
+
+TEST_F(TrialSchedulerTest, AResumeUnderAnotherThreadCountSaysItIsNotBitExact) {
+  auto run_until_drained = [&](int threads, const std::string& cpu) {
+    std::atomic<bool> hold{false};
+    factory_.on_step = [&](const std::string&, int64_t step) {
+      if (step % 4 == 3) hold = true;
+    };
+    TrialSchedulerOptions o;
+    o.hold = &hold;
+    o.threads = threads;
+    o.cpu = cpu;
+    TrialScheduler s(&factory_, &observer_, o);
+    ASSERT_TRUE(Submit(s, MakeTrial("x", 30)).ok());
+    while (!hold) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    ASSERT_TRUE(s.Drain("stopped").ok());
+    factory_.on_step = nullptr;
+  };
+  auto notices = [&] {
+    std::lock_guard<std::mutex> lock(observer_.mu);
+    std::vector<std::string> out;
+    for (const auto& m : observer_.messages) {
+      if (m.find("bit-exactly") != std::string::npos) out.push_back(m);
+    }
+    observer_.messages.clear();
+    return out;
+  };
+  run_until_drained(2, "cpu A");
+  run_until_drained(2, "cpu A");  // the same numerics: nothing to say
+  EXPECT_THAT(notices(), ::testing::IsEmpty());
+  run_until_drained(1, "cpu A");
+  EXPECT_THAT(notices(), ::testing::ElementsAre(HasSubstr("2 threads per device, now 1")));
+  run_until_drained(1, "cpu B");
+  EXPECT_THAT(notices(), ::testing::ElementsAre(HasSubstr("CPU cpu A, now cpu B")));
 }
 
 TEST_F(TrialSchedulerTest, RefusesATrialLargerThanTheHostMemoryWhenAskedTo) {

@@ -1,0 +1,10 @@
+
+image-sweepimage-sweep-fmlp-l4-lr1e-3"
+family"mlp"
+
+nLayer"
+learningRateü©ñÒMbP?*
+mlp  (€0€@
+2H
+	images-u8*/work/main/examples/images/data/shapes.binš™™™™™¹? €*:T
+adamwü©ñÒMbP?  –(0282@I{®Gáz„?QÍÌÌÌÌÌì?YÍÌÌÌÌÌì?a+‡ÙÎ÷ï?i:Œ0âŽyE>zconstantBhost

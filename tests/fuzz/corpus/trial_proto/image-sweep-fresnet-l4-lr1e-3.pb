@@ -1,0 +1,10 @@
+
+image-sweepimage-sweep-fresnet-l4-lr1e-3"
+family"resnet"
+
+nLayer"
+learningRateü©ñÒMbP?*
+resnet  (€0€@
+2H
+	images-u8*/work/main/examples/images/data/shapes.binš™™™™™¹? €*:T
+adamwü©ñÒMbP?  –(0282@I{®Gáz„?QÍÌÌÌÌÌì?YÍÌÌÌÌÌì?a+‡ÙÎ÷ï?i:Œ0âŽyE>zconstantBhost

@@ -977,6 +977,14 @@ Status ValidateTrial(const Trial& trial, const std::string& prefix) {
     err("job", "must be a DNS-1123 subdomain, got '" + trial.job + "'");
   }
   if (!trial.job_uid.empty()) err("jobUid", rules::UidProblem(trial.job_uid));
+  for (size_t i = 0; i < trial.hyperparameters.size(); ++i) {
+    // The grid's values are recorded with the trial (status, metrics labels, JSON): a NaN
+    // would compare unequal to itself and an infinity would not survive JSON.
+    const double* d = std::get_if<double>(&trial.hyperparameters[i].value);
+    if (d && !std::isfinite(*d)) {
+      err("hyperparameters[" + std::to_string(i) + "]", "must be a finite number");
+    }
+  }
   const TrialConfig config{trial.model, trial.training};
   for (const auto& f : Fields()) {
     err(std::string(f.section) + "." + f.name, ValueProblem(f, f.get(config)));

@@ -3,6 +3,9 @@
 # expansion, the checkpoint reader, the spill-file trailer check, the TrialSpec decoder) with
 # libFuzzer under ASan + UBSan:
 #   scripts/fuzz.sh [seconds-per-target]     (default 30)
+# HYDRA_FUZZ_SEED=N and HYDRA_FUZZ_RUNS=M make a run repeatable: seed N, at most M inputs a
+# target (the seconds still cap it). scripts/test.sh does that, so a CI verdict does not depend
+# on luck; fuzz by hand without them (a random seed) to look for new bugs.
 # Builds the torch-free fuzz targets with clang in build-fuzz/ (or $HYDRA_FUZZ_BUILD_DIR) and
 # runs each for the given seconds over a copy of its seed corpus and its regressions. Fails if
 # any target crashes (a sanitizer report, a violated property, a timeout or running out of
@@ -36,9 +39,13 @@ fuzz() {
   for d in "tests/fuzz/corpus/$t" "tests/fuzz/regressions/$t"; do
     if [ -d "$d" ]; then find "$d" -maxdepth 1 -type f -exec cp {} "$corpus/" \; ; fi
   done
-  echo "== fuzz_$t: ${SECS}s from $(ls "$corpus" | wc -l) seeds"
+  local repeatable=()
+  if [ -n "${HYDRA_FUZZ_SEED:-}" ]; then repeatable+=(-seed="$HYDRA_FUZZ_SEED"); fi
+  if [ -n "${HYDRA_FUZZ_RUNS:-}" ]; then repeatable+=(-runs="$HYDRA_FUZZ_RUNS"); fi
+  echo "== fuzz_$t: ${SECS}s ${repeatable[*]} from $(ls "$corpus" | wc -l) seeds"
   if "$BUILD_DIR/tests/fuzz/fuzz_$t" -max_total_time="$SECS" -timeout=10 -rss_limit_mb=2048 \
-      -print_final_stats=1 -artifact_prefix="$crashes/" "$corpus" >"$log" 2>&1; then
+      "${repeatable[@]}" -print_final_stats=1 -artifact_prefix="$crashes/" "$corpus" \
+      >"$log" 2>&1; then
     grep -E "^stat::(number_of_executed_units|peak_rss_mb)|^#[0-9]+ +DONE" "$log" || true
     return 0
   fi

@@ -5,8 +5,9 @@
 #      helm (built from its Go module) and applied server-side, the dashboards' PromQL parsed
 #      by Prometheus's parser against the metrics real processes export,
 #   2. the torch-free libraries and their tests under ASan + UBSan in build-asan/,
-#   3. libFuzzer on every fuzz target (tests/fuzz) for HYDRA_FUZZ_SECONDS each (default 20),
-#      under ASan + UBSan in build-fuzz/,
+#   3. libFuzzer on every fuzz target (tests/fuzz) under ASan + UBSan in build-fuzz/, repeatably:
+#      seed HYDRA_FUZZ_SEED (default 1), HYDRA_FUZZ_RUNS inputs (default 200000), at most
+#      HYDRA_FUZZ_SECONDS (default 120) a target,
 #   4. every benchmark at smoke size.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,8 +29,9 @@ HYDRA_BUILD_DIR=build-asan bash scripts/build.sh -DHYDRA_WITH_TORCH=OFF \
 (cd build-asan && LSAN_OPTIONS="suppressions=$PWD/../tests/sanitizers/lsan.supp" \
   ctest --output-on-failure --timeout 900 -j2)
 
-echo "== fuzzing (libFuzzer, ASan + UBSan, ${HYDRA_FUZZ_SECONDS:-20}s a target)"
-bash scripts/fuzz.sh "${HYDRA_FUZZ_SECONDS:-20}"
+echo "== fuzzing (libFuzzer, ASan + UBSan, repeatable: a fixed seed and number of inputs)"
+HYDRA_FUZZ_SEED="${HYDRA_FUZZ_SEED:-1}" HYDRA_FUZZ_RUNS="${HYDRA_FUZZ_RUNS:-200000}" \
+  bash scripts/fuzz.sh "${HYDRA_FUZZ_SECONDS:-120}"
 
 echo "== benchmarks (smoke size)"
 bash bench/run_all.sh --smoke

@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <functional>
 
 #include "common/job_json.h"
@@ -87,6 +88,18 @@ TEST(TrialProtoTest, AnIdentityWithABadPartIsRefused) {
     mutate(&spec);
     EXPECT_EQ(TrialFromProto(spec).status().code(), StatusCode::kInvalidArgument)
         << spec.ShortDebugString();
+  }
+}
+
+TEST(TrialProtoTest, ANonFiniteHyperparameterIsRefused) {
+  // Found by fuzz_trial_proto: a NaN grid value decoded, then compared unequal to itself.
+  for (double bad : {std::nan(""), HUGE_VAL, -HUGE_VAL}) {
+    v1::TrialSpec spec;
+    TrialToProto(Sample(), &spec);
+    spec.mutable_hyperparameters(0)->set_float_value(bad);
+    auto t = TrialFromProto(spec);
+    ASSERT_EQ(t.status().code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(t.status().message(), HasSubstr("trial.hyperparameters[0]: must be a finite"));
   }
 }
 

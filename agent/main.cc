@@ -14,12 +14,14 @@
 #include <thread>
 
 #include "agent/executor/cpu_threads.h"
+#include "agent/executor/gpus.h"
 #include "agent/executor/spilling_executor.h"
 #include "agent/metrics/agent_metrics.h"
 #include "agent/rpc/addresses.h"
 #include "agent/rpc/agent_service.h"
 #include "agent/rpc/tls.h"
 #include "common/devices.h"
+#include "common/host_memory.h"
 #include "common/http/http_server.h"
 #include "common/units.h"
 
@@ -97,14 +99,16 @@ int main(int argc, char** argv) {
                  "Where /healthz and /readyz are served, [host]:port (\"0\" disables)")
       ->capture_default_str();
   app.add_option("--devices", devices_flag,
-                 "CPU devices and their memory budget: cpu:N or cpu:N,budget=4Gi (default "
-                 "budget: the host memory for trials)")
+                 "Devices and their memory budget: cpu:N or cpu:N,budget=4Gi (default budget: "
+                 "the host memory for trials); cuda, cuda:0,2 or cuda:0,budget=20Gi name GPUs "
+                 "(found and checked; training on them is not in this version)")
       ->capture_default_str();
   app.add_option("--threads", threads, "CPU threads for training, shared by the devices")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
   app.add_option("--host-memory", host_memory,
-                 "Host memory the trials' state may use, e.g. 16Gi (default: 75% of RAM)");
+                 "Host memory the trials' state may use, e.g. 16Gi (default: 75% of the RAM or "
+                 "of the container's cgroup memory limit, whichever is less)");
   app.add_option("--spill-dir", spill_dir, "Local directory for spilled shard state")
       ->capture_default_str();
   app.add_option("--data-root", data_roots,
@@ -158,8 +162,7 @@ int main(int argc, char** argv) {
                  "reaches "
               << grpc_bind << " can assign, cancel and read trials\n";
   }
-  int64_t host_bytes = static_cast<int64_t>(0.75 * static_cast<double>(sysconf(_SC_PHYS_PAGES)) *
-                                            static_cast<double>(sysconf(_SC_PAGESIZE)));
+  int64_t host_bytes = hydra::DefaultHostMemoryBytes();
   if (!host_memory.empty()) {
     auto parsed = hydra::ParseByteQuantity(host_memory);
     if (!parsed.ok() || *parsed <= 0) {
@@ -169,9 +172,11 @@ int main(int argc, char** argv) {
     }
     host_bytes = *parsed;
   }
-  auto devices = hydra::ParseDevicesFlag(devices_flag, host_bytes);
-  if (!devices.ok()) {
-    std::cerr << "error: " << devices.status().message() << "\n";
+  auto devices = hydra::executor::FindDevices(devices_flag, host_bytes);
+  if (hydra::Status s =
+          devices.ok() ? hydra::executor::CheckExecutorsCanUse(*devices) : devices.status();
+      !s.ok()) {
+    std::cerr << "error: " << s.message() << "\n";
     return 2;
   }
   auto creds = hydra::agent::MakeServerCredentials({tls_cert, tls_key, tls_client_ca});

@@ -53,7 +53,7 @@ StreamRun RunStream(const fs::path& dir, int trials, int64_t steps, int step_ms,
   factory.step_delay = std::chrono::milliseconds(step_ms);
   hydra::agent::AgentConfig config;
   config.node_name = "bench";
-  config.devices = {{"cpu:0", int64_t{1} << 30}, {"cpu:1", int64_t{1} << 30}};
+  config.devices = {hydra::CpuDevice(0, int64_t{1} << 30), hydra::CpuDevice(1, int64_t{1} << 30)};
   config.data_roots = {fs::canonical(dir).string()};
   config.checkpoint_roots = {fs::canonical(dir / "ckpt").string()};
   hydra::agent::AgentMetrics metrics("bench", "bench");

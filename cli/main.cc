@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "agent/executor/cpu_threads.h"
+#include "agent/executor/gpus.h"
 #include "agent/executor/model_loader.h"
 #include "agent/executor/pilot.h"
 #include "agent/executor/spilling_executor.h"
@@ -187,11 +188,21 @@ int Run(const RunArgs& a) {
   std::string output = a.output;
   const std::string& progress_mode = a.progress;
   int devices = 0;
-  if (a.devices != "auto" &&
-      (std::sscanf(a.devices.c_str(), "cpu:%d", &devices) != 1 || devices < 1)) {
-    std::cerr << "error: --devices: expected auto or cpu:N with N >= 1, got '" << a.devices
-              << "'\n";
-    return 2;
+  if (a.devices != "auto") {
+    // The devices' memory is each trial's resources.deviceMemoryBudget here, not a flag.
+    auto found = hydra::executor::FindDevices(a.devices, 0);
+    hydra::Status usable =
+        found.ok() ? hydra::executor::CheckExecutorsCanUse(*found) : found.status();
+    if (usable.ok() && a.devices.find("budget=") != std::string::npos) {
+      usable = hydra::InvalidArgumentError(
+          "--devices: hydra run takes no budget= (a trial's device memory is its "
+          "spec.resources.deviceMemoryBudget)");
+    }
+    if (!usable.ok()) {
+      std::cerr << "error: " << usable.message() << "\n";
+      return 2;
+    }
+    devices = static_cast<int>(found->size());
   }
   int64_t host_memory = 0;
   if (!a.host_memory.empty()) {
@@ -317,11 +328,12 @@ int main(int argc, char** argv) {
 
   run->add_option("--devices", ra.devices,
                   "Devices that train trials at once: cpu:N splits the threads into N CPU "
-                  "devices; auto: one per thread, at most one per trial")
+                  "devices; auto: one per thread, at most one per trial; cuda, cuda:0,2: GPUs "
+                  "(found and checked; training on them is not in this version)")
       ->capture_default_str();
   run->add_option("--host-memory", ra.host_memory,
                   "Host memory the admitted trials may use (e.g. 16Gi); others wait in order "
-                  "(default: 75% of the machine's memory)");
+                  "(default: 75% of the machine's memory, or of its cgroup's limit if less)");
   run->add_option("--chart", ra.chart, "Write a Gantt chart of the run's schedule to this PNG");
 
   std::string plan_manifest;

@@ -1,39 +1,168 @@
 #include "common/devices.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
+#include <set>
+#include <sstream>
 
 #include "common/units.h"
 
 namespace hydra {
+namespace {
 
-StatusOr<std::vector<DeviceSpec>> ParseDevicesFlag(const std::string& flag,
-                                                   int64_t default_budget) {
+constexpr char kForms[] = "cpu:N, cpu:N,budget=4Gi, cuda, cuda:0,2 or cuda:0,budget=20Gi";
+
+/// A non-negative decimal integer of at most 4 digits, else nullopt.
+std::optional<int> SmallInt(const std::string& text) {
+  if (text.empty() || text.size() > 4 || text.find_first_not_of("0123456789") != std::string::npos)
+    return std::nullopt;
+  return std::atoi(text.c_str());
+}
+
+std::vector<std::string> SplitCommas(const std::string& flag) {
+  std::vector<std::string> parts;
+  std::stringstream in(flag);
+  std::string part;
+  while (std::getline(in, part, ',')) parts.push_back(part);
+  if (!flag.empty() && flag.back() == ',') parts.emplace_back();
+  return parts;
+}
+
+}  // namespace
+
+DeviceSpec CpuDevice(int index, int64_t budget) {
+  DeviceSpec d;
+  d.name = "cpu:" + std::to_string(index);
+  d.index = index;
+  d.memory_bytes = budget;
+  return d;
+}
+
+StatusOr<DevicesRequest> ParseDevicesRequest(const std::string& flag) {
   auto bad = [&](const std::string& why) {
-    return InvalidArgumentError("--devices: " + why +
-                                " (expected cpu:N or cpu:N,budget=4Gi; got '" + flag + "')");
+    return InvalidArgumentError("--devices: " + why + " (expected " + kForms + "; got '" + flag +
+                                "')");
   };
-  if (flag.rfind("cpu:", 0) != 0) return bad("only CPU devices are supported by this build");
-  std::string count_text = flag.substr(4), options;
-  if (auto comma = count_text.find(','); comma != std::string::npos) {
-    options = count_text.substr(comma + 1);
-    count_text = count_text.substr(0, comma);
+  std::vector<std::string> parts = SplitCommas(flag);
+  if (parts.empty()) return bad("empty");
+  DevicesRequest r;
+  const std::string head = parts.front();
+  if (head.rfind("cpu:", 0) == 0) {
+    const auto n = SmallInt(head.substr(4));
+    if (!n || *n < 1 || *n > 1024) return bad("N must be an integer from 1 to 1024");
+    r.cpu_count = *n;
+  } else if (head == "cuda" || head.rfind("cuda:", 0) == 0) {
+    r.kind = DeviceKind::kCuda;
+    if (head != "cuda") {
+      const auto i = SmallInt(head.substr(5));
+      if (!i) return bad("a GPU index must be an integer >= 0");
+      r.cuda_indices.push_back(*i);
+    }
+  } else {
+    return bad("unknown device kind '" + head + "'");
   }
-  char* end = nullptr;
-  const long count = std::strtol(count_text.c_str(), &end, 10);
-  if (count_text.empty() || *end != '\0' || count < 1 || count > 1024) {
-    return bad("N must be an integer from 1 to 1024");
+  for (size_t k = 1; k < parts.size(); ++k) {
+    const std::string& p = parts[k];
+    if (p.rfind("budget=", 0) == 0) {
+      if (r.budget) return bad("budget given twice");
+      auto bytes = ParseByteQuantity(p.substr(7));
+      if (!bytes.ok()) return bad("budget: " + bytes.status().message());
+      if (*bytes <= 0) return bad("budget must be > 0");
+      r.budget = *bytes;
+    } else if (auto i = SmallInt(p); i && r.kind == DeviceKind::kCuda && !r.cuda_indices.empty()) {
+      if (r.budget) return bad("GPU indices come before budget=");
+      r.cuda_indices.push_back(*i);
+    } else {
+      return bad("unknown option '" + p + "'");
+    }
   }
-  int64_t budget = default_budget;
-  if (!options.empty()) {
-    if (options.rfind("budget=", 0) != 0) return bad("unknown option '" + options + "'");
-    auto bytes = ParseByteQuantity(options.substr(7));
-    if (!bytes.ok()) return bad("budget: " + bytes.status().message());
-    if (*bytes <= 0) return bad("budget must be > 0");
-    budget = *bytes;
+  std::set<int> seen;
+  for (int i : r.cuda_indices) {
+    if (!seen.insert(i).second) return bad("GPU " + std::to_string(i) + " named twice");
   }
+  return r;
+}
+
+namespace {
+
+std::string VisibleList(const std::vector<GpuInfo>& gpus) {
+  std::string out;
+  for (const auto& g : gpus)
+    out += (out.empty() ? "" : ", ") + std::string("cuda:") + std::to_string(g.index);
+  return out;
+}
+
+StatusOr<DeviceSpec> CudaDevice(const GpuInfo& g, const std::optional<int64_t>& budget) {
+  DeviceSpec d;
+  d.kind = DeviceKind::kCuda;
+  d.name = "cuda:" + std::to_string(g.index);
+  d.index = g.index;
+  d.uuid = g.uuid;
+  d.model = g.name;
+  if (budget && *budget > g.total_bytes) {
+    return InvalidArgumentError("--devices: budget " + FormatBytes(*budget) + " is more than " +
+                                d.name + " (" + g.name + ") has: " + FormatBytes(g.total_bytes));
+  }
+  d.memory_bytes =
+      budget ? *budget
+             : static_cast<int64_t>(kDefaultGpuBudgetShare * static_cast<double>(g.free_bytes));
+  if (d.memory_bytes <= 0) {
+    return FailedPreconditionError("--devices: " + d.name + " (" + g.name +
+                                   ") has no free memory; other processes hold all " +
+                                   FormatBytes(g.total_bytes));
+  }
+  return d;
+}
+
+}  // namespace
+
+StatusOr<std::vector<DeviceSpec>> ResolveDevices(const DevicesRequest& request,
+                                                 int64_t default_cpu_budget,
+                                                 const StatusOr<std::vector<GpuInfo>>& gpus) {
   std::vector<DeviceSpec> out;
-  for (long i = 0; i < count; ++i) out.push_back({"cpu:" + std::to_string(i), budget});
+  if (request.kind == DeviceKind::kCpu) {
+    for (int i = 0; i < request.cpu_count; ++i) {
+      out.push_back(CpuDevice(i, request.budget.value_or(default_cpu_budget)));
+    }
+    return out;
+  }
+  if (!gpus.ok()) {
+    return Status(gpus.status().code(), "--devices: " + gpus.status().message());
+  }
+  if (gpus->empty()) {
+    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    return FailedPreconditionError(
+        "--devices: no GPU is visible to CUDA (CUDA_VISIBLE_DEVICES=" +
+        std::string(visible ? "'" + std::string(visible) + "'" : "unset") +
+        "); is the NVIDIA driver loaded and the GPU given to this container "
+        "(resources.limits nvidia.com/gpu)?");
+  }
+  std::vector<int> wanted = request.cuda_indices;
+  if (wanted.empty()) {
+    for (const auto& g : *gpus) wanted.push_back(g.index);
+  }
+  for (int i : wanted) {
+    auto it =
+        std::find_if(gpus->begin(), gpus->end(), [&](const GpuInfo& g) { return g.index == i; });
+    if (it == gpus->end()) {
+      return InvalidArgumentError("--devices: there is no cuda:" + std::to_string(i) +
+                                  "; the visible GPUs are " + VisibleList(*gpus));
+    }
+    ASSIGN_OR_RETURN(auto d, CudaDevice(*it, request.budget));
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
+std::string FormatGpuUuid(const unsigned char (&bytes)[16]) {
+  static const char kHex[] = "0123456789abcdef";
+  std::string out = "GPU-";
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) out += '-';
+    out += kHex[bytes[i] >> 4];
+    out += kHex[bytes[i] & 0xf];
+  }
   return out;
 }
 

@@ -9,6 +9,7 @@
 
 #include "agent/executor/checkpoint.h"
 #include "common/cost_model.h"
+#include "common/host_memory.h"
 #include "common/job_json.h"
 #include "common/partitioner.h"
 #include "common/units.h"
@@ -142,8 +143,7 @@ TrialScheduler::~TrialScheduler() {
 
 int64_t TrialScheduler::HostLimit() const {
   if (options_.host_memory_bytes > 0) return options_.host_memory_bytes;
-  return static_cast<int64_t>(0.75 * static_cast<double>(sysconf(_SC_PHYS_PAGES)) *
-                              static_cast<double>(sysconf(_SC_PAGESIZE)));
+  return DefaultHostMemoryBytes();
 }
 
 StatusOr<PreparedTrial> TrialScheduler::Prepare(const Trial& given,

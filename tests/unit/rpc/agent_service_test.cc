@@ -50,7 +50,7 @@ class AgentServiceTest : public ::testing::Test {
     AgentConfig config;
     config.node_name = "node-a";
     config.version = "test";
-    config.devices = {{"cpu:0", kDeviceBytes}, {"cpu:1", kDeviceBytes}};
+    config.devices = {CpuDevice(0, kDeviceBytes), CpuDevice(1, kDeviceBytes)};
     config.data_roots = {fs::canonical(dir_ / "data").string()};
     config.checkpoint_roots = {fs::canonical(dir_ / "ckpt").string()};
     config.required_client_identity = identity;

@@ -1,0 +1,96 @@
+#include "agent/executor/gpus.h"
+
+#ifdef HYDRA_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+#include <cstring>
+
+#include "common/units.h"
+
+namespace hydra::executor {
+
+bool CudaCompiledIn() {
+#ifdef HYDRA_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+#ifdef HYDRA_WITH_CUDA
+namespace {
+
+Status CudaError(cudaError_t e, const std::string& what) {
+  return FailedPreconditionError("CUDA " + what + ": " + cudaGetErrorString(e) +
+                                 " (is the NVIDIA driver loaded, and new enough for CUDA 13?)");
+}
+
+StatusOr<GpuInfo> Describe(int index) {
+  cudaDeviceProp p;
+  if (cudaError_t e = cudaGetDeviceProperties(&p, index); e != cudaSuccess) {
+    return CudaError(e, "cudaGetDeviceProperties(" + std::to_string(index) + ")");
+  }
+  GpuInfo g;
+  g.index = index;
+  g.name = p.name;
+  unsigned char uuid[16];
+  std::memcpy(uuid, p.uuid.bytes, sizeof(uuid));
+  g.uuid = FormatGpuUuid(uuid);
+  g.total_bytes = static_cast<int64_t>(p.totalGlobalMem);
+  // The free memory needs the device's context (created here, once per process and GPU).
+  int previous = 0;
+  cudaGetDevice(&previous);
+  size_t free_bytes = 0, total_bytes = 0;
+  cudaError_t e = cudaSetDevice(index);
+  if (e == cudaSuccess) e = cudaMemGetInfo(&free_bytes, &total_bytes);
+  cudaSetDevice(previous);
+  if (e != cudaSuccess) return CudaError(e, "cudaMemGetInfo on cuda:" + std::to_string(index));
+  g.free_bytes = static_cast<int64_t>(free_bytes);
+  return g;
+}
+
+}  // namespace
+#endif
+
+StatusOr<std::vector<GpuInfo>> DiscoverGpus() {
+#ifdef HYDRA_WITH_CUDA
+  int count = 0;
+  if (cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess) {
+    if (e == cudaErrorNoDevice) return std::vector<GpuInfo>{};
+    return CudaError(e, "cudaGetDeviceCount");
+  }
+  std::vector<GpuInfo> out;
+  for (int i = 0; i < count; ++i) {
+    ASSIGN_OR_RETURN(auto g, Describe(i));
+    out.push_back(std::move(g));
+  }
+  return out;
+#else
+  return FailedPreconditionError(
+      "this build has no CUDA (Debian's LibTorch is CPU-only): build with scripts/build-cuda.sh "
+      "against PyPI's CUDA LibTorch");
+#endif
+}
+
+StatusOr<std::vector<DeviceSpec>> FindDevices(const std::string& flag, int64_t default_cpu_budget) {
+  ASSIGN_OR_RETURN(auto request, ParseDevicesRequest(flag));
+  if (request.kind == DeviceKind::kCpu)
+    return ResolveDevices(request, default_cpu_budget, std::vector<GpuInfo>{});
+  return ResolveDevices(request, default_cpu_budget, DiscoverGpus());
+}
+
+Status CheckExecutorsCanUse(const std::vector<DeviceSpec>& devices) {
+  for (const auto& d : devices) {
+    if (d.kind == DeviceKind::kCpu) continue;
+    // Discovery, budgets, metrics and placement know GPUs; the executors do not train on them
+    // yet (docs/install.md, "GPUs"). Refusing beats training on the CPU behind the GPU's name.
+    return FailedPreconditionError("--devices: found " + d.name + " (" + d.model + ", " +
+                                   FormatBytes(d.memory_bytes) +
+                                   " budget), but the executors of this version train on CPU "
+                                   "devices only: use --devices cpu:N");
+  }
+  return OkStatus();
+}
+
+}  // namespace hydra::executor

@@ -1,0 +1,26 @@
+#pragma once
+
+#include <vector>
+
+#include "common/devices.h"
+#include "common/status.h"
+
+namespace hydra::executor {
+
+/// Whether this build can reach GPUs (built with -DHYDRA_WITH_CUDA=ON, scripts/build-cuda.sh).
+bool CudaCompiledIn();
+
+/// The GPUs visible to CUDA (CUDA_VISIBLE_DEVICES applies): index, name, UUID, total and free
+/// memory. Empty when the driver sees no device; FAILED_PRECONDITION naming the cause when this
+/// build has no CUDA or the driver cannot be used.
+StatusOr<std::vector<GpuInfo>> DiscoverGpus();
+
+/// The devices a --devices flag names on this machine: CPU devices without looking for GPUs,
+/// CUDA devices from DiscoverGpus().
+StatusOr<std::vector<DeviceSpec>> FindDevices(const std::string& flag, int64_t default_cpu_budget);
+
+/// OK when the executors can train on every one of `devices`; FAILED_PRECONDITION naming the
+/// first they cannot.
+Status CheckExecutorsCanUse(const std::vector<DeviceSpec>& devices);
+
+}  // namespace hydra::executor

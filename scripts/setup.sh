@@ -11,7 +11,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev zlib1g-dev
   libxxhash-dev
   gnuplot-nox openssl curl iproute2 prometheus
-  python3 python3-torch
+  python3 python3-torch python3-venv
 )
 
 missing=()

@@ -8,7 +8,9 @@
 #   3. libFuzzer on every fuzz target (tests/fuzz) under ASan + UBSan in build-fuzz/, repeatably:
 #      seed HYDRA_FUZZ_SEED (default 1), HYDRA_FUZZ_RUNS inputs (default 200000), at most
 #      HYDRA_FUZZ_SECONDS (default 120) a target,
-#   4. every benchmark at smoke size.
+#   4. the CUDA build (scripts/build-cuda.sh: PyPI's CUDA LibTorch, cached in ~/.cache/hydra),
+#      compiled and linked without a GPU, and its GPU tests, which skip cleanly without one,
+#   5. every benchmark at smoke size.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -32,6 +34,15 @@ HYDRA_BUILD_DIR=build-asan bash scripts/build.sh -DHYDRA_WITH_TORCH=OFF \
 echo "== fuzzing (libFuzzer, ASan + UBSan, repeatable: a fixed seed and number of inputs)"
 HYDRA_FUZZ_SEED="${HYDRA_FUZZ_SEED:-1}" HYDRA_FUZZ_RUNS="${HYDRA_FUZZ_RUNS:-200000}" \
   bash scripts/fuzz.sh "${HYDRA_FUZZ_SECONDS:-120}"
+
+echo "== CUDA build (compile and link against PyPI's CUDA LibTorch; no GPU needed)"
+bash scripts/build-cuda.sh
+build-cuda/tests/unit/executor/gpus_test
+# The CUDA build's hydra trains the example on the CPU (torch 2.11 there, 1.13 in build/).
+cuda_run="$(mktemp -d)"
+build-cuda/cli/hydra run examples/tiny-sweep.yaml -o "$cuda_run/out" --progress quiet >/dev/null
+test -s "$cuda_run/out/results.json"
+rm -rf "$cuda_run"
 
 echo "== benchmarks (smoke size)"
 bash bench/run_all.sh --smoke

@@ -160,7 +160,7 @@ int main(int argc, char** argv) {
   hydra::agent::AgentMetrics metrics("bench-node", "0.1.0");
   metrics.SetGrpcEndpoint("bench-node:9443");
   for (int d = 0; d < 4; ++d) {
-    metrics.SetDevice("cpu:" + std::to_string(d), int64_t{16} << 30, int64_t{8} << 30,
+    metrics.SetDevice(hydra::CpuDevice(d, int64_t{16} << 30), int64_t{16} << 30, int64_t{8} << 30,
                       int64_t{8} << 30, 0.97);
   }
   for (int i = 0; i < trials; ++i) {

@@ -38,7 +38,10 @@ class FakeAgents : public hydra::controller::AgentPoolInterface,
       a.node = "node-" + std::to_string(i);
       a.endpoint = a.node + ":9443";
       for (int d = 0; d < 4; ++d) {
-        a.devices.push_back({"cuda:" + std::to_string(d), int64_t{16} << 30, int64_t{16} << 30});
+        hydra::controller::DeviceInventory dev;
+        dev.name = "cuda:" + std::to_string(d);
+        dev.total_bytes = dev.free_bytes = int64_t{16} << 30;
+        a.devices.push_back(dev);
       }
       inventory_.push_back(a);
     }

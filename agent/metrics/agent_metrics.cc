@@ -140,9 +140,13 @@ std::string AgentMetrics::Render() const {
   return prometheus::TextSerializer().Serialize(impl_->registry->Collect());
 }
 
-void AgentMetrics::SetDevice(const std::string& device, int64_t total_bytes, int64_t free_bytes,
+void AgentMetrics::SetDevice(const DeviceSpec& device, int64_t total_bytes, int64_t free_bytes,
                              int64_t used_bytes, double busy_ratio) {
-  const prometheus::Labels l{{"device", device}};
+  prometheus::Labels l{{"device", device.name}};
+  if (device.kind == DeviceKind::kCuda) {
+    l["gpu"] = std::to_string(device.index);
+    if (!device.uuid.empty()) l["UUID"] = device.uuid;
+  }
   impl_->mem_total.Add(l).Set(static_cast<double>(total_bytes));
   impl_->mem_free.Add(l).Set(static_cast<double>(free_bytes));
   impl_->mem_used.Add(l).Set(static_cast<double>(used_bytes));

@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 
+#include "common/devices.h"
 #include "common/job.h"
 #include "common/status.h"
 
@@ -25,7 +26,9 @@ class AgentMetrics {
   /// hydra_agent_info{node, grpc_endpoint, version} = 1 for this endpoint (replacing any other).
   void SetGrpcEndpoint(const std::string& grpc_endpoint);
 
-  void SetDevice(const std::string& device, int64_t total_bytes, int64_t free_bytes,
+  /// A device's memory and busy ratio, labelled `device` ("cuda:0"), and for a GPU also `gpu`
+  /// (its index) and `UUID`, the labels dcgm-exporter's series carry, so queries join them.
+  void SetDevice(const DeviceSpec& device, int64_t total_bytes, int64_t free_bytes,
                  int64_t used_bytes, double busy_ratio);
   /// Trials per state; states missing from `counts` read 0.
   void SetTrialsByState(const std::map<std::string, int64_t>& counts);

@@ -7,12 +7,14 @@ namespace hydra::agent::metric_names {
 
 // Gauge, value 1. Labels: node, grpc_endpoint, version. Where to reach the agent.
 inline constexpr char kAgentInfo[] = "hydra_agent_info";
-// Gauges in bytes. Labels: node, device. Total is the device's memory (a CPU device's
+// Gauges in bytes. Labels: node, device (+ gpu, UUID on a GPU: dcgm-exporter's labels, for
+// joins). Total is the device's memory (a CPU device's
 // budget); used is what this agent's running trials hold; free = total - used.
 inline constexpr char kDeviceMemoryTotalBytes[] = "hydra_device_memory_total_bytes";
 inline constexpr char kDeviceMemoryFreeBytes[] = "hydra_device_memory_free_bytes";
 inline constexpr char kDeviceMemoryUsedBytes[] = "hydra_device_memory_used_bytes";
-// Gauge in [0, 1]. Labels: node, device. Share of the last minute the device ran steps.
+// Gauge in [0, 1]. Labels: node, device (+ gpu, UUID). Share of the last minute the device ran
+// steps.
 inline constexpr char kDeviceBusyRatio[] = "hydra_device_busy_ratio";
 // Gauges. Labels: node, job, trial (+ split="train"|"validation" for the loss).
 inline constexpr char kTrialStep[] = "hydra_trial_step";

@@ -406,6 +406,8 @@ std::vector<v1::Device> AgentService::Devices() const {
   for (size_t d = 0; d < config_.devices.size(); ++d) {
     v1::Device dev;
     dev.set_name(config_.devices[d].name);
+    dev.set_uuid(config_.devices[d].uuid);
+    dev.set_model(config_.devices[d].model);
     const int64_t total = config_.devices[d].memory_bytes;
     const int64_t used = scheduler_->DeviceBytesInUse(static_cast<int>(d));
     dev.set_memory_total_bytes(total);
@@ -667,8 +669,10 @@ void AgentService::Tick() {
     ratios = busy_ratio_;
   }
   if (!metrics_) return;
-  for (const auto& d : Devices()) {
-    metrics_->SetDevice(d.name(), d.memory_total_bytes(), d.memory_free_bytes(),
+  const auto devices = Devices();
+  for (size_t i = 0; i < devices.size(); ++i) {
+    const auto& d = devices[i];
+    metrics_->SetDevice(config_.devices[i], d.memory_total_bytes(), d.memory_free_bytes(),
                         d.memory_used_bytes(), d.busy_ratio());
   }
   metrics_->SetTrialsByState(counts);

@@ -15,16 +15,31 @@
 
 namespace hydra::controller {
 
+int64_t DeviceInventory::UsableBytes() const {
+  if (dcgm_free_bytes < 0) return total_bytes;
+  const int64_t ours = std::max<int64_t>(0, total_bytes - free_bytes);
+  return std::min(total_bytes, dcgm_free_bytes + ours);
+}
+
+int64_t DeviceInventory::AvailableBytes() const {
+  return dcgm_free_bytes < 0 ? free_bytes : std::min(free_bytes, dcgm_free_bytes);
+}
+
 int64_t AgentInventory::MaxDeviceBytes() const {
   int64_t m = 0;
-  for (const auto& d : devices) m = std::max(m, d.total_bytes);
+  for (const auto& d : devices) m = std::max(m, d.UsableBytes());
   return m;
 }
 
 int64_t AgentInventory::FreeBytes() const {
   int64_t f = 0;
-  for (const auto& d : devices) f += d.free_bytes;
-  return dcgm_free_bytes >= 0 ? std::min(f, dcgm_free_bytes) : f;
+  for (const auto& d : devices) f += d.AvailableBytes();
+  return f;
+}
+
+bool AgentInventory::LimitedByDcgm() const {
+  return std::any_of(devices.begin(), devices.end(),
+                     [](const DeviceInventory& d) { return d.UsableBytes() < d.total_bytes; });
 }
 
 namespace {
@@ -69,6 +84,31 @@ std::string FromJob(const std::string& metric, const std::string& job) {
     quoted += ch;
   }
   return metric + "{job=\"" + quoted + "\"}";
+}
+
+std::string Label(const PrometheusClient::Sample& s, const char* key) {
+  auto it = s.labels.find(key);
+  return it == s.labels.end() ? std::string() : it->second;
+}
+
+/// Gives each GPU device its DCGM_FI_DEV_FB_FREE (MiB), matched by node and UUID. dcgm-exporter
+/// names the node `Hostname` (its default) or `hostname` (relabelled); a series whose UUID no
+/// agent reports is another node's or an unmanaged GPU's, and is left alone.
+void MatchDcgm(const std::vector<PrometheusClient::Sample>& dcgm,
+               std::map<std::pair<std::string, std::string>, DeviceInventory>* devices) {
+  std::map<std::pair<std::string, std::string>, DeviceInventory*> by_uuid;
+  for (auto& [key, d] : *devices) {
+    if (!d.uuid.empty()) by_uuid[{key.first, d.uuid}] = &d;
+  }
+  for (const auto& s : dcgm) {
+    const std::string host =
+        s.labels.count("Hostname") ? Label(s, "Hostname") : Label(s, "hostname");
+    auto it = by_uuid.find({host, Label(s, "UUID")});
+    if (it == by_uuid.end()) continue;
+    if (const auto bytes = Bytes(s, 1024.0 * 1024.0, "DCGM_FI_DEV_FB_FREE")) {
+      it->second->dcgm_free_bytes = *bytes;
+    }
+  }
 }
 
 }  // namespace
@@ -127,10 +167,7 @@ StatusOr<std::vector<AgentInventory>> FetchInventory(const PrometheusClient& pro
                    prometheus.Query(FromJob("hydra_device_memory_free_bytes", agent_scrape_job)));
   // dcgm-exporter is optional: a failed query only means no DCGM data.
   auto dcgm = prometheus.Query("DCGM_FI_DEV_FB_FREE");
-  auto label = [](const PrometheusClient::Sample& s, const char* key) {
-    auto it = s.labels.find(key);
-    return it == s.labels.end() ? std::string() : it->second;
-  };
+  const auto& label = Label;
   std::map<std::string, AgentInventory> by_node;
   for (const auto& s : info) {
     const std::string node = label(s, "node"), endpoint = label(s, "grpc_endpoint");
@@ -148,26 +185,17 @@ StatusOr<std::vector<AgentInventory>> FetchInventory(const PrometheusClient& pro
     auto& d = devices[{node, device}];
     d.name = device;
     d.total_bytes = *bytes;
+    d.uuid = label(s, "UUID");
   }
   for (const auto& s : free) {
     auto it = devices.find({label(s, "node"), label(s, "device")});
     const auto bytes = Bytes(s, 1, "hydra_device_memory_free_bytes");
     if (it != devices.end() && bytes) it->second.free_bytes = *bytes;
   }
+  if (dcgm.ok()) MatchDcgm(*dcgm, &devices);
   for (const auto& [key, d] : devices) {
     auto it = by_node.find(key.first);
     if (it != by_node.end()) it->second.devices.push_back(d);
-  }
-  if (dcgm.ok()) {
-    for (const auto& s : *dcgm) {
-      const std::string host =
-          s.labels.count("Hostname") ? label(s, "Hostname") : label(s, "hostname");
-      auto it = by_node.find(host);
-      const auto bytes = Bytes(s, 1024.0 * 1024.0, "DCGM_FI_DEV_FB_FREE");  // MiB
-      if (it == by_node.end() || !bytes) continue;
-      if (it->second.dcgm_free_bytes < 0) it->second.dcgm_free_bytes = 0;
-      it->second.dcgm_free_bytes += *bytes;
-    }
   }
   std::vector<AgentInventory> out;
   for (auto& [node, a] : by_node) {
@@ -204,7 +232,10 @@ std::vector<Placement> PlaceTrials(std::vector<TrialToPlace> trials,
         if (on_agent.resources.device_memory_budget &&
             *on_agent.resources.device_memory_budget > device) {
           why = "deviceMemoryBudget " + FormatBytes(*on_agent.resources.device_memory_budget) +
-                " is more than any agent's device (" + a.node + ": " + FormatBytes(device) + ")";
+                " is more than any agent's device (" + a.node + ": " + FormatBytes(device) +
+                (a.LimitedByDcgm()
+                     ? ", what DCGM_FI_DEV_FB_FREE leaves beside other processes on its GPUs)"
+                     : ")");
           continue;
         }
         on_agent.resources.device_memory_budget = device;

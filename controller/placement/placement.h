@@ -14,6 +14,16 @@ struct DeviceInventory {
   std::string name;  ///< "cpu:0", "cuda:1"
   int64_t total_bytes = 0;
   int64_t free_bytes = 0;
+  std::string uuid;  ///< a GPU's UUID label ("GPU-…"), which dcgm-exporter's series carry too
+  /// dcgm-exporter's DCGM_FI_DEV_FB_FREE for this GPU (bytes), matched by UUID; -1: none.
+  /// It counts every process on the GPU, which the agent's own ledger cannot see.
+  int64_t dcgm_free_bytes = -1;
+
+  /// The most a trial may plan for on this device: its total, but on a GPU that other
+  /// processes share no more than DCGM's free memory plus what this agent's trials hold.
+  int64_t UsableBytes() const;
+  /// Free for new work: the agent's free memory, capped by DCGM's.
+  int64_t AvailableBytes() const;
 };
 
 /// One agent as Prometheus reports it.
@@ -22,16 +32,15 @@ struct AgentInventory {
   std::string endpoint;  ///< gRPC host:port (hydra_agent_info's grpc_endpoint)
   std::string version;
   std::vector<DeviceInventory> devices;
-  /// NVIDIA dcgm-exporter's DCGM_FI_DEV_FB_FREE for the node (bytes, summed over GPUs), when
-  /// present: other processes' use of the GPUs, which the agent cannot see.
-  int64_t dcgm_free_bytes = -1;
 
-  int64_t MaxDeviceBytes() const;  ///< the largest device: what a shard plan may use
-  int64_t FreeBytes() const;       ///< free device memory, capped by DCGM's view if any
+  int64_t MaxDeviceBytes() const;  ///< the largest UsableBytes: what a shard plan may use
+  int64_t FreeBytes() const;       ///< the devices' AvailableBytes, summed
+  bool LimitedByDcgm() const;      ///< some device's UsableBytes is below its total
 };
 
-/// Reads the inventory: agents (hydra_agent_info), their devices' total and free memory, and
-/// DCGM_FI_DEV_FB_FREE (MiB, by its Hostname or hostname label) where present. Agents
+/// Reads the inventory: agents (hydra_agent_info), their devices' total and free memory (and a
+/// GPU's UUID label), and DCGM_FI_DEV_FB_FREE (MiB) per GPU, matched to a device by node
+/// (its Hostname or hostname label) and UUID. Agents
 /// without device series are left out (their data is stale or incomplete).
 /// Only series of the Prometheus scrape job `agent_scrape_job` (its `job` label; "" for any)
 /// count: anything else Prometheus scrapes could export a fake hydra_agent_info. Samples of the

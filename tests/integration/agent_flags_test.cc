@@ -72,6 +72,12 @@ TEST_F(AgentFlagsTest, MistakesStopTheAgentWithTheFlagNamed) {
   EXPECT_EQ(Run(args, &out), 2);
   EXPECT_THAT(out, HasSubstr("--devices"));
 
+  // GPUs: this (CPU) build says it has no CUDA; never trains on the CPU instead.
+  args = Roots();
+  args.insert(args.end(), {"--devices", "cuda:0,budget=20Gi"});
+  EXPECT_EQ(Run(args, &out), 2);
+  EXPECT_THAT(out, HasSubstr("--devices: this build has no CUDA"));
+
   args = Roots();
   args.insert(args.end(), {"--devices", "cpu:2,budget=lots"});
   EXPECT_EQ(Run(args, &out), 2);

@@ -26,8 +26,13 @@ AgentInventory Agent(const std::string& node, int devices, int64_t bytes, int64_
   AgentInventory a;
   a.node = node;
   a.endpoint = node + ":9443";
-  for (int d = 0; d < devices; ++d)
-    a.devices.push_back({"cpu:" + std::to_string(d), bytes, free_bytes});
+  for (int d = 0; d < devices; ++d) {
+    DeviceInventory dev;
+    dev.name = "cpu:" + std::to_string(d);
+    dev.total_bytes = bytes;
+    dev.free_bytes = free_bytes;
+    a.devices.push_back(dev);
+  }
   return a;
 }
 
@@ -71,12 +76,28 @@ TEST(PlacementTest, TrialsThatFitNoAgentWaitWithTheReason) {
   EXPECT_THAT(waiting["asks"], HasSubstr("no agents"));
 }
 
-TEST(PlacementTest, DcgmCapsTheFreeMemoryTheAgentReports) {
+TEST(PlacementTest, DcgmCapsEachGpuByWhatOtherProcessesLeave) {
   AgentInventory a = Agent("gpu", 2, int64_t{16} << 30, int64_t{16} << 30);
   EXPECT_EQ(a.FreeBytes(), int64_t{32} << 30);
-  a.dcgm_free_bytes = int64_t{4} << 30;  // someone else's process holds most of the GPUs
-  EXPECT_EQ(a.FreeBytes(), int64_t{4} << 30);
-  EXPECT_EQ(a.MaxDeviceBytes(), int64_t{16} << 30);
+  EXPECT_FALSE(a.LimitedByDcgm());
+  a.devices[0].dcgm_free_bytes = int64_t{4} << 30;  // someone else's process holds 12 GiB
+  EXPECT_EQ(a.devices[0].UsableBytes(), int64_t{4} << 30);
+  EXPECT_EQ(a.FreeBytes(), int64_t{20} << 30);
+  EXPECT_EQ(a.MaxDeviceBytes(), int64_t{16} << 30) << "the other GPU is whole";
+  a.devices[1].dcgm_free_bytes = int64_t{2} << 30;
+  a.devices[1].free_bytes = int64_t{10} << 30;  // our trials hold 6 GiB of it
+  EXPECT_EQ(a.devices[1].UsableBytes(), int64_t{8} << 30) << "DCGM's free plus our own use";
+  EXPECT_EQ(a.MaxDeviceBytes(), int64_t{8} << 30);
+  EXPECT_TRUE(a.LimitedByDcgm());
+  // A trial that needs more than any GPU can give waits, naming the other processes.
+  Trial t = MakeTrial("big", 1, 10);
+  t.resources.device_memory_budget = int64_t{12} << 30;
+  std::map<std::string, int> load;
+  std::map<std::string, std::string> waiting;
+  EXPECT_TRUE(PlaceTrials({{t, 1}}, {a}, &load, &waiting).empty());
+  EXPECT_THAT(waiting["big"], HasSubstr("DCGM_FI_DEV_FB_FREE"));
+  t.resources.device_memory_budget = int64_t{8} << 30;
+  EXPECT_EQ(PlaceTrials({{t, 1}}, {a}, &load, &waiting).size(), 1u);
 }
 
 TEST(ConditionsTest, TransitionTimeChangesOnlyWhenTheStatusFlips) {
@@ -159,11 +180,24 @@ TEST(InventoryTest, AgentsDevicesAndDcgmFromPrometheus) {
           R"({"metric":{"__name__":"hydra_agent_info","node":"n1","grpc_endpoint":"n1:9443","version":"0.1.0"},"value":[1,"1"]},
                           {"metric":{"__name__":"hydra_agent_info","node":"n2","grpc_endpoint":"n2:9443"},"value":[1,"1"]},
                           {"metric":{"__name__":"hydra_agent_info","node":"n3","grpc_endpoint":"n3:9443"},"value":[1,"1"]})"));
-  prom.Push(200, result(R"({"metric":{"node":"n1","device":"cuda:0"},"value":[1,"17179869184"]},
+  prom.Push(
+      200,
+      result(
+          R"({"metric":{"node":"n1","device":"cuda:0","gpu":"0","UUID":"GPU-a"},"value":[1,"17179869184"]},
+                          {"metric":{"node":"n1","device":"cuda:1","gpu":"1","UUID":"GPU-b"},"value":[1,"17179869184"]},
                           {"metric":{"node":"n2","device":"cpu:0"},"value":[1,"1073741824"]})"));
-  prom.Push(200, result(R"({"metric":{"node":"n1","device":"cuda:0"},"value":[1,"8589934592"]},
+  prom.Push(
+      200,
+      result(
+          R"({"metric":{"node":"n1","device":"cuda:0","gpu":"0","UUID":"GPU-a"},"value":[1,"8589934592"]},
+                          {"metric":{"node":"n1","device":"cuda:1","gpu":"1","UUID":"GPU-b"},"value":[1,"17179869184"]},
                           {"metric":{"node":"n2","device":"cpu:0"},"value":[1,"NaN"]})"));
-  prom.Push(200, result(R"({"metric":{"Hostname":"n1","gpu":"0"},"value":[1,"2048"]})"));
+  // dcgm-exporter's default label Hostname, a relabelled hostname, another node's GPU with
+  // the same UUID label, and a GPU no agent reports.
+  prom.Push(200, result(R"({"metric":{"Hostname":"n1","gpu":"0","UUID":"GPU-a"},"value":[1,"2048"]},
+                          {"metric":{"hostname":"n1","gpu":"1","UUID":"GPU-b"},"value":[1,"1024"]},
+                          {"metric":{"Hostname":"n2","gpu":"0","UUID":"GPU-a"},"value":[1,"1"]},
+                          {"metric":{"Hostname":"n1","gpu":"7","UUID":"GPU-z"},"value":[1,"1"]})"));
   auto inv = FetchInventory(PrometheusClient(prom.url()), "hydra-agent");
   ASSERT_TRUE(inv.ok()) << inv.status();
   // Only the agents' own scrape job is asked (URL-encoded {job="hydra-agent"}).
@@ -175,9 +209,15 @@ TEST(InventoryTest, AgentsDevicesAndDcgmFromPrometheus) {
   ASSERT_EQ(inv->size(), 2u) << "n3 has no device series: left out";
   const auto& n1 = (*inv)[0];
   EXPECT_EQ(n1.endpoint, "n1:9443");
-  EXPECT_EQ(n1.MaxDeviceBytes(), int64_t{16} << 30);
-  EXPECT_EQ(n1.dcgm_free_bytes, int64_t{2048} << 20);
-  EXPECT_EQ(n1.FreeBytes(), int64_t{2048} << 20);
+  ASSERT_EQ(n1.devices.size(), 2u);
+  EXPECT_EQ(n1.devices[0].uuid, "GPU-a");
+  EXPECT_EQ(n1.devices[0].dcgm_free_bytes, int64_t{2048} << 20);
+  EXPECT_EQ(n1.devices[1].dcgm_free_bytes, int64_t{1024} << 20);
+  // cuda:0: 8 GiB ours + 2 GiB DCGM-free; cuda:1: nothing ours, 1 GiB free.
+  EXPECT_EQ(n1.devices[0].UsableBytes(), int64_t{10} << 30);
+  EXPECT_EQ(n1.MaxDeviceBytes(), int64_t{10} << 30);
+  EXPECT_EQ(n1.FreeBytes(), int64_t{3072} << 20);
+  EXPECT_EQ((*inv)[1].devices[0].dcgm_free_bytes, -1) << "n2's CPU device has no UUID";
   EXPECT_EQ((*inv)[1].FreeBytes(), 0) << "an unreadable value counts as nothing free";
   prom.Push(503, R"({"status":"error","error":"query timed out"})");
   auto down = FetchInventory(PrometheusClient(prom.url()), "hydra-agent");
@@ -208,7 +248,7 @@ TEST(InventoryTest, SamplesOfTheWrongTypeOrOutOfRangeAreSkipped) {
   ASSERT_EQ(inv->size(), 1u) << "n2 has no usable device series";
   EXPECT_EQ((*inv)[0].node, "n1");
   EXPECT_EQ((*inv)[0].MaxDeviceBytes(), int64_t{1} << 30);
-  EXPECT_EQ((*inv)[0].dcgm_free_bytes, -1);
+  EXPECT_EQ((*inv)[0].devices[0].dcgm_free_bytes, -1);
   prom.Push(200, R"([1, 2, 3])");
   EXPECT_EQ(FetchInventory(PrometheusClient(prom.url()), "").status().code(),
             StatusCode::kUnavailable);

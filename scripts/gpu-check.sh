@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# The GPU check (issue 17): on a machine with an NVIDIA GPU, CUDA PyTorch in python3, CMake,
+# Ninja, nvcc and a C++ compiler, but no Debian development packages and no network.
+#   scripts/gpu-check.sh [report-dir]        (default: $OUT, else build-gpu/report)
+# 1. Unpacks the Debian packages that scripts/gpu-debs.sh fetched on the development machine
+#    (build-gpu-debs/: yaml-cpp, nlohmann-json, CLI11, GoogleTest, zlib, xxHash) into a prefix.
+# 2. Builds the torch-only parts against python3's torch (-DHYDRA_WITH_SERVICES=OFF: no gRPC,
+#    protobuf, cpprestsdk or prometheus-cpp; -DHYDRA_WITH_CUDA=ON) in build-gpu/.
+# 3. Runs every test of that build (the GPU tests run for real here), the GPU discovery, the
+#    example job, and writes report.md and the logs to the report directory: GPU, driver,
+#    torch and CUDA versions, what passed, what failed, what was skipped and why.
+# Environment: HYDRA_GPU_PYTHON (python with torch; default python3), HYDRA_JOBS (default: all
+# cores), HYDRA_GPU_BUILD_DIR (default build-gpu), HYDRA_GPU_DEBS (default build-gpu-debs),
+# HYDRA_GPU_CMAKE_ARGS (more -D options; on a Debian machine, -DCMAKE_SYSTEM_IGNORE_PREFIX_PATH=/usr
+# makes CMake find the unpacked packages only, as on a GPU machine).
+# Exit status: 0 when everything that ran passed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT="$PWD"
+BUILD="${HYDRA_GPU_BUILD_DIR:-build-gpu}"
+DEBS="${HYDRA_GPU_DEBS:-build-gpu-debs}"
+REPORT="${1:-${OUT:-$BUILD/report}}"
+PY="${HYDRA_GPU_PYTHON:-python3}"
+JOBS="${HYDRA_JOBS:-$(nproc)}"
+mkdir -p "$REPORT" "$BUILD"
+REPORT="$(cd "$REPORT" && pwd)"
+MD="$REPORT/report.md"
+: >"$MD"
+say() { echo "$*" | tee -a "$MD"; }
+die() {
+  say "**gpu-check stopped**: $*"
+  exit 1
+}
+
+# --- the machine -------------------------------------------------------------------------------
+say "# GPU check, $(date -u +%Y-%m-%dT%H:%MZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+say ""
+if command -v nvidia-smi >/dev/null; then
+  say "GPU: $(nvidia-smi --query-gpu=index,name,uuid,memory.total,driver_version --format=csv,noheader | paste -sd ';')"
+else
+  say "GPU: nvidia-smi not found"
+fi
+TORCH_INFO="$("$PY" -W ignore -c 'import torch, os; print(os.path.dirname(torch.__file__), torch.__version__, torch.version.cuda, torch.cuda.is_available(), torch.cuda.device_count())' 2>"$REPORT/python.log" | tail -n 1)"
+[ -n "$TORCH_INFO" ] || die "$PY cannot import torch: $(tail -n 3 "$REPORT/python.log")"
+read -r TORCH_DIR TORCH_VERSION TORCH_CUDA CUDA_OK CUDA_COUNT <<<"$TORCH_INFO"
+say "torch $TORCH_VERSION (CUDA $TORCH_CUDA) at $TORCH_DIR; torch.cuda.is_available()=$CUDA_OK, devices=$CUDA_COUNT"
+NVCC="$(command -v nvcc || true)"
+[ -n "$NVCC" ] || [ ! -x /usr/local/cuda/bin/nvcc ] || NVCC=/usr/local/cuda/bin/nvcc
+[ -n "$NVCC" ] || die "no nvcc on PATH or in /usr/local/cuda/bin"
+CUDA_ROOT="$(dirname "$(dirname "$(readlink -f "$NVCC")")")"
+say "nvcc: $("$NVCC" --version | tail -n 1) at $NVCC; $(c++ --version | head -n 1); $(cmake --version | head -n 1)"
+say "CPU: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
+say ""
+
+# --- 1. the Debian packages, unpacked ----------------------------------------------------------
+PREFIX="$ROOT/$BUILD/prefix"
+ls "$DEBS"/*.deb >/dev/null 2>&1 || die "no .deb files in $DEBS: run scripts/gpu-debs.sh on the development machine and carry $DEBS"
+rm -rf "$PREFIX"
+mkdir -p "$PREFIX"
+# Python unpacks them (ar archive, data.tar.*): dpkg may not be there.
+"$PY" - "$PREFIX" "$DEBS"/*.deb <<'PY' || die "unpacking the .deb files failed"
+import io, sys, tarfile
+prefix, debs = sys.argv[1], sys.argv[2:]
+for deb in debs:
+    data = open(deb, "rb").read()
+    assert data[:8] == b"!<arch>\n", deb
+    pos = 8
+    while pos < len(data):
+        name = data[pos:pos + 16].decode().strip().rstrip("/")
+        size = int(data[pos + 48:pos + 58])
+        body = data[pos + 60:pos + 60 + size]
+        pos += 60 + size + (size & 1)
+        if name.startswith("data.tar"):
+            with tarfile.open(fileobj=io.BytesIO(body)) as t:
+                t.extractall(prefix, filter="tar") if hasattr(tarfile, "data_filter") else t.extractall(prefix)
+PY
+MULTIARCH="$PREFIX/usr/lib/x86_64-linux-gnu"
+export CPATH="$PREFIX/usr/include${CPATH:+:$CPATH}"
+export LIBRARY_PATH="$MULTIARCH${LIBRARY_PATH:+:$LIBRARY_PATH}"
+export LD_LIBRARY_PATH="$MULTIARCH${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+say "1. unpacked $(ls "$DEBS"/*.deb | wc -l) Debian packages into $PREFIX"
+
+# --- 2. configure and build --------------------------------------------------------------------
+start=$SECONDS
+if ! cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DHYDRA_WITH_SERVICES=OFF -DHYDRA_WITH_CUDA=ON \
+    -DTorch_DIR="$TORCH_DIR/share/cmake/Torch" -DCaffe2_DIR="$TORCH_DIR/share/cmake/Caffe2" \
+    -DTORCH_LIBRARY="$TORCH_DIR/lib/libtorch.so" -Dc10_LIBRARY="$TORCH_DIR/lib/libc10.so" \
+    -DCUDAToolkit_ROOT="$CUDA_ROOT" -DCUDA_TOOLKIT_ROOT_DIR="$CUDA_ROOT" \
+    -DCMAKE_CUDA_COMPILER="$NVCC" \
+    -DCMAKE_PREFIX_PATH="$PREFIX/usr;$MULTIARCH/cmake;$PREFIX/usr/share/cmake" \
+    -DZLIB_ROOT="$PREFIX/usr" ${HYDRA_GPU_CMAKE_ARGS:-} >"$REPORT/configure.log" 2>&1; then
+  tail -n 30 "$REPORT/configure.log"
+  die "CMake configuration failed (configure.log)"
+fi
+if ! ninja -C "$BUILD" -j"$JOBS" >"$REPORT/build.log" 2>&1; then
+  grep -E "error|FAILED" "$REPORT/build.log" | head -n 30
+  die "the build failed (build.log)"
+fi
+say "2. built $BUILD (services off, CUDA on) in $((SECONDS - start)) s"
+say ""
+
+failed=0
+# --- 3. tests ----------------------------------------------------------------------------------
+start=$SECONDS
+(cd "$BUILD" && ctest --output-on-failure --timeout 900 -j"$(( JOBS > 8 ? 8 : JOBS ))" \
+  >"$REPORT/ctest.log" 2>&1) || failed=1
+say "3. ctest in $((SECONDS - start)) s: $(grep -E 'tests passed' "$REPORT/ctest.log" || echo 'no summary')"
+grep -E '^\s+[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess aborted|Not Run)\)' "$REPORT/ctest.log" | sed 's/^/   /' | tee -a "$MD"
+"$BUILD/tests/unit/executor/gpus_test" >"$REPORT/gpus_test.log" 2>&1 || failed=1
+say "   gpus_test: $(grep -E '^\[  (PASSED|FAILED) +\]|^\[  SKIPPED \] [0-9]+ test' "$REPORT/gpus_test.log" | paste -sd ' ')"
+grep -E 'no usable CUDA driver|the driver sees no GPU' "$REPORT/gpus_test.log" | sed 's/^/   /' | tee -a "$MD"
+
+# --- 4. the example on the GPU ---------------------------------------------------------------
+RUN_DIR="$BUILD/example-run"
+rm -rf "$RUN_DIR"
+"$BUILD/cli/hydra" run examples/tiny-sweep.yaml -o "$RUN_DIR" --devices cuda --progress log \
+  >"$REPORT/example-cuda.log" 2>&1
+say "4. hydra run --devices cuda (exit $?): $(tail -n 1 "$REPORT/example-cuda.log")"
+"$BUILD/cli/hydra" run examples/tiny-sweep.yaml -o "$RUN_DIR.cpu" --progress log \
+  >"$REPORT/example-cpu.log" 2>&1 || failed=1
+say "   hydra run on CPU devices: $(grep -c Succeeded "$REPORT/example-cpu.log") trial line(s) Succeeded"
+say ""
+if ((failed)); then
+  say "Result: FAILURES (see the logs beside this report)"
+  exit 1
+fi
+say "Result: everything that ran passed"

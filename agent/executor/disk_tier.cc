@@ -134,9 +134,10 @@ std::shared_ptr<AlignedSlab> AlignedSlab::Allocate(size_t bytes) {
 
 AlignedSlab::~AlignedSlab() { ::munmap(data_, size_); }
 
-DiskTier::DiskTier(std::string dir) : dir_(std::move(dir)) {}
+DiskTier::DiskTier(std::string dir, int io_threads) : dir_(std::move(dir)), io_(io_threads) {}
 
 DiskTier::~DiskTier() {
+  io_.Shutdown();  // the transfers under way finish before their files go
   std::lock_guard<std::mutex> lock(mu_);
   for (const auto& k : keys_) ::unlink(PathFor(k).c_str());
   std::error_code ec;
@@ -295,18 +296,16 @@ Status DiskTier::ReadFile(const std::string& key, const std::vector<MutableBytes
 
 std::future<Status> DiskTier::Write(const std::string& key, std::vector<ConstBytes> parts,
                                     std::shared_ptr<AlignedSlab> slab) {
-  return std::async(std::launch::async,
-                    [this, key, parts = std::move(parts), slab = std::move(slab)]() {
-                      return WriteSync(key, parts, slab.get());
-                    });
+  return io_.Submit([this, key, parts = std::move(parts), slab = std::move(slab)]() {
+    return WriteSync(key, parts, slab.get());
+  });
 }
 
 std::future<Status> DiskTier::Read(const std::string& key, std::vector<MutableBytes> parts,
                                    std::shared_ptr<AlignedSlab> slab) {
-  return std::async(std::launch::async,
-                    [this, key, parts = std::move(parts), slab = std::move(slab)]() {
-                      return ReadSync(key, parts, slab.get());
-                    });
+  return io_.Submit([this, key, parts = std::move(parts), slab = std::move(slab)]() {
+    return ReadSync(key, parts, slab.get());
+  });
 }
 
 void DiskTier::Remove(const std::string& key) {

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "agent/executor/io_pool.h"
 #include "common/status.h"
 
 namespace hydra::executor {
@@ -57,7 +58,8 @@ class AlignedSlab {
   size_t size_;
 };
 
-/// The disk tier: moves byte buffers to and from files in a spill directory, on I/O threads.
+/// The disk tier: moves byte buffers to and from files in a spill directory, on a fixed pool of
+/// I/O threads (kDiskIoThreads unless given).
 /// Knows nothing of tensors (the executor turns tensors into buffers). Each file ends with a
 /// XXH3-64 hash of its contents, checked on every read. Parts laid out in an AlignedSlab go
 /// through O_DIRECT; other buffers are written through the page cache, then flushed and dropped
@@ -66,8 +68,10 @@ class AlignedSlab {
 /// Thread-safe; the buffers passed to Write/Read must stay valid until the future is ready.
 class DiskTier {
  public:
+  /// I/O threads per tier: a prefetch and a write-back at once.
+  static constexpr int kDiskIoThreads = 2;
   /// Creates `dir` if needed. Files are named <dir>/<key>.spill.
-  explicit DiskTier(std::string dir);
+  explicit DiskTier(std::string dir, int io_threads = kDiskIoThreads);
   ~DiskTier();
   DiskTier(const DiskTier&) = delete;
   DiskTier& operator=(const DiskTier&) = delete;
@@ -117,6 +121,7 @@ class DiskTier {
   mutable std::mutex mu_;
   std::set<std::string> keys_;            // guarded by mu_
   std::map<std::string, int64_t> sizes_;  // guarded by mu_
+  IoPool io_;                             // shut down first in the destructor
 };
 
 }  // namespace hydra::executor

@@ -172,11 +172,14 @@ int main(int argc, char** argv) {
     }
     host_bytes = *parsed;
   }
-  auto devices = hydra::executor::FindDevices(devices_flag, host_bytes);
-  if (hydra::Status s =
-          devices.ok() ? hydra::executor::CheckExecutorsCanUse(*devices) : devices.status();
-      !s.ok()) {
-    std::cerr << "error: " << s.message() << "\n";
+  auto devices = [&]() -> hydra::StatusOr<std::vector<hydra::DeviceSpec>> {
+    ASSIGN_OR_RETURN(auto request, hydra::ParseDevicesRequest(devices_flag));
+    ASSIGN_OR_RETURN(auto found, hydra::executor::FindDevices(request, host_bytes));
+    RETURN_IF_ERROR(hydra::executor::CheckExecutorsCanUse(found));
+    return found;
+  }();
+  if (!devices.ok()) {
+    std::cerr << "error: " << devices.status().message() << "\n";
     return 2;
   }
   auto creds = hydra::agent::MakeServerCredentials({tls_cert, tls_key, tls_client_ca});

@@ -190,16 +190,19 @@ int Run(const RunArgs& a) {
   int devices = 0;
   if (a.devices != "auto") {
     // The devices' memory is each trial's resources.deviceMemoryBudget here, not a flag.
-    auto found = hydra::executor::FindDevices(a.devices, 0);
-    hydra::Status usable =
-        found.ok() ? hydra::executor::CheckExecutorsCanUse(*found) : found.status();
-    if (usable.ok() && a.devices.find("budget=") != std::string::npos) {
-      usable = hydra::InvalidArgumentError(
-          "--devices: hydra run takes no budget= (a trial's device memory is its "
-          "spec.resources.deviceMemoryBudget)");
-    }
-    if (!usable.ok()) {
-      std::cerr << "error: " << usable.message() << "\n";
+    auto found = [&]() -> hydra::StatusOr<std::vector<hydra::DeviceSpec>> {
+      ASSIGN_OR_RETURN(auto request, hydra::ParseDevicesRequest(a.devices));
+      if (request.budget) {
+        return hydra::InvalidArgumentError(
+            "--devices: hydra run takes no budget= (a trial's device memory is its "
+            "spec.resources.deviceMemoryBudget)");
+      }
+      ASSIGN_OR_RETURN(auto devices, hydra::executor::FindDevices(request, 0));
+      RETURN_IF_ERROR(hydra::executor::CheckExecutorsCanUse(devices));
+      return devices;
+    }();
+    if (!found.ok()) {
+      std::cerr << "error: " << found.status().message() << "\n";
       return 2;
     }
     devices = static_cast<int>(found->size());

@@ -13,8 +13,9 @@ struct HostMemorySources {
   int64_t physical_bytes = -1;  ///< the node's RAM; < 0: from sysconf
 };
 
-/// The memory limit of this process's cgroup in bytes: cgroup v2's memory.max (the tightest
-/// of the process's cgroup and its ancestors), else v1's memory.limit_in_bytes; nullopt when
+/// The memory limit of this process's cgroup in bytes, the tightest of its cgroup and their
+/// ancestors: v1's memory.limit_in_bytes where the memory controller is on v1 (v1 or hybrid
+/// hierarchies), else v2's memory.max; nullopt when
 /// there is no limit ("max", or v1's page-rounded LONG_MAX) or none can be read. In a pod this
 /// is the container's memory limit, which the node's RAM says nothing about.
 std::optional<int64_t> CgroupMemoryLimit(const HostMemorySources& sources = {});

@@ -73,8 +73,8 @@ StatusOr<std::vector<GpuInfo>> DiscoverGpus() {
 #endif
 }
 
-StatusOr<std::vector<DeviceSpec>> FindDevices(const std::string& flag, int64_t default_cpu_budget) {
-  ASSIGN_OR_RETURN(auto request, ParseDevicesRequest(flag));
+StatusOr<std::vector<DeviceSpec>> FindDevices(const DevicesRequest& request,
+                                              int64_t default_cpu_budget) {
   if (request.kind == DeviceKind::kCpu)
     return ResolveDevices(request, default_cpu_budget, std::vector<GpuInfo>{});
   return ResolveDevices(request, default_cpu_budget, DiscoverGpus());

@@ -15,9 +15,10 @@ bool CudaCompiledIn();
 /// build has no CUDA or the driver cannot be used.
 StatusOr<std::vector<GpuInfo>> DiscoverGpus();
 
-/// The devices a --devices flag names on this machine: CPU devices without looking for GPUs,
-/// CUDA devices from DiscoverGpus().
-StatusOr<std::vector<DeviceSpec>> FindDevices(const std::string& flag, int64_t default_cpu_budget);
+/// The devices a --devices request (ParseDevicesRequest) names on this machine: CPU devices
+/// without looking for GPUs, CUDA devices from DiscoverGpus().
+StatusOr<std::vector<DeviceSpec>> FindDevices(const DevicesRequest& request,
+                                              int64_t default_cpu_budget);
 
 /// OK when the executors can train on every one of `devices`; FAILED_PRECONDITION naming the
 /// first they cannot.

@@ -122,6 +122,8 @@ TrialScheduler::TrialScheduler(executor::ExecutorFactoryInterface* factory,
     : factory_(factory),
       observer_(observer),
       options_(options),
+      host_limit_(options.host_memory_bytes > 0 ? options.host_memory_bytes
+                                                : DefaultHostMemoryBytes()),
       policy_(policy ? std::move(policy) : MakeShardedLrtfPolicy()),
       start_(Clock::now()) {
   const int devices = std::max(1, options_.devices);
@@ -139,11 +141,6 @@ TrialScheduler::~TrialScheduler() {
   }
   cv_.notify_all();
   for (auto& w : workers_) w.join();
-}
-
-int64_t TrialScheduler::HostLimit() const {
-  if (options_.host_memory_bytes > 0) return options_.host_memory_bytes;
-  return DefaultHostMemoryBytes();
 }
 
 StatusOr<PreparedTrial> TrialScheduler::Prepare(const Trial& given,
@@ -174,11 +171,11 @@ StatusOr<PreparedTrial> TrialScheduler::Prepare(const Trial& given,
                                   : plan->peak_device_bytes)
                            : fp.total_bytes();
   p.disk_bytes = plan.ok() ? SpillDiskBytes(trial, *plan) : 0;
-  if (options_.refuse_over_host_memory && p.host_bytes > HostLimit()) {
+  if (options_.refuse_over_host_memory && p.host_bytes > host_limit_) {
     return ResourceExhaustedError("trial " + trial.name + " needs " + FormatBytes(p.host_bytes) +
                                   " (" + std::to_string(p.host_bytes) +
                                   " bytes) of host memory for its state, more than the " +
-                                  FormatBytes(HostLimit()) + " (" + std::to_string(HostLimit()) +
+                                  FormatBytes(host_limit_) + " (" + std::to_string(host_limit_) +
                                   " bytes) this node gives trials");
   }
   // First estimate of a step: 6 FLOPs per parameter per token at 100 GFLOP/s; replaced by
@@ -427,7 +424,7 @@ int64_t TrialScheduler::DeviceBytesInUse(int device) const {
 void TrialScheduler::Publish(Slot& slot) { slot.published = slot.r; }
 
 void TrialScheduler::Worker(int device) {
-  const int64_t host_limit = HostLimit();
+  const int64_t host_limit = host_limit_;
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
     if (shutdown_) break;

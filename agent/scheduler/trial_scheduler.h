@@ -43,7 +43,8 @@ class TrialObserverInterface {
 struct TrialSchedulerOptions {
   int devices = 1;  ///< devices (worker threads) training trials at once
   /// Host memory the admitted trials' state may use; trials past it wait, in order, until
-  /// earlier ones finish. <= 0: 75% of the machine's memory.
+  /// earlier ones finish. <= 0: DefaultHostMemoryBytes() (75% of the RAM or of the cgroup's
+  /// limit, whichever is less), read once at construction.
   int64_t host_memory_bytes = 0;
   /// Refuse (RESOURCE_EXHAUSTED) a trial whose state alone exceeds host_memory_bytes. When
   /// false such a trial runs alone once everything before it finished.
@@ -164,11 +165,11 @@ class TrialScheduler {
   // Ends a trial this thread claimed (running == true): frees its executor, sets `state` and
   // the message "<why> at step N", publishes and reports it. Needs mu_ not held.
   void EndClaimed(Slot& slot, const char* state, const std::string& why);
-  int64_t HostLimit() const;
 
   executor::ExecutorFactoryInterface* factory_;
   TrialObserverInterface* observer_;
   TrialSchedulerOptions options_;
+  const int64_t host_limit_;  // options_.host_memory_bytes, or the default when <= 0
   std::unique_ptr<SchedulingPolicyInterface> policy_;
 
   mutable std::mutex mu_;  // guards everything below but the slots' worker-owned fields

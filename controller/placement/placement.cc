@@ -167,28 +167,27 @@ StatusOr<std::vector<AgentInventory>> FetchInventory(const PrometheusClient& pro
                    prometheus.Query(FromJob("hydra_device_memory_free_bytes", agent_scrape_job)));
   // dcgm-exporter is optional: a failed query only means no DCGM data.
   auto dcgm = prometheus.Query("DCGM_FI_DEV_FB_FREE");
-  const auto& label = Label;
   std::map<std::string, AgentInventory> by_node;
   for (const auto& s : info) {
-    const std::string node = label(s, "node"), endpoint = label(s, "grpc_endpoint");
+    const std::string node = Label(s, "node"), endpoint = Label(s, "grpc_endpoint");
     if (node.empty() || endpoint.empty()) continue;
     auto& a = by_node[node];
     a.node = node;
     a.endpoint = endpoint;
-    a.version = label(s, "version");
+    a.version = Label(s, "version");
   }
   std::map<std::pair<std::string, std::string>, DeviceInventory> devices;
   for (const auto& s : total) {
-    const std::string node = label(s, "node"), device = label(s, "device");
+    const std::string node = Label(s, "node"), device = Label(s, "device");
     const auto bytes = Bytes(s, 1, "hydra_device_memory_total_bytes");
     if (node.empty() || device.empty() || !bytes) continue;
     auto& d = devices[{node, device}];
     d.name = device;
     d.total_bytes = *bytes;
-    d.uuid = label(s, "UUID");
+    d.uuid = Label(s, "UUID");
   }
   for (const auto& s : free) {
-    auto it = devices.find({label(s, "node"), label(s, "device")});
+    auto it = devices.find({Label(s, "node"), Label(s, "device")});
     const auto bytes = Bytes(s, 1, "hydra_device_memory_free_bytes");
     if (it != devices.end() && bytes) it->second.free_bytes = *bytes;
   }

@@ -206,14 +206,7 @@ TEST_F(ChaosTest, EveryTrialSucceedsWithTheUndisturbedLossesAndBoundedRework) {
     ASSERT_GT(prometheus_.pid, 0);
   }
   ASSERT_TRUE(Eventually(
-      [&] {
-        auto [rc, body] = Sh("curl -s 'http://127.0.0.1:" + std::to_string(prom_port_) +
-                             "/api/v1/query?query=count(hydra_agent_info)'");
-        auto j = Json::parse(body, nullptr, false);
-        return rc == 0 && !j.is_discarded() && j["data"]["result"].size() == 1 &&
-               j["data"]["result"][0]["value"][1] == "3";
-      },
-      60))
+      [&] { return hydra::fakes::PrometheusCountIs(prom_port_, "hydra_agent_info", 3); }, 60))
       << hydra::fakes::Slurp((work_ / "prometheus.log").string());
   StartController();
 

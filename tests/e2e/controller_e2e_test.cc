@@ -193,11 +193,7 @@ TEST_F(ControllerE2eTest, ApplyTrainsEveryTrialDeleteCancelsAndOneReplicaLeads) 
   // Both agents visible in Prometheus before the job arrives, so placement sees them both.
   ASSERT_TRUE(Eventually(
       [&] {
-        auto [rc, body] = Sh("curl -s 'http://127.0.0.1:" + std::to_string(prom_port) +
-                             "/api/v1/query?query=count(hydra_device_memory_free_bytes)'");
-        auto j = Json::parse(body, nullptr, false);
-        return rc == 0 && !j.is_discarded() && j["data"]["result"].size() == 1 &&
-               j["data"]["result"][0]["value"][1] == "2";
+        return hydra::fakes::PrometheusCountIs(prom_port, "hydra_device_memory_free_bytes", 2);
       },
       60))
       << hydra::fakes::Slurp((work / "prometheus.log").string());
@@ -427,14 +423,7 @@ TEST_F(ControllerE2eTest, TenantsWithTheSameJobNameCannotTouchEachOther) {
       hydra::fakes::StartPrometheus(work, {"127.0.0.1:" + std::to_string(agents[0].metrics)},
                                     &prom_port, {"127.0.0.1:" + std::to_string(impostor.metrics)});
   ASSERT_TRUE(Eventually(
-      [&] {
-        auto [rc, body] = Sh("curl -s 'http://127.0.0.1:" + std::to_string(prom_port) +
-                             "/api/v1/query?query=count(hydra_agent_info)'");
-        auto j = Json::parse(body, nullptr, false);
-        return rc == 0 && !j.is_discarded() && j["data"]["result"].size() == 1 &&
-               j["data"]["result"][0]["value"][1] == "2";
-      },
-      60))
+      [&] { return hydra::fakes::PrometheusCountIs(prom_port, "hydra_agent_info", 2); }, 60))
       << "both agents' metrics are in Prometheus";
   Proc controller = hydra::fakes::Start(
       kBinary + "/controller/hydra-controller",

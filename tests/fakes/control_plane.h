@@ -37,6 +37,15 @@ inline bool Eventually(const std::function<bool()>& pred, int seconds) {
   return pred();
 }
 
+/// Whether Prometheus on 127.0.0.1:`port` answers `count(<metric>)` with `n`.
+inline bool PrometheusCountIs(int port, const std::string& metric, int n) {
+  auto [rc, body] = Sh("curl -s 'http://127.0.0.1:" + std::to_string(port) +
+                       "/api/v1/query?query=count(" + metric + ")'");
+  auto j = nlohmann::json::parse(body, nullptr, false);
+  return rc == 0 && !j.is_discarded() && j["data"]["result"].size() == 1 &&
+         j["data"]["result"][0]["value"][1] == std::to_string(n);
+}
+
 /// Polls `kubectl get mmj <name>` (default namespace) until its Complete condition is True, for
 /// at most `seconds`. `*job` holds the last object read, for failure messages.
 inline bool WaitJobComplete(const std::string& name, int seconds, nlohmann::json* job) {

@@ -7,27 +7,21 @@
 #include <filesystem>
 #include <fstream>
 
+#include "tests/fakes/temp_dir_test.h"
+
 namespace hydra {
 namespace {
 
 namespace fs = std::filesystem;
 
-class FileUtilTest : public ::testing::Test {
+class FileUtilTest : public fakes::TempDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("hydra_file_util_test_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
+  FileUtilTest() : TempDirTest("hydra_file_util_test") {}
 
   static std::string Slurp(const fs::path& path) {
     std::ifstream in(path, std::ios::binary);
     return std::string(std::istreambuf_iterator<char>(in), {});
   }
-  fs::path dir_;
 };
 
 TEST_F(FileUtilTest, WritesAndReplacesAtomically) {

@@ -6,26 +6,24 @@
 #include <filesystem>
 #include <fstream>
 
+#include "tests/fakes/temp_dir_test.h"
+
 namespace hydra {
 namespace {
 
 namespace fs = std::filesystem;
 
 /// A fake /proc/self/cgroup and /sys/fs/cgroup tree in a temporary directory.
-class HostMemoryTest : public ::testing::Test {
+class HostMemoryTest : public fakes::TempDirTest {
  protected:
+  HostMemoryTest() : TempDirTest("hydra_host_memory_test") {}
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("hydra_host_memory_test_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
+    TempDirTest::SetUp();
     fs::create_directories(dir_ / "cgroup");
     sources_.proc_self_cgroup = (dir_ / "proc_self_cgroup").string();
     sources_.cgroup_root = (dir_ / "cgroup").string();
     sources_.physical_bytes = int64_t{64} << 30;
   }
-  void TearDown() override { fs::remove_all(dir_); }
-
   void Write(const fs::path& rel, const std::string& text) {
     const fs::path path = rel.is_absolute() ? rel : dir_ / "cgroup" / rel;
     fs::create_directories(path.parent_path());
@@ -33,7 +31,6 @@ class HostMemoryTest : public ::testing::Test {
   }
   void Membership(const std::string& text) { Write(sources_.proc_self_cgroup, text); }
 
-  fs::path dir_;
   HostMemorySources sources_;
 };
 

@@ -17,20 +17,16 @@
 #include <memory>
 #include <optional>
 
+#include "tests/fakes/temp_dir_test.h"
+
 namespace hydra::executor {
 namespace {
 
 namespace fs = std::filesystem;
 
-class CheckpointTest : public ::testing::Test {
+class CheckpointTest : public fakes::TempDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("hydra_ckpt_test_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
+  CheckpointTest() : TempDirTest("hydra_ckpt_test") {}
 
   static CheckpointData Sample(int64_t step) {
     CheckpointData d;
@@ -41,7 +37,6 @@ class CheckpointTest : public ::testing::Test {
     d.buffers = {a, b};
     return d;
   }
-  fs::path dir_;
 };
 
 std::string Slurp(const fs::path& path) {

@@ -7,20 +7,16 @@
 #include <fstream>
 #include <set>
 
+#include "tests/fakes/temp_dir_test.h"
+
 namespace hydra::executor {
 namespace {
 
 namespace fs = std::filesystem;
 
-class DatasetTest : public ::testing::Test {
+class DatasetTest : public fakes::TempDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("hydra_dataset_test_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
+  DatasetTest() : TempDirTest("hydra_dataset_test") {}
   DatasetSpec Write(const std::string& name, const std::string& bytes, const std::string& format) {
     std::ofstream(dir_ / name, std::ios::binary) << bytes;
     DatasetSpec spec;
@@ -30,7 +26,6 @@ class DatasetTest : public ::testing::Test {
     spec.validation_fraction = 0.25;
     return spec;
   }
-  fs::path dir_;
 };
 
 TEST_F(DatasetTest, TextBytesAreTokens) {

@@ -12,6 +12,7 @@
 #include <numeric>
 
 #include "agent/executor/tier_ledger.h"
+#include "tests/fakes/temp_dir_test.h"
 
 namespace hydra::executor {
 namespace {
@@ -21,9 +22,7 @@ namespace fs = std::filesystem;
 class DiskTierTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("hydra_disk_tier_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = fakes::TestDirPath("hydra_disk_tier");
     fs::remove_all(dir_);
   }
   void TearDown() override { fs::remove_all(dir_); }

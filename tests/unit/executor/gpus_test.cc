@@ -13,7 +13,7 @@ using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
 TEST(GpusTest, CpuDevicesNeverLookForAGpu) {
-  auto d = FindDevices("cpu:2,budget=1Gi", 1000);
+  auto d = FindDevices(*ParseDevicesRequest("cpu:2,budget=1Gi"), 1000);
   ASSERT_TRUE(d.ok()) << d.status();
   ASSERT_EQ(d->size(), 2u);
   EXPECT_TRUE(CheckExecutorsCanUse(*d).ok());
@@ -24,7 +24,7 @@ TEST(GpusTest, DiscoveryMatchesTheBuildAndTheMachine) {
   if (!CudaCompiledIn()) {
     ASSERT_EQ(gpus.status().code(), StatusCode::kFailedPrecondition);
     EXPECT_THAT(gpus.status().message(), HasSubstr("scripts/build-cuda.sh"));
-    auto d = FindDevices("cuda", 1000);
+    auto d = FindDevices(*ParseDevicesRequest("cuda"), 1000);
     EXPECT_EQ(d.status().code(), StatusCode::kFailedPrecondition);
     EXPECT_THAT(d.status().message(), HasSubstr("--devices: this build has no CUDA"));
     return;
@@ -35,7 +35,7 @@ TEST(GpusTest, DiscoveryMatchesTheBuildAndTheMachine) {
     GTEST_SKIP() << "no usable CUDA driver here: " << gpus.status();
   }
   if (gpus->empty()) {
-    auto d = FindDevices("cuda", 1000);
+    auto d = FindDevices(*ParseDevicesRequest("cuda"), 1000);
     EXPECT_EQ(d.status().code(), StatusCode::kFailedPrecondition);
     EXPECT_THAT(d.status().message(), HasSubstr("no GPU is visible"));
     GTEST_SKIP() << "the driver sees no GPU";
@@ -48,7 +48,7 @@ TEST(GpusTest, DiscoveryMatchesTheBuildAndTheMachine) {
     EXPECT_GT(g.free_bytes, 0);
     EXPECT_LE(g.free_bytes, g.total_bytes);
   }
-  auto d = FindDevices("cuda", 1000);
+  auto d = FindDevices(*ParseDevicesRequest("cuda"), 1000);
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_EQ(d->size(), gpus->size());
   EXPECT_EQ(d->front().uuid, gpus->front().uuid);

@@ -99,15 +99,12 @@ fi
 export CCACHE_SLOPPINESS="${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}"
 export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/ccache}"
 if [ ! -f "$BUILD_DIR/build.ninja" ]; then
-  # TORCH_LIBRARY and c10_LIBRARY by path: TorchConfig's find_library looks in /usr/lib first
-  # and would link Debian's libc10.so.1.13 next to the wheel's libtorch_cpu (a crash at load).
   # Torch_DIR and Caffe2_DIR, not CMAKE_PREFIX_PATH=$SP/torch: the wheel also ships protoc 3.13
   # (torch/bin) and protobuf 3.13 headers (torch/include/google), which FindProtobuf would then
   # pick over Debian's protobuf 3.21; and Debian's LibTorch 1.13 config must never be found.
   cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DHYDRA_WITH_CUDA=ON \
     -DTorch_DIR="$SP/torch/share/cmake/Torch" -DCaffe2_DIR="$SP/torch/share/cmake/Caffe2" \
-    -DTORCH_LIBRARY="$SP/torch/lib/libtorch.so" -Dc10_LIBRARY="$SP/torch/lib/libc10.so" \
     -DCUDAToolkit_ROOT="$CU" -DCUDA_TOOLKIT_ROOT_DIR="$CU" -DCMAKE_CUDA_COMPILER="$CU/bin/nvcc" \
     "$@"
 fi

@@ -85,7 +85,6 @@ start=$SECONDS
 if ! cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DHYDRA_WITH_SERVICES=OFF -DHYDRA_WITH_CUDA=ON \
     -DTorch_DIR="$TORCH_DIR/share/cmake/Torch" -DCaffe2_DIR="$TORCH_DIR/share/cmake/Caffe2" \
-    -DTORCH_LIBRARY="$TORCH_DIR/lib/libtorch.so" -Dc10_LIBRARY="$TORCH_DIR/lib/libc10.so" \
     -DCUDAToolkit_ROOT="$CUDA_ROOT" -DCUDA_TOOLKIT_ROOT_DIR="$CUDA_ROOT" \
     -DCMAKE_CUDA_COMPILER="$NVCC" \
     -DCMAKE_PREFIX_PATH="$PREFIX/usr;$MULTIARCH/cmake;$PREFIX/usr/share/cmake" \

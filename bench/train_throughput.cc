@@ -20,12 +20,22 @@ int main(int argc, char** argv) {
   app.add_option("--embd", t.model.n_embd)->capture_default_str();
   app.add_option("--heads", t.model.n_head)->capture_default_str();
   app.add_option("--ctx", t.model.context_length)->capture_default_str();
+  app.add_option("--vocab", t.model.vocab_size, "embedding rows (>= 256: bytes)")
+      ->capture_default_str();
   app.add_option("--batch", t.training.batch_size)->capture_default_str();
   app.add_option("--steps", t.training.steps, "timed steps")->capture_default_str();
   app.add_option("--warmup", warmup, "untimed steps first")->capture_default_str();
   app.add_option("--threads", threads)->capture_default_str();
   app.add_option("--seed", t.training.seed)->capture_default_str();
+  std::string precision = "fp32";
+  app.add_option("--precision", precision, "fp32 | bf16")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  if (auto p = hydra::ParsePrecision(precision)) {
+    t.training.precision = *p;
+  } else {
+    std::cerr << "--precision must be fp32 or bf16, got " << precision << "\n";
+    return 2;
+  }
   t.training.learning_rate = 3e-4;
 
   auto data = hydra::executor::TokenDataset::Open(t.dataset, t.model.context_length + 1);
@@ -57,6 +67,7 @@ int main(int argc, char** argv) {
   const double tokens =
       static_cast<double>(t.training.steps * t.training.batch_size * t.model.context_length);
   std::cout << nlohmann::json{{"impl", "hydra-cpp"},
+                              {"precision", precision},
                               {"tokens_per_second", tokens / seconds},
                               {"seconds", seconds},
                               {"final_loss", last_loss}}

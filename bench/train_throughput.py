@@ -64,16 +64,18 @@ class GPT(nn.Module):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--corpus", required=True)
-    for name, default in [("layers", 4), ("embd", 128), ("heads", 4), ("ctx", 128), ("batch", 8),
+    for name, default in [("layers", 4), ("embd", 128), ("heads", 4), ("ctx", 128), ("vocab", 256), ("batch", 8),
                           ("steps", 200), ("warmup", 3), ("threads", 2), ("seed", 1)]:
         p.add_argument("--" + name, type=int, default=default)
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                   help="bf16: torch.autocast('cpu', dtype=torch.bfloat16) around forward and loss")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
     data = open(a.corpus, "rb").read()
     tokens = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(torch.long)
     train_tokens = int(len(data) * (1 - 0.05))
-    model = GPT(256, a.ctx, a.embd, a.heads, a.layers)
+    model = GPT(a.vocab, a.ctx, a.embd, a.heads, a.layers)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
@@ -84,8 +86,9 @@ def main():
         offs = offsets(a.seed, s, a.batch, train_tokens, window)
         batch = torch.stack([tokens[o:o + window] for o in offs])
         x, y = batch[:, :-1], batch[:, 1:]
-        logits = model(x)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.precision == "bf16"):
+            logits = model(x)
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=False)
@@ -98,7 +101,7 @@ def main():
     for _ in range(a.steps):
         loss = step(s); s += 1
     dt = time.perf_counter() - t0
-    print(json.dumps({"impl": "pytorch-eager", "tokens_per_second": a.steps * a.batch * a.ctx / dt,
+    print(json.dumps({"impl": "pytorch-eager", "precision": a.precision, "tokens_per_second": a.steps * a.batch * a.ctx / dt,
                       "seconds": dt, "final_loss": loss}))
 
 if __name__ == "__main__":

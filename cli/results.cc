@@ -44,6 +44,7 @@ nlohmann::ordered_json TrialResultJson(const TrialResult& r) {
   nlohmann::ordered_json j;
   j["name"] = r.trial.name;
   j["hyperparameters"] = HyperparametersJson(r.trial);
+  j["precision"] = PrecisionName(r.trial.training.precision);
   j["state"] = r.state;
   if (!r.message.empty()) j["message"] = r.message;
   j["finalTrainLoss"] = NumberOrNull(r.final_train_loss);

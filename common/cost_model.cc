@@ -66,7 +66,8 @@ std::vector<LayerCost> ModuleLayerCosts(const ModelSpec& m, int64_t micro_batch,
   return layers;
 }
 
-std::vector<LayerCost> GptCosts(const ModelSpec& m, int64_t micro_batch, Accountant& a) {
+std::vector<LayerCost> GptCosts(const ModelSpec& m, int64_t micro_batch, Precision precision,
+                                Accountant& a) {
   const double B = static_cast<double>(micro_batch), T = static_cast<double>(m.context_length),
                C = static_cast<double>(m.n_embd), H = static_cast<double>(m.n_head),
                V = static_cast<double>(m.vocab_size);
@@ -88,7 +89,12 @@ std::vector<LayerCost> GptCosts(const ModelSpec& m, int64_t micro_batch, Account
     // Saved for backward per token: layer-norm inputs/outputs, qkv, attention output,
     // projections, the MLP's 4C hidden twice (pre/post GELU), plus attention probabilities
     // and scores (H x T each).
-    b.activation_bytes = a.Bytes(tokens * (16 * C + 2 * H * T) * f, b.name, "activations");
+    // In bf16 the residual stream and LayerNorm inputs stay fp32 (8C bytes), the GEMMs' inputs
+    // and the MLP's hidden are bf16 (14C values, 28C bytes); the softmax output stays fp32 next
+    // to its bf16 copy for the GEMM (6 bytes per score).
+    b.activation_bytes = precision == Precision::kBf16
+                             ? a.Bytes(tokens * (36 * C + 6 * H * T), b.name, "activations")
+                             : a.Bytes(tokens * (16 * C + 2 * H * T) * f, b.name, "activations");
     b.output_bytes = a.Bytes(tokens * C * f, b.name, "output");
     b.forward_flops = tokens * (2.0 * 12 * C * C + 4.0 * T * C);
     layers.push_back(b);
@@ -103,9 +109,10 @@ std::vector<LayerCost> GptCosts(const ModelSpec& m, int64_t micro_batch, Account
   return layers;
 }
 
-std::vector<LayerCost> ModelCosts(const ModelSpec& m, int64_t micro_batch, Accountant& a) {
+std::vector<LayerCost> ModelCosts(const ModelSpec& m, int64_t micro_batch, Precision precision,
+                                  Accountant& a) {
   if (m.family == "torchscript") return ModuleLayerCosts(m, micro_batch, a);
-  return GptCosts(m, micro_batch, a);
+  return GptCosts(m, micro_batch, precision, a);
 }
 
 std::vector<LayerCost> MlpCosts(const ModelSpec& m, const std::vector<int64_t>& shape, int64_t B,
@@ -179,7 +186,7 @@ std::vector<LayerCost> ResNetCosts(const ModelSpec& m, const std::vector<int64_t
   return layers;
 }
 
-std::vector<LayerCost> TrialCosts(const Trial& trial, int64_t micro_batch, Accountant& a) {
+std::vector<LayerCost> FamilyCosts(const Trial& trial, int64_t micro_batch, Accountant& a) {
   const auto& shape = trial.dataset.image_shape;
   if (shape.size() == 3 && trial.model.family == "mlp") {
     return MlpCosts(trial.model, shape, micro_batch, a);
@@ -187,7 +194,21 @@ std::vector<LayerCost> TrialCosts(const Trial& trial, int64_t micro_batch, Accou
   if (shape.size() == 3 && trial.model.family == "resnet") {
     return ResNetCosts(trial.model, shape, micro_batch, a);
   }
-  return ModelCosts(trial.model, micro_batch, a);
+  return ModelCosts(trial.model, micro_batch, trial.training.precision, a);
+}
+
+/// In bf16 each layer's graph also holds the bf16 working copy of its weights (2 bytes a
+/// parameter, tied ones included: the LM head's cast of the embedding) for every micro-batch
+/// in flight, next to the fp32 masters.
+std::vector<LayerCost> TrialCosts(const Trial& trial, int64_t micro_batch, Accountant& a) {
+  auto layers = FamilyCosts(trial, micro_batch, a);
+  if (trial.training.precision != Precision::kBf16) return layers;
+  for (auto& l : layers) {
+    l.activation_bytes =
+        a.Bytes(static_cast<double>(l.activation_bytes) + 2.0 * static_cast<double>(l.parameters),
+                l.name, "activations");
+  }
+  return layers;
 }
 
 int64_t MicroBatch(const TrainingSpec& t) {
@@ -198,7 +219,7 @@ int64_t MicroBatch(const TrainingSpec& t) {
 
 std::vector<LayerCost> ModelLayerCosts(const ModelSpec& m, int64_t micro_batch) {
   Accountant a;
-  return ModelCosts(m, micro_batch, a);
+  return ModelCosts(m, micro_batch, Precision::kFp32, a);
 }
 
 std::vector<LayerCost> ModelLayerCosts(const Trial& trial, int64_t micro_batch) {

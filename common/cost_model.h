@@ -11,7 +11,8 @@ namespace hydra {
 
 /// Analytic size and cost of one layer of a layer-sequence model at a given micro-batch.
 /// Used to check budgets, to report the footprint of unsharded trials, and (later) by the
-/// partitioner and the simulator. All byte counts are fp32.
+/// partitioner and the simulator. Byte counts follow spec.training.precision (fp32 unless the
+/// Trial overload is given a bf16 trial).
 struct LayerCost {
   std::string name;        ///< "embed", "block3", "head"
   int64_t parameters = 0;  ///< parameters owned by this layer (tied ones counted once)

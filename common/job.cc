@@ -63,6 +63,24 @@ struct FieldDef {
         [](const TrialConfig& c) { return ParamValue(c.sec.member); } \
   }
 
+/// spec.training.precision: an enum string in the manifest, Precision in TrainingSpec.
+FieldDef PrecisionField() {
+  return FieldDef{"training",
+                  "precision",
+                  "prec",
+                  Kind::kEnum,
+                  -INFINITY,
+                  false,
+                  INFINITY,
+                  {"fp32", "bf16"},
+                  [](TrialConfig& c, const ParamValue& v) {
+                    c.training.precision = *ParsePrecision(std::get<std::string>(v));
+                  },
+                  [](const TrialConfig& c) {
+                    return ParamValue(std::string(PrecisionName(c.training.precision)));
+                  }};
+}
+
 const std::vector<FieldDef>& Fields() {
   static const std::vector<FieldDef> kFields = {
       HYDRA_ENUM_FIELD(model, "family", "f", family, "gpt2", "torchscript", "mlp", "resnet"),
@@ -89,6 +107,7 @@ const std::vector<FieldDef>& Fields() {
       HYDRA_FLOAT_FIELD(training, "gradClipNorm", "clip", grad_clip_norm, 0, false, 1e9),
       HYDRA_ENUM_FIELD(training, "lrSchedule", "sched", lr_schedule, "constant", "cosine"),
       HYDRA_INT_FIELD(training, "warmupSteps", "warm", warmup_steps, 0, 1e12),
+      PrecisionField(),
   };
   return kFields;
 }
@@ -675,6 +694,20 @@ std::string TrialSuffix(const std::vector<Hyperparameter>& hps) {
 }
 
 }  // namespace
+
+const char* PrecisionName(Precision p) {
+  switch (p) {
+    case Precision::kFp32: return "fp32";
+    case Precision::kBf16: return "bf16";
+  }
+  return "fp32";
+}
+
+std::optional<Precision> ParsePrecision(const std::string& text) {
+  if (text == "fp32") return Precision::kFp32;
+  if (text == "bf16") return Precision::kBf16;
+  return std::nullopt;
+}
 
 bool IsDnsSubdomain(const std::string& s) {
   if (s.empty() || s.size() > 253) return false;

@@ -55,6 +55,16 @@ struct DatasetSpec {
   std::vector<int64_t> image_shape = {3, 32, 32};
 };
 
+/// spec.training.precision: the number format forward and backward compute in. In kBf16,
+/// matrix products and most element-wise work run in bfloat16 while master weights, optimizer
+/// state, softmax, LayerNorm statistics, the loss and the gradient norm stay fp32.
+enum class Precision { kFp32, kBf16 };
+
+/// "fp32" | "bf16".
+const char* PrecisionName(Precision p);
+/// The Precision named `text`; nullopt for any other text.
+std::optional<Precision> ParsePrecision(const std::string& text);
+
 /// spec.training: the optimisation settings of one trial.
 struct TrainingSpec {
   std::string optimizer = "adamw";  ///< adamw | sgd
@@ -73,6 +83,7 @@ struct TrainingSpec {
   double grad_clip_norm = 0;                ///< global L2 norm clip; 0 disables
   std::string lr_schedule = "constant";     ///< constant | cosine (to 10% of learningRate)
   int64_t warmup_steps = 0;                 ///< linear warm-up steps
+  Precision precision = Precision::kFp32;   ///< fp32 | bf16
 };
 
 /// spec.resources.

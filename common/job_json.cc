@@ -42,6 +42,9 @@ nlohmann::json TrialConfigJson(const Trial& t) {
                    {"gradClipNorm", tr.grad_clip_norm},
                    {"lrSchedule", tr.lr_schedule},
                    {"warmupSteps", tr.warmup_steps}};
+  // Only when not the default, so fp32 trials keep the fingerprints (and checkpoints) they had
+  // before the field existed.
+  if (tr.precision != Precision::kFp32) j["training"]["precision"] = PrecisionName(tr.precision);
   j["dataset"] = {{"format", t.dataset.format},
                   {"path", t.dataset.resolved_path},
                   {"validationFraction", t.dataset.validation_fraction},

@@ -246,10 +246,11 @@ StatusOr<PartitionPlan> PlanShards(const Trial& trial, const PartitionOptions& o
 
 std::string FormatPlan(const Trial& trial, const PartitionPlan& plan) {
   std::ostringstream out;
-  out << trial.name << ": " << plan.shards.size() << " shard"
-      << (plan.shards.size() == 1 ? "" : "s") << ", state " << FormatBytes(plan.total_state_bytes)
-      << " in the " << (plan.state_tier == StateTier::kDisk ? "disk" : "host")
-      << " tier, peak device " << FormatBytes(plan.peak_device_bytes);
+  out << trial.name << " (" << PrecisionName(trial.training.precision)
+      << "): " << plan.shards.size() << " shard" << (plan.shards.size() == 1 ? "" : "s")
+      << ", state " << FormatBytes(plan.total_state_bytes) << " in the "
+      << (plan.state_tier == StateTier::kDisk ? "disk" : "host") << " tier, peak device "
+      << FormatBytes(plan.peak_device_bytes);
   if (plan.pinned_bytes > 0)
     out << " (" << FormatBytes(plan.pinned_bytes) << " pinned tied weights)";
   out << "\n";

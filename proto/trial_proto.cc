@@ -61,6 +61,7 @@ void TrialToProto(const Trial& t, v1::TrialSpec* out) {
   o->set_grad_clip_norm(tr.grad_clip_norm);
   o->set_lr_schedule(tr.lr_schedule);
   o->set_warmup_steps(tr.warmup_steps);
+  o->set_precision(tr.precision == Precision::kBf16 ? v1::PRECISION_BF16 : v1::PRECISION_FP32);
   auto* r = out->mutable_resources();
   r->set_device_memory_budget_bytes(t.resources.device_memory_budget.value_or(0));
   r->set_offload(t.resources.offload);
@@ -119,6 +120,14 @@ StatusOr<Trial> TrialFromProto(const v1::TrialSpec& s) {
   tr.grad_clip_norm = o.grad_clip_norm();
   tr.lr_schedule = o.lr_schedule();
   tr.warmup_steps = o.warmup_steps();
+  switch (o.precision()) {
+    case v1::PRECISION_UNSPECIFIED:
+    case v1::PRECISION_FP32: tr.precision = Precision::kFp32; break;
+    case v1::PRECISION_BF16: tr.precision = Precision::kBf16; break;
+    default:
+      return InvalidArgumentError("trial.training.precision: unknown value " +
+                                  std::to_string(o.precision()) + " (a newer controller?)");
+  }
   const auto& r = s.resources();
   t.resources.offload = r.offload().empty() ? "host" : r.offload();
   // Zero means "not set" on the wire; negative sizes are kept so validation names them.

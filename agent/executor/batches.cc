@@ -48,8 +48,10 @@ std::vector<Batch> ValidationSamples(const TokenDataset& data, const Trial& tria
 
 torch::Tensor TaskLoss(const Trial& trial, const torch::Tensor& output,
                        const torch::Tensor& target) {
-  if (IsImageTask(trial)) return torch::nn::functional::cross_entropy(output, target);
-  return NextTokenLoss(output, target);
+  // The loss (and its log-softmax) in fp32 whatever the precision the output was computed in.
+  const torch::Tensor out = output.to(torch::kFloat);
+  if (IsImageTask(trial)) return torch::nn::functional::cross_entropy(out, target);
+  return NextTokenLoss(out, target);
 }
 
 torch::Tensor NextTokenLoss(const torch::Tensor& logits, const torch::Tensor& targets) {

@@ -3,7 +3,14 @@
 #include <dlfcn.h>
 #include <torch/torch.h>
 
+#include <atomic>
+
 namespace hydra::executor {
+namespace {
+
+std::atomic<int> g_openblas_width{0};  // > 0: ConfigureCpuThreads chose OpenBLAS GEMMs
+
+}  // namespace
 
 std::string ConfigureCpuThreads(int threads) {
   using SetThreads = void (*)(int);
@@ -13,11 +20,23 @@ std::string ConfigureCpuThreads(int threads) {
   if (set_blas != nullptr) {
     set_blas(threads);
     torch::set_num_threads(1);
+    g_openblas_width = threads;
     return "OpenBLAS GEMMs on " + std::to_string(threads) +
            " threads, LibTorch element-wise kernels on 1";
   }
   torch::set_num_threads(threads);
+  g_openblas_width = 0;
   return "LibTorch on " + std::to_string(threads) + " threads (BLAS is not OpenBLAS)";
+}
+
+void UseCpuThreadsFor(Precision precision) {
+  const int width = g_openblas_width.load();
+  if (width <= 0) return;
+  const int want = precision == Precision::kBf16 ? width : 1;
+  thread_local int current = 0;  // 0: not set on this thread yet
+  if (current == want) return;
+  torch::set_num_threads(want);
+  current = want;
 }
 
 }  // namespace hydra::executor

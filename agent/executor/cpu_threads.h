@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "common/job.h"
+
 namespace hydra::executor {
 
 /// Sets up CPU threading for training with `threads` cores.
@@ -13,5 +15,12 @@ namespace hydra::executor {
 /// otherwise LibTorch gets `threads`. Process-wide; call once from main() or a factory.
 /// Returns a one-line description of the configuration chosen.
 std::string ConfigureCpuThreads(int threads);
+
+/// Adapts the calling thread's LibTorch pool to the precision of the work it is about to run,
+/// after ConfigureCpuThreads chose OpenBLAS for the GEMMs: fp32 GEMMs run on OpenBLAS (LibTorch
+/// keeps one thread), bf16 GEMMs run on oneDNN inside LibTorch's pool, which then gets all
+/// `threads` (OpenBLAS is idle in bf16, so the pools do not fight). No-op otherwise. Covers the
+/// whole step (backward runs on the calling thread too).
+void UseCpuThreadsFor(Precision precision);
 
 }  // namespace hydra::executor

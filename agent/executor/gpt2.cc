@@ -44,7 +44,7 @@ class Gpt2Block : public SequentialLayer {
     auto att = torch::softmax(torch::baddbmm(mask_.narrow(0, 0, T).narrow(1, 0, T).unsqueeze(0), q,
                                              k.transpose(1, 2), /*beta=*/1.0,
                                              /*alpha=*/1.0 / std::sqrt(static_cast<double>(D))),
-                              -1);
+                              -1, torch::kFloat);  // fp32 softmax in every precision
     auto y = torch::bmm(att, v).view({B, heads_, T, D}).transpose(1, 2).reshape({B, T, C});
     auto h = x + proj->forward(y);
     return h + fc_proj->forward(torch::gelu(fc->forward(ln2->forward(h)), "tanh"));

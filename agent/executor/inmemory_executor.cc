@@ -7,6 +7,7 @@
 #include "agent/executor/cpu_threads.h"
 #include "agent/executor/gpt2.h"
 #include "agent/executor/optimizer.h"
+#include "agent/executor/precision.h"
 #include "agent/executor/tensor_buffers.h"
 #include "agent/executor/torchscript.h"
 #include "common/cost_model.h"
@@ -34,6 +35,7 @@ class InMemoryExecutor : public TrialExecutorInterface {
     const auto& tr = trial_.training;
     const int64_t micro = tr.batch_size / tr.gradient_accumulation_steps;
     StepMetrics m;
+    UseCpuThreadsFor(tr.precision);
     try {
       const Batch batch = TrainBatch(*data_, trial_, step_);
       double loss_sum = 0;
@@ -60,6 +62,7 @@ class InMemoryExecutor : public TrialExecutorInterface {
   }
 
   StatusOr<double> Evaluate() override {
+    UseCpuThreadsFor(trial_.training.precision);
     try {
       torch::NoGradGuard no_grad;
       double total = 0;
@@ -95,6 +98,7 @@ class InMemoryExecutor : public TrialExecutorInterface {
 
  private:
   torch::Tensor Loss(const Batch& batch) {
+    PrecisionScope precision(trial_.training.precision);
     return TaskLoss(trial_, model_.Forward(batch.input), batch.target);
   }
 

@@ -2,6 +2,8 @@
 
 #include <chrono>
 
+#include "agent/executor/cpu_threads.h"
+#include "agent/executor/precision.h"
 #include "agent/executor/torchscript.h"
 #include "common/cost_model.h"
 
@@ -43,8 +45,14 @@ StatusOr<PilotResult> RunPilot(const Trial& trial) {
     }
     if (x.is_floating_point()) x = x.detach().requires_grad_(true);
     auto& layer = model->layers[heaviest];
+    // In the trial's precision: the partitioner weighs recompute against stash by this rate.
+    UseCpuThreadsFor(trial.training.precision);
     auto run = [&]() {
-      auto y = layer->forward(x);
+      torch::Tensor y;
+      {
+        PrecisionScope precision(trial.training.precision);
+        y = layer->forward(x);
+      }
       y.sum().backward();
     };
     run();

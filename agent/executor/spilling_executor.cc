@@ -14,6 +14,7 @@
 #include "agent/executor/gpt2.h"
 #include "agent/executor/inmemory_executor.h"
 #include "agent/executor/optimizer.h"
+#include "agent/executor/precision.h"
 #include "agent/executor/tensor_buffers.h"
 #include "agent/executor/tier_ledger.h"
 #include "agent/executor/torchscript.h"
@@ -153,6 +154,7 @@ class SpillingExecutor : public TrialExecutorInterface {
     r.tasks = TasksPerStep();
     r.task = cur_ ? cur_->next : 0;
     bool finished = false;
+    UseCpuThreadsFor(trial_.training.precision);
     try {
       auto s = Task(&finished);
       if (!s.ok()) {
@@ -180,6 +182,7 @@ class SpillingExecutor : public TrialExecutorInterface {
   bool InStep() const override { return cur_.has_value(); }
 
   StatusOr<double> Evaluate() override {
+    UseCpuThreadsFor(trial_.training.precision);
     try {
       torch::NoGradGuard no_grad;
       std::vector<torch::Tensor> acts, targets;
@@ -466,6 +469,7 @@ class SpillingExecutor : public TrialExecutorInterface {
   // ---- compute -----------------------------------------------------------------------------
 
   torch::Tensor ForwardShard(size_t k, torch::Tensor x) {
+    PrecisionScope precision(trial_.training.precision);
     for (int i = shards_[k].plan.first_layer; i <= shards_[k].plan.last_layer; ++i) {
       x = model_.layers[i]->forward(x);
     }

@@ -31,5 +31,31 @@ TEST(CostModelTest, FootprintCountsOptimizerState) {
   EXPECT_GT(EstimateTrialFootprint(t).activation_bytes, sgd.activation_bytes);
 }
 
+TEST(CostModelTest, Bf16HalvesMostActivationsAndAddsTheWorkingCopyOfTheWeights) {
+  Trial t;
+  t.model.n_layer = 2;
+  t.model.n_embd = 256;
+  t.model.n_head = 4;
+  t.model.context_length = 256;
+  t.training.batch_size = 8;
+  const auto fp32 = ModelLayerCosts(t, 8);
+  t.training.precision = Precision::kBf16;
+  const auto bf16 = ModelLayerCosts(t, 8);
+  ASSERT_EQ(fp32.size(), bf16.size());
+  const double tokens = 8.0 * 256, C = 256, HT = 4.0 * 256;
+  // block1: (36C + 6HT) bytes a token and the bf16 copy of its 12C^2 + 13C parameters.
+  EXPECT_EQ(bf16[2].activation_bytes,
+            static_cast<int64_t>(tokens * (36 * C + 6 * HT) + 2 * (12 * C * C + 13 * C)));
+  EXPECT_EQ(fp32[2].activation_bytes, static_cast<int64_t>(tokens * (16 * C + 2 * HT) * 4));
+  EXPECT_LT(bf16[2].activation_bytes, 0.7 * static_cast<double>(fp32[2].activation_bytes));
+  for (size_t i = 0; i < bf16.size(); ++i) {
+    EXPECT_EQ(bf16[i].parameters, fp32[i].parameters) << "fp32 masters: same parameters";
+    EXPECT_EQ(bf16[i].output_bytes, fp32[i].output_bytes) << "the residual stream stays fp32";
+  }
+  const auto fp = EstimateTrialFootprint(t);
+  EXPECT_EQ(fp.parameter_bytes, fp.parameters * 4) << "master weights stay fp32";
+  EXPECT_EQ(fp.optimizer_bytes, fp.parameters * 8) << "AdamW moments stay fp32";
+}
+
 }  // namespace
 }  // namespace hydra

@@ -130,6 +130,25 @@ TEST(JobTest, ModelAndEnumFieldsCanBeSearched) {
   EXPECT_EQ((*trials)[5].training.optimizer, "sgd");
 }
 
+TEST(JobTest, PrecisionIsATrainingFieldAndAGridAxis) {
+  std::string yaml = kGood;
+  const std::string axes = "      learningRate: [1.0e-3, 3.0e-4]\n      batchSize: [8, 16]\n";
+  yaml.replace(yaml.find(axes), axes.size(), "      precision: [fp32, bf16]\n");
+  auto job = ParseJobYaml(yaml, "/base");
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->spec.training.precision, Precision::kFp32) << "the default";
+  auto trials = ExpandTrials(*job);
+  ASSERT_TRUE(trials.ok());
+  ASSERT_EQ(trials->size(), 2u);
+  EXPECT_EQ((*trials)[0].training.precision, Precision::kFp32);
+  EXPECT_EQ((*trials)[1].training.precision, Precision::kBf16);
+  EXPECT_EQ((*trials)[1].name, "gpt2-sweep-precbf16");
+  EXPECT_NE(TrialFingerprint((*trials)[0]), TrialFingerprint((*trials)[1]));
+  EXPECT_EQ(TrialConfigJson((*trials)[1])["training"]["precision"], "bf16");
+  EXPECT_FALSE(TrialConfigJson((*trials)[0])["training"].contains("precision"))
+      << "fp32 trials keep the fingerprints they had before the field existed";
+}
+
 struct BadCase {
   const char* what;
   std::string from;  // text in kGood to replace (first occurrence)
@@ -179,6 +198,9 @@ INSTANTIATE_TEST_SUITE_P(
                 "DNS-1123"},
         BadCase{"bad optimizer", "optimizer: adamw", "optimizer: adam", "spec.training.optimizer",
                 "must be one of: adamw, sgd"},
+        BadCase{"bad precision", "    learningRate: 1.0e-3\n",
+                "    learningRate: 1.0e-3\n    precision: fp16\n", "spec.training.precision",
+                "must be one of: fp32, bf16 (got 'fp16')"},
         BadCase{"zero learning rate", "    learningRate: 1.0e-3\n", "    learningRate: 0\n",
                 "spec.training.learningRate", "must be > 0"},
         BadCase{"non-integer steps", "steps: 200", "steps: 2.5", "spec.training.steps",

@@ -54,6 +54,20 @@ int64_t BudgetFor(const Trial& t, size_t shards) {
   return 0;
 }
 
+struct Variant {
+  std::string name;
+  size_t min_shards;  // 0: explicit boundaries below
+  bool per_layer;     // one layer per shard
+  bool disk;
+  double link;  // host link bandwidth; tiny forces recompute
+};
+
+/// How close a spilled run must stay to the unsharded one.
+struct Tolerance {
+  double step;        // relative, per step loss
+  double validation;  // relative, final validation loss
+};
+
 class SpillingExecutorTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -90,16 +104,58 @@ class SpillingExecutorTest : public ::testing::Test {
     return out;
   }
 
+  void ExpectVariantsTrackUnsharded(const Trial& base, const std::vector<Variant>& variants,
+                                    Tolerance tol);
+
   fs::path spill_;
 };
 
-struct Variant {
-  std::string name;
-  size_t min_shards;  // 0: explicit boundaries below
-  bool per_layer;     // one layer per shard
-  bool disk;
-  double link;  // host link bandwidth; tiny forces recompute
-};
+/// Trains `base` unsharded, then as each variant, for 30 steps; every step loss and the final
+/// validation loss must agree within `tol`; spill files must not outlive the trial.
+void SpillingExecutorTest::ExpectVariantsTrackUnsharded(const Trial& base,
+                                                        const std::vector<Variant>& variants,
+                                                        Tolerance tol) {
+  auto plain_factory = MakeInMemoryExecutorFactory({2});
+  auto data = TokenDataset::Open(base.dataset, base.model.context_length + 1);
+  ASSERT_TRUE(data.ok());
+  auto plain = plain_factory->Create(base, *data);
+  ASSERT_TRUE(plain.ok());
+  const auto expected = Losses(plain->get(), 30);
+  const double expected_val = *(*plain)->Evaluate();
+  for (const auto& v : variants) {
+    SCOPED_TRACE(v.name);
+    Trial t = base;
+    if (v.per_layer) {
+      t.resources.shard_boundaries = {1, 2, 3, 4, 5};
+    } else {
+      t.resources.device_memory_budget = BudgetFor(t, v.min_shards);
+    }
+    if (v.disk) t.resources.offload = "disk";
+    auto factory = Factory(v.link);
+    auto exec = Make(factory.get(), t);
+    ASSERT_TRUE(exec.ok()) << exec.status();
+    EXPECT_GE(static_cast<size_t>((*exec)->stats().shards), v.per_layer ? 6u : v.min_shards);
+    const auto losses = Losses(exec->get(), 30);
+    ASSERT_EQ(losses.size(), expected.size());
+    for (size_t i = 0; i < losses.size(); ++i) {
+      EXPECT_NEAR(losses[i], expected[i], tol.step * std::fabs(expected[i])) << "step " << i;
+    }
+    auto val = (*exec)->Evaluate();
+    ASSERT_TRUE(val.ok());
+    EXPECT_NEAR(*val, expected_val, tol.validation * expected_val);
+    auto state = (*exec)->ExportState();
+    ASSERT_TRUE(state.ok());
+    for (const auto& b : *state) EXPECT_EQ(b.dtype, "float32") << b.name;
+    if (t.resources.device_memory_budget) {
+      EXPECT_LE((*exec)->stats().peak_device_bytes, *t.resources.device_memory_budget);
+    }
+    if (v.disk) {
+      EXPECT_TRUE(fs::exists(spill_ / "spill"));
+    }
+    exec->reset();
+    EXPECT_FALSE(fs::exists(spill_ / "spill")) << "spill files outlive the trial";
+  }
+}
 
 TEST_F(SpillingExecutorTest, SpilledLossesEqualUnshardedTraining) {
   const std::vector<Variant> variants = {
@@ -112,52 +168,34 @@ TEST_F(SpillingExecutorTest, SpilledLossesEqualUnshardedTraining) {
   };
   for (const char* opt : {"adamw", "sgd"}) {
     for (int mode = 0; mode < 2; ++mode) {
+      SCOPED_TRACE(std::string(opt) + (mode ? " accumulation+clipping" : ""));
       Trial base = Small(opt);
       if (mode == 1) {
         base.training.gradient_accumulation_steps = 2;
         base.training.grad_clip_norm = 0.5;
       }
-      auto plain_factory = MakeInMemoryExecutorFactory({2});
-      auto data = TokenDataset::Open(base.dataset, base.model.context_length + 1);
-      ASSERT_TRUE(data.ok());
-      auto plain = plain_factory->Create(base, *data);
-      ASSERT_TRUE(plain.ok());
-      const auto expected = Losses(plain->get(), 30);
-      const double expected_val = *(*plain)->Evaluate();
-      for (const auto& v : variants) {
-        SCOPED_TRACE(std::string(opt) + (mode ? " accumulation+clipping " : " ") + v.name);
-        Trial t = base;
-        if (v.per_layer) {
-          t.resources.shard_boundaries = {1, 2, 3, 4, 5};
-        } else {
-          t.resources.device_memory_budget = BudgetFor(t, v.min_shards);
-        }
-        if (v.disk) t.resources.offload = "disk";
-        auto factory = Factory(v.link);
-        auto exec = Make(factory.get(), t);
-        ASSERT_TRUE(exec.ok()) << exec.status();
-        const auto stats = (*exec)->stats();
-        EXPECT_GE(static_cast<size_t>(stats.shards), v.per_layer ? 6u : v.min_shards);
-        const auto losses = Losses(exec->get(), 30);
-        ASSERT_EQ(losses.size(), expected.size());
-        for (size_t i = 0; i < losses.size(); ++i) {
-          EXPECT_NEAR(losses[i], expected[i], 1e-5 * std::fabs(expected[i])) << "step " << i;
-        }
-        auto val = (*exec)->Evaluate();
-        ASSERT_TRUE(val.ok());
-        // One more update than the step losses cover, and SGD amplifies rounding: 1e-4.
-        EXPECT_NEAR(*val, expected_val, 1e-4 * expected_val);
-        if (t.resources.device_memory_budget) {
-          EXPECT_LE((*exec)->stats().peak_device_bytes, *t.resources.device_memory_budget);
-        }
-        if (v.disk) {
-          EXPECT_TRUE(fs::exists(spill_ / "spill"));
-        }
-        exec->reset();
-        EXPECT_FALSE(fs::exists(spill_ / "spill")) << "spill files outlive the trial";
-      }
+      // The validation loss sees one more update than the step losses, and SGD amplifies
+      // rounding: 1e-4 there.
+      ExpectVariantsTrackUnsharded(base, variants, {1e-5, 1e-4});
     }
   }
+}
+
+TEST_F(SpillingExecutorTest, Bf16SpilledTracksBf16Unsharded) {
+  // bf16 rounding amplifies the last-bit differences of a different summation order (the tied
+  // embedding's two gradients, per-shard clipping norms): within 0.2% per step over 30 steps
+  // (1.1e-4 measured), against 1e-5 in fp32. At learning rate 2e-3 this model's loss spikes
+  // (step 16), and after a spike bf16 trajectories part by up to 11% on single steps.
+  Trial base = Small("adamw");
+  base.training.precision = Precision::kBf16;
+  base.training.learning_rate = 1e-3;
+  base.training.gradient_accumulation_steps = 2;
+  base.training.grad_clip_norm = 0.5;
+  ExpectVariantsTrackUnsharded(base,
+                               {{"2 shards", 2, false, false, 0},
+                                {"one layer per shard, recompute", 0, true, false, 1.0},
+                                {"2 shards on disk", 2, false, true, 0}},
+                               {2e-3, 2e-3});
 }
 
 TEST_F(SpillingExecutorTest, OneShardPlanIsPlainTraining) {

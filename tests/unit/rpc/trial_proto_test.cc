@@ -21,7 +21,7 @@ spec:
   dataset: {path: /data/corpus.txt, evalSequences: 7, validationFraction: 0.1}
   search: {grid: {learningRate: [0.001], optimizer: [sgd]}}
   training: {steps: 30, batchSize: 4, gradientAccumulationSteps: 2, gradClipNorm: 1.5,
-             lrSchedule: cosine, warmupSteps: 3, momentum: 0.8}
+             lrSchedule: cosine, warmupSteps: 3, momentum: 0.8, precision: bf16}
   resources: {deviceMemoryBudget: 64Mi, hostMemoryBudget: 1Gi, offload: disk}
 )";
 
@@ -101,6 +101,20 @@ TEST(TrialProtoTest, ANonFiniteHyperparameterIsRefused) {
     ASSERT_EQ(t.status().code(), StatusCode::kInvalidArgument) << bad;
     EXPECT_THAT(t.status().message(), HasSubstr("trial.hyperparameters[0]: must be a finite"));
   }
+}
+
+TEST(TrialProtoTest, PrecisionCrossesTheWireAndAnUnknownOneIsRefused) {
+  v1::TrialSpec spec;
+  TrialToProto(Sample(), &spec);
+  EXPECT_EQ(spec.training().precision(), v1::PRECISION_BF16);
+  spec.mutable_training()->set_precision(v1::PRECISION_UNSPECIFIED);
+  auto old = TrialFromProto(spec);
+  ASSERT_TRUE(old.ok()) << old.status();
+  EXPECT_EQ(old->training.precision, Precision::kFp32) << "an older controller means fp32";
+  spec.mutable_training()->set_precision(static_cast<v1::Precision>(9));
+  auto t = TrialFromProto(spec);
+  ASSERT_EQ(t.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(t.status().message(), HasSubstr("trial.training.precision: unknown value 9"));
 }
 
 TEST(TrialProtoTest, HostMemoryBudgetZeroIsNotUnlimited) {

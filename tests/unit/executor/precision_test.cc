@@ -1,0 +1,134 @@
+// bf16 mixed precision (spec.training.precision): what autocast computes in, what stays fp32,
+// and that bf16 training tracks fp32 training.
+#include "agent/executor/precision.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+
+#include "agent/executor/inmemory_executor.h"
+
+namespace hydra::executor {
+namespace {
+
+TEST(PrecisionScopeTest, Bf16MatrixProductsInsideFp32OutsideAndNestingRestores) {
+  torch::manual_seed(1);
+  torch::nn::Linear lin(8, 4);
+  const auto x = torch::randn({2, 8});
+  {
+    PrecisionScope fp32(Precision::kFp32);
+    EXPECT_EQ(lin->forward(x).scalar_type(), torch::kFloat) << "fp32 changes nothing";
+  }
+  {
+    PrecisionScope outer(Precision::kBf16);
+    EXPECT_EQ(lin->forward(x).scalar_type(), torch::kBFloat16);
+    {
+      PrecisionScope inner(Precision::kBf16);
+      EXPECT_EQ(lin->forward(x).scalar_type(), torch::kBFloat16);
+    }
+    EXPECT_EQ(lin->forward(x).scalar_type(), torch::kBFloat16) << "inner scope left it on";
+    EXPECT_EQ(lin->weight.scalar_type(), torch::kFloat) << "the master weight is not cast";
+  }
+  EXPECT_EQ(lin->forward(x).scalar_type(), torch::kFloat) << "autocast left on after the scope";
+}
+
+TEST(PrecisionScopeTest, GradientsReachTheFp32MastersAsFp32) {
+  torch::manual_seed(2);
+  torch::nn::Linear lin(16, 16);
+  torch::Tensor y;
+  {
+    PrecisionScope bf16(Precision::kBf16);
+    y = lin->forward(torch::randn({4, 16}));
+  }
+  y.to(torch::kFloat).pow(2).sum().backward();
+  ASSERT_TRUE(lin->weight.grad().defined());
+  EXPECT_EQ(lin->weight.grad().scalar_type(), torch::kFloat);
+  EXPECT_GT(lin->weight.grad().abs().sum().item<double>(), 0);
+}
+
+Trial SmallTrial(Precision precision, const std::string& optimizer) {
+  Trial t;
+  t.name = "bf16";
+  t.model.n_layer = 2;
+  t.model.n_embd = 64;
+  t.model.n_head = 4;
+  t.model.context_length = 32;
+  t.model.vocab_size = 256;
+  t.training.optimizer = optimizer;
+  t.training.learning_rate = optimizer == "sgd" ? 0.05 : 2e-3;
+  t.training.batch_size = 8;
+  t.training.steps = 40;
+  t.training.seed = 7;
+  t.training.grad_clip_norm = 1.0;
+  t.training.precision = precision;
+  t.dataset.resolved_path = std::string(HYDRA_SOURCE_DIR) + "/examples/data/corpus.txt";
+  t.dataset.eval_sequences = 16;
+  return t;
+}
+
+std::unique_ptr<TrialExecutorInterface> Make(ExecutorFactoryInterface* factory, const Trial& t) {
+  auto data = TokenDataset::Open(t.dataset, t.model.context_length + 1);
+  EXPECT_TRUE(data.ok()) << data.status();
+  auto exec = factory->Create(t, *data);
+  EXPECT_TRUE(exec.ok()) << exec.status();
+  return exec.ok() ? std::move(exec).value() : nullptr;
+}
+
+TEST(Bf16TrainingTest, MasterWeightsAndOptimizerStateStayFp32) {
+  auto factory = MakeInMemoryExecutorFactory({2});
+  for (const char* opt : {"adamw", "sgd"}) {
+    SCOPED_TRACE(opt);
+    auto e = Make(factory.get(), SmallTrial(Precision::kBf16, opt));
+    ASSERT_NE(e, nullptr);
+    auto before = e->ExportState();
+    ASSERT_TRUE(before.ok());
+    for (int i = 0; i < 3; ++i) {
+      auto m = e->TrainStep();
+      ASSERT_TRUE(m.ok()) << m.status();
+      EXPECT_TRUE(std::isfinite(m->loss));
+      EXPECT_TRUE(std::isfinite(m->grad_norm)) << "clipping saw a finite fp32 norm";
+    }
+    auto after = e->ExportState();
+    ASSERT_TRUE(after.ok());
+    ASSERT_EQ(after->size(), before->size());
+    int changed = 0;
+    for (size_t i = 0; i < after->size(); ++i) {
+      const auto& b = (*after)[i];
+      EXPECT_EQ(b.dtype, "float32") << b.name;
+      changed += b.data != (*before)[i].data;
+    }
+    EXPECT_GT(changed, 0);
+  }
+}
+
+TEST(Bf16TrainingTest, Bf16TracksFp32OnTheExampleGrid) {
+  auto job = LoadJobFile(std::string(HYDRA_SOURCE_DIR) + "/examples/tiny-sweep.yaml");
+  ASSERT_TRUE(job.ok()) << job.status();
+  auto trials = ExpandTrials(*job);
+  ASSERT_TRUE(trials.ok()) << trials.status();
+  ASSERT_GE(trials->size(), 2u);
+  auto factory = MakeInMemoryExecutorFactory({2});
+  for (const Trial& fp32 : *trials) {
+    SCOPED_TRACE(fp32.name);
+    Trial bf16 = fp32;
+    bf16.training.precision = Precision::kBf16;
+    double val[2] = {0, 0};
+    for (int p = 0; p < 2; ++p) {
+      auto e = Make(factory.get(), p == 0 ? fp32 : bf16);
+      ASSERT_NE(e, nullptr);
+      for (int64_t s = 0; s < fp32.training.steps; ++s) ASSERT_TRUE(e->TrainStep().ok());
+      auto v = e->Evaluate();
+      ASSERT_TRUE(v.ok()) << v.status();
+      val[p] = *v;
+    }
+    EXPECT_LT(val[0], 0.9 * std::log(256.0)) << "the fp32 run learned";
+    EXPECT_NEAR(val[1], val[0], 0.02 * val[0]) << "bf16's final validation loss within 2%";
+    EXPECT_NE(val[1], val[0]) << "the bf16 run computed in fp32";
+    std::printf("%s: validation loss fp32 %.5f, bf16 %.5f (%+.3f%%)\n", fp32.name.c_str(), val[0],
+                val[1], 100 * (val[1] - val[0]) / val[0]);
+  }
+}
+
+}  // namespace
+}  // namespace hydra::executor

@@ -27,6 +27,12 @@ class DenseLayer : public SequentialLayer {
 /// Groups for GroupNorm over `channels`: 8 when they divide evenly, else 1 (LayerNorm-like).
 int64_t Groups(int64_t channels) { return channels % 8 == 0 ? 8 : 1; }
 
+/// GroupNorm in fp32 whatever the convolution computed in (bf16 under autocast): its
+/// statistics stay fp32, as LayerNorm's do.
+torch::Tensor Normalize(torch::nn::GroupNorm& norm, const torch::Tensor& x) {
+  return norm(x.to(torch::kFloat));
+}
+
 torch::nn::Conv2d Conv(int64_t in, int64_t out, int64_t kernel, int64_t stride) {
   return torch::nn::Conv2d(
       torch::nn::Conv2dOptions(in, out, kernel).stride(stride).padding(kernel / 2).bias(false));
@@ -37,7 +43,9 @@ class StemLayer : public SequentialLayer {
   StemLayer(int64_t in, int64_t width)
       : conv_(register_module("conv", Conv(in, width, 3, 1))),
         norm_(register_module("norm", torch::nn::GroupNorm(Groups(width), width))) {}
-  torch::Tensor forward(const torch::Tensor& x) override { return torch::relu(norm_(conv_(x))); }
+  torch::Tensor forward(const torch::Tensor& x) override {
+    return torch::relu(Normalize(norm_, conv_(x)));
+  }
 
  private:
   torch::nn::Conv2d conv_;
@@ -54,8 +62,8 @@ class ResidualBlock : public SequentialLayer {
     if (stride != 1 || in != out) shortcut_ = register_module("shortcut", Conv(in, out, 1, stride));
   }
   torch::Tensor forward(const torch::Tensor& x) override {
-    auto y = torch::relu(norm1_(conv1_(x)));
-    y = norm2_(conv2_(y));
+    auto y = torch::relu(Normalize(norm1_, conv1_(x)));
+    y = Normalize(norm2_, conv2_(y));
     return torch::relu(y + (shortcut_ ? shortcut_(x) : x));
   }
 

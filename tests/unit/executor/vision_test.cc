@@ -127,6 +127,24 @@ TEST_P(VisionTest, SpilledTrainingEqualsInMemoryAndLearns) {
   EXPECT_LT(learned.back(), 0.6) << "validation loss after 30 steps";
 }
 
+TEST_P(VisionTest, Bf16TracksFp32AndSpillsLikeInMemory) {
+  Trial t = Make(GetParam());
+  const auto fp32 = Train(t, 30);
+  t.training.precision = Precision::kBf16;
+  const auto bf16 = Train(t, 30);
+  ASSERT_EQ(bf16.size(), fp32.size());
+  EXPECT_NE(bf16, fp32) << "the bf16 run computed in fp32";
+  EXPECT_LT(bf16.back(), 0.6) << "bf16 validation loss after 30 steps";
+  EXPECT_NEAR(bf16.back(), fp32.back(), 0.05 * fp32.back() + 0.01);
+  Trial spilled = t;
+  spilled.resources.shard_boundaries = {1, 2};
+  spilled.resources.offload = "disk";
+  const auto cut = Train(spilled, 30);
+  ASSERT_EQ(cut.size(), bf16.size());
+  // Near zero loss, relative differences grow: 0.2% or 1e-3 absolute (1.6e-4 measured).
+  EXPECT_NEAR(cut.back(), bf16.back(), 2e-3 * bf16.back() + 1e-3);
+}
+
 TEST_P(VisionTest, CostModelMatchesTheBuiltLayers) {
   // Per layer, the planner's parameters and output sizes are those of the real model (resnet
   // with 4 blocks, so one block halves the resolution and doubles the channels).

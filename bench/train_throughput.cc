@@ -1,9 +1,13 @@
 // bench/train_throughput: tokens/s of one GPT-2 trial trained by Hydra's executor.
 // Prints one JSON line; bench/train_throughput.sh runs it side by side with PyTorch eager.
+#include <torch/csrc/autograd/profiler_legacy.h>
+
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <iostream>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "agent/executor/inmemory_executor.h"
@@ -53,6 +57,10 @@ int main(int argc, char** argv) {
   }
   double last_loss = 0;
   for (int i = 0; i < warmup; ++i) last_loss = (*exec)->TrainStep()->loss;
+  std::unique_ptr<torch::autograd::profiler::RecordProfile> profile;
+  if (const char* path = std::getenv("HYDRA_BENCH_PROFILE")) {
+    profile = std::make_unique<torch::autograd::profiler::RecordProfile>(path);
+  }
   const auto start = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < t.training.steps; ++i) {
     auto m = (*exec)->TrainStep();
@@ -64,6 +72,7 @@ int main(int argc, char** argv) {
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  profile.reset();  // writes the Chrome trace
   const double tokens =
       static_cast<double>(t.training.steps * t.training.batch_size * t.model.context_length);
   std::cout << nlohmann::json{{"impl", "hydra-cpp"},

@@ -54,6 +54,14 @@ torch::Tensor TaskLoss(const Trial& trial, const torch::Tensor& output,
   return NextTokenLoss(out, target);
 }
 
+torch::Tensor LayersLoss(const Trial& trial, const LayerSequence& model, size_t first, size_t last,
+                         torch::Tensor input, const torch::Tensor& target) {
+  for (size_t i = first; i < last; ++i) input = model.layers[i]->forward(input);
+  auto fused = model.layers[last]->forward_loss(input, target);
+  if (fused.defined()) return fused;
+  return TaskLoss(trial, model.layers[last]->forward(input), target);
+}
+
 torch::Tensor NextTokenLoss(const torch::Tensor& logits, const torch::Tensor& targets) {
   return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}),
                                               targets.reshape({-1}));

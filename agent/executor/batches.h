@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "agent/executor/dataset.h"
+#include "agent/executor/layer_sequence.h"
 
 namespace hydra::executor {
 
@@ -42,5 +43,10 @@ std::vector<Batch> ValidationSamples(const TokenDataset& data, const Trial& tria
 /// The trial's loss: next-token cross-entropy, or cross-entropy of class logits [B, classes].
 torch::Tensor TaskLoss(const Trial& trial, const torch::Tensor& output,
                        const torch::Tensor& target);
+
+/// The trial's loss of `layers` [first, last] of `model` on `input`: forward through them, the
+/// last layer's forward_loss when it has one, else its forward and TaskLoss.
+torch::Tensor LayersLoss(const Trial& trial, const LayerSequence& model, size_t first, size_t last,
+                         torch::Tensor input, const torch::Tensor& target);
 
 }  // namespace hydra::executor

@@ -2,6 +2,9 @@
 
 #include <cmath>
 
+#include "agent/executor/lm_head_loss.h"
+#include "agent/executor/precision.h"
+
 namespace hydra::executor {
 namespace {
 
@@ -65,6 +68,10 @@ class Gpt2Head : public SequentialLayer {
   }
   torch::Tensor forward(const torch::Tensor& x) override {
     return torch::matmul(ln_f->forward(x), wte_.t());
+  }
+  torch::Tensor forward_loss(const torch::Tensor& x, const torch::Tensor& target) override {
+    const auto h = ln_f->forward(x);
+    return LmHeadLoss(h.reshape({-1, h.size(-1)}), wte_, target.reshape({-1}), ActiveComputeType());
   }
   std::vector<torch::Tensor> borrowed_parameters() const override { return {wte_}; }
   torch::nn::LayerNorm ln_f{nullptr};

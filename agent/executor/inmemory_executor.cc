@@ -6,6 +6,7 @@
 #include "agent/executor/batches.h"
 #include "agent/executor/cpu_threads.h"
 #include "agent/executor/gpt2.h"
+#include "agent/executor/host_allocator.h"
 #include "agent/executor/optimizer.h"
 #include "agent/executor/precision.h"
 #include "agent/executor/tensor_buffers.h"
@@ -99,7 +100,7 @@ class InMemoryExecutor : public TrialExecutorInterface {
  private:
   torch::Tensor Loss(const Batch& batch) {
     PrecisionScope precision(trial_.training.precision);
-    return TaskLoss(trial_, model_.Forward(batch.input), batch.target);
+    return LayersLoss(trial_, model_, 0, model_.layers.size() - 1, batch.input, batch.target);
   }
 
   Trial trial_;
@@ -115,6 +116,7 @@ class InMemoryExecutorFactory : public ExecutorFactoryInterface {
  public:
   explicit InMemoryExecutorFactory(InMemoryExecutorOptions options) : options_(options) {
     if (options_.threads > 0) threading_ = ConfigureCpuThreads(options_.threads);
+    KeepFreedHostMemory();
   }
 
   Status Check(const Trial& given, const TokenDataset& data) override {

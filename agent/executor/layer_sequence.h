@@ -20,6 +20,13 @@ class SequentialLayer : public torch::nn::Module {
   /// Parameters this layer registers that a later layer also uses (tied weights). When the
   /// model is sharded they stay on the device for the whole step.
   virtual std::vector<torch::Tensor> lent_parameters() const { return {}; }
+  /// The mean next-token loss of this (last) layer's output against `target` [B, T], computed
+  /// without its full output when the layer knows how (GPT-2's LM head); an undefined tensor
+  /// when it does not (the caller then runs forward() and the task's loss).
+  virtual torch::Tensor forward_loss(const torch::Tensor& /*input*/,
+                                     const torch::Tensor& /*target*/) {
+    return {};
+  }
 };
 
 /// A model as an ordered list of named layers. Parameters shared between layers (GPT-2's tied

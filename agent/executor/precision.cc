@@ -37,6 +37,10 @@ torch::ScalarType ComputeType(Precision p) {
   return p == Precision::kBf16 ? torch::kBFloat16 : torch::kFloat;
 }
 
+torch::ScalarType ActiveComputeType(c10::DeviceType device) {
+  return AutocastEnabled(device) ? AutocastType(device) : torch::kFloat;
+}
+
 PrecisionScope::PrecisionScope(Precision p, c10::DeviceType device) : device_(device) {
   if (p != Precision::kBf16) return;
   active_ = true;

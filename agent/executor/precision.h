@@ -10,6 +10,10 @@ namespace hydra::executor {
 /// The floating-point type activations are computed in for `p` (kFloat or kBFloat16).
 torch::ScalarType ComputeType(Precision p);
 
+/// The type autocast computes matrix products in on the calling thread (kBFloat16 inside a
+/// bf16 PrecisionScope), kFloat when autocast is off.
+torch::ScalarType ActiveComputeType(c10::DeviceType device = c10::kCPU);
+
 /// While alive, the calling thread's forward computation on `device` runs in `p`: for kBf16,
 /// LibTorch's autocast to bfloat16 (matrix products and convolutions in bf16, their weights
 /// cast from the fp32 masters once per scope; the gradients flow back into the fp32 masters).

@@ -12,6 +12,7 @@
 #include "agent/executor/cpu_threads.h"
 #include "agent/executor/disk_tier.h"
 #include "agent/executor/gpt2.h"
+#include "agent/executor/host_allocator.h"
 #include "agent/executor/inmemory_executor.h"
 #include "agent/executor/optimizer.h"
 #include "agent/executor/precision.h"
@@ -476,6 +477,13 @@ class SpillingExecutor : public TrialExecutorInterface {
     return x;
   }
 
+  /// The loss of the last shard `k` on `x`: its forward and the trial's loss in one.
+  torch::Tensor ShardLoss(size_t k, const torch::Tensor& x, const torch::Tensor& target) {
+    PrecisionScope precision(trial_.training.precision);
+    return LayersLoss(trial_, model_, shards_[k].plan.first_layer, shards_[k].plan.last_layer, x,
+                      target);
+  }
+
   /// Runs shard k's optimizer step right after its backward (unless clipping must first see
   /// every shard's gradient norm), then frees its gradients.
   Status AfterBackward(size_t k, bool clipping) {
@@ -620,7 +628,7 @@ class SpillingExecutor : public TrialExecutorInterface {
                                     "activations and gradients of shard " + std::to_string(L)));
     for (int64_t a = 0; a < c.A; ++a) {
       auto in = Leaf(c.inputs[L][a], L);
-      auto loss = TaskLoss(trial_, ForwardShard(L, in), c.targets[a]);
+      auto loss = ShardLoss(L, in, c.targets[a]);
       (c.A == 1 ? loss : loss / c.A).backward();
       c.loss_sum += loss.item<double>();
       if (L > 0) c.grad_out[a] = in.grad();
@@ -719,6 +727,7 @@ class ExecutorFactory : public ExecutorFactoryInterface {
   explicit ExecutorFactory(ExecutorOptions options)
       : options_(std::move(options)), in_memory_(MakeInMemoryExecutorFactory({})) {
     if (options_.threads > 0) ConfigureCpuThreads(options_.threads);
+    KeepFreedHostMemory();
   }
 
   StatusOr<PartitionPlan> Plan(const Trial& trial) const {

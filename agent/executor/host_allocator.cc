@@ -1,0 +1,18 @@
+#include "agent/executor/host_allocator.h"
+
+#include <malloc.h>
+
+#include <climits>
+#include <mutex>
+
+namespace hydra::executor {
+
+void KeepFreedHostMemory() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    mallopt(M_MMAP_MAX, 0);
+    mallopt(M_TRIM_THRESHOLD, INT_MAX);
+  });
+}
+
+}  // namespace hydra::executor

@@ -1,0 +1,72 @@
+// The chunked LM-head loss equals log-softmax cross-entropy over the full logits, in value and
+// in gradients, in fp32 and (within bf16's precision) in bf16.
+#include "agent/executor/lm_head_loss.h"
+
+#include <gtest/gtest.h>
+
+namespace hydra::executor {
+namespace {
+
+struct Result {
+  torch::Tensor loss, dh, dw;
+};
+
+Result Train(bool fused, torch::ScalarType compute, int64_t rows, double grad_scale) {
+  torch::manual_seed(3);
+  auto h = torch::randn({rows, 48}).requires_grad_(true);
+  auto w = (0.3 * torch::randn({1000, 48})).requires_grad_(true);
+  const auto targets = torch::randint(0, 1000, {rows}, torch::kLong);
+  torch::Tensor loss;
+  if (fused) {
+    loss = LmHeadLoss(h, w, targets, compute);
+  } else {
+    const auto logits = torch::mm(h.to(compute), w.to(compute).t()).to(torch::kFloat);
+    loss = torch::nn::functional::cross_entropy(logits, targets);
+  }
+  (loss * grad_scale).backward();
+  return {loss.detach(), h.grad(), w.grad()};
+}
+
+double RelativeError(const torch::Tensor& got, const torch::Tensor& want) {
+  return ((got - want).norm() / want.norm()).item<double>();
+}
+
+TEST(LmHeadLossTest, EqualsCrossEntropyOverTheFullLogitsInFp32) {
+  // 600 rows: two whole chunks of 256 and a partial one.
+  for (double scale : {1.0, 0.5}) {
+    const Result fused = Train(true, torch::kFloat, 600, scale);
+    const Result full = Train(false, torch::kFloat, 600, scale);
+    EXPECT_EQ(fused.loss.scalar_type(), torch::kFloat);
+    EXPECT_NEAR(fused.loss.item<double>(), full.loss.item<double>(),
+                1e-6 * full.loss.item<double>());
+    EXPECT_LT(RelativeError(fused.dh, full.dh), 1e-5) << "scale " << scale;
+    EXPECT_LT(RelativeError(fused.dw, full.dw), 1e-5) << "scale " << scale;
+    EXPECT_EQ(fused.dw.scalar_type(), torch::kFloat);
+  }
+}
+
+TEST(LmHeadLossTest, Bf16GemmsWithFp32LossAndFp32Gradients) {
+  const Result fused = Train(true, torch::kBFloat16, 300, 1.0);
+  const Result fp32 = Train(false, torch::kFloat, 300, 1.0);
+  const Result bf16 = Train(false, torch::kBFloat16, 300, 1.0);
+  EXPECT_EQ(fused.dh.scalar_type(), torch::kFloat) << "gradients in the masters' type";
+  EXPECT_EQ(fused.dw.scalar_type(), torch::kFloat);
+  EXPECT_NEAR(fused.loss.item<double>(), bf16.loss.item<double>(), 1e-5 * bf16.loss.item<double>())
+      << "the same bf16 logits, the same fp32 reduction";
+  EXPECT_NEAR(fused.loss.item<double>(), fp32.loss.item<double>(), 1e-2 * fp32.loss.item<double>());
+  EXPECT_LT(RelativeError(fused.dh, fp32.dh), 2e-2);
+  EXPECT_LT(RelativeError(fused.dw, fp32.dw), 2e-2);
+  EXPECT_GT(RelativeError(fused.dw, fp32.dw), 0) << "computed in bf16";
+}
+
+TEST(LmHeadLossTest, WithoutGradientsOnlyTheLoss) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(4);
+  const auto h = torch::randn({10, 8}), w = torch::randn({50, 8});
+  const auto targets = torch::randint(0, 50, {10}, torch::kLong);
+  const auto want = torch::nn::functional::cross_entropy(torch::mm(h, w.t()), targets);
+  EXPECT_NEAR(LmHeadLoss(h, w, targets, torch::kFloat).item<double>(), want.item<double>(), 1e-5);
+}
+
+}  // namespace
+}  // namespace hydra::executor

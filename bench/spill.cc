@@ -51,7 +51,12 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--offload", offload, "host or disk")->capture_default_str();
   app.add_option("--spill-dir", spill_dir)->capture_default_str();
+  std::string precision = "fp32";
+  app.add_option("--precision", precision, "fp32 | bf16")
+      ->check(CLI::IsMember({"fp32", "bf16"}))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  t.training.precision = *hydra::ParsePrecision(precision);
 
   const int64_t footprint = hydra::EstimateTrialFootprint(t).total_bytes();
   t.resources.device_memory_budget =
@@ -109,6 +114,7 @@ int main(int argc, char** argv) {
   stop();
   const double steps = static_cast<double>(t.training.steps);
   std::cout << nlohmann::json{{"budgetFraction", fraction},
+                              {"precision", precision},
                               {"offload", offload},
                               {"hostBudget", host_budget},
                               {"parameters", after.parameters},

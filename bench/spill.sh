@@ -3,7 +3,7 @@
 # per step, AdamW) on a CPU device with budgets of 100% (no spilling), 50% and 25% of the trial's
 # footprint, and 25% with the state on disk; rounds alternate the configurations and the ratios
 # are to the 100% run of the same invocation.
-#   bash bench/spill.sh [--smoke] [--rounds N] [--largest LAYERSxWIDTH]
+#   bash bench/spill.sh [--smoke] [--rounds N] [--largest LAYERSxWIDTH] [--precision fp32|bf16]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=build/bench/spill
@@ -12,11 +12,13 @@ SPILL_DIR="${HYDRA_BENCH_SPILL_DIR:-${TMPDIR:-/tmp}/hydra-bench-spill-$$}"
 ROUNDS=2
 MODEL="--layers 12 --embd 768 --heads 12 --ctx 256 --batch 8 --steps 3 --warmup 1"
 LARGEST=""
+PRECISION=fp32
 while [ $# -gt 0 ]; do
   case "$1" in
     --smoke) ROUNDS=1; MODEL="--layers 8 --embd 64 --heads 4 --ctx 64 --batch 4 --steps 2 --warmup 1" ;;
     --rounds) ROUNDS="$2"; shift ;;
     --largest) LARGEST="$2"; shift ;;
+    --precision) PRECISION="$2"; shift ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -32,7 +34,7 @@ if [ -n "$LARGEST" ]; then
   /usr/bin/time -f "max resident (VmHWM) %M KiB, %e s wall" \
     "$BIN" --corpus "$CORPUS" --layers "$layers" --embd "$width" --heads "$heads" --ctx 256 \
     --vocab 50257 --batch 2 --steps 3 --warmup 0 --offload disk --host-budget 0 \
-    --spill-dir "$SPILL_DIR" --budget-bytes $((2560 * 1024 * 1024))
+    --spill-dir "$SPILL_DIR" --budget-bytes $((2560 * 1024 * 1024)) --precision "$PRECISION"
   exit 0
 fi
 

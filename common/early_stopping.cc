@@ -1,0 +1,94 @@
+#include "common/early_stopping.h"
+
+#include <algorithm>
+
+namespace hydra {
+
+std::vector<int64_t> AshaRungs(const EarlyStoppingSpec& spec, int64_t steps) {
+  std::vector<int64_t> rungs;
+  if (spec.min_steps <= 0 || spec.reduction_factor < 2) return rungs;
+  for (int64_t r = spec.min_steps; r < steps; r *= spec.reduction_factor) {
+    rungs.push_back(r);
+    if (r > steps / spec.reduction_factor) break;  // the next would pass steps (no overflow)
+  }
+  return rungs;
+}
+
+bool MetricBoard::At(int trial, int64_t step, double* loss) const {
+  auto t = losses_.find(trial);
+  if (t == losses_.end()) return false;
+  auto s = t->second.find(step);
+  if (s == t->second.end()) return false;
+  *loss = s->second;
+  return true;
+}
+
+bool MetricBoard::BestUpTo(int trial, int64_t step, double* loss) const {
+  auto t = losses_.find(trial);
+  if (t == losses_.end()) return false;
+  bool any = false;
+  for (const auto& [s, l] : t->second) {
+    if (s > step) break;
+    if (!any || l < *loss) *loss = l;
+    any = true;
+  }
+  return any;
+}
+
+int64_t MetricBoard::LastStep(int trial) const {
+  auto t = losses_.find(trial);
+  if (t == losses_.end() || t->second.empty()) return -1;
+  return t->second.rbegin()->first;
+}
+
+StopVerdict AshaVerdict(const EarlyStoppingSpec& spec, const MetricBoard& board, int trials,
+                        const std::vector<bool>& stopped, int trial, int64_t rung) {
+  double mine = 0;
+  if (!board.At(trial, rung, &mine)) return StopVerdict::kContinue;  // not at this rung
+  int64_t n = 0, better = 0, pending = 0;
+  for (int i = 0; i < trials; ++i) {
+    double loss = 0;
+    if (board.At(i, rung, &loss)) {
+      ++n;
+      if (i != trial && (loss < mine || (loss == mine && i < trial))) ++better;
+    } else if (!(i < static_cast<int>(stopped.size()) && stopped[i]) && board.LastStep(i) < rung) {
+      ++pending;  // may still report at this rung
+    }
+  }
+  // While results may still arrive, the top floor(n / factor); once the rung is complete, at
+  // least one goes on (else the best trial of a small last rung would stop).
+  const int64_t promoted =
+      pending > 0 ? n / spec.reduction_factor : std::max<int64_t>(1, n / spec.reduction_factor);
+  if (better < promoted) return StopVerdict::kContinue;
+  return pending > 0 ? StopVerdict::kWait : StopVerdict::kStop;
+}
+
+StopVerdict MedianVerdict(const EarlyStoppingSpec& spec, const MetricBoard& board, int trial,
+                          int64_t step) {
+  double mine = 0;
+  if (step < spec.min_steps || !board.BestUpTo(trial, step, &mine)) return StopVerdict::kContinue;
+  std::vector<double> others;
+  for (const auto& [i, history] : board.losses()) {
+    double best = 0;
+    if (i != trial && board.LastStep(i) >= step && board.BestUpTo(i, step, &best)) {
+      others.push_back(best);
+    }
+  }
+  if (others.empty()) return StopVerdict::kContinue;
+  std::sort(others.begin(), others.end());
+  const size_t m = others.size();
+  const double median = m % 2 ? others[m / 2] : (others[m / 2 - 1] + others[m / 2]) / 2;
+  return mine > median ? StopVerdict::kStop : StopVerdict::kContinue;
+}
+
+int64_t ReachableStep(const EarlyStoppingSpec& spec, const MetricBoard& board, int64_t steps,
+                      int trial) {
+  if (spec.algorithm != EarlyStoppingAlgorithm::kAsha) return steps;
+  const int64_t last = board.LastStep(trial);
+  for (int64_t rung : AshaRungs(spec, steps)) {
+    if (rung > last) return rung;
+  }
+  return steps;
+}
+
+}  // namespace hydra

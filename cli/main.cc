@@ -373,7 +373,8 @@ int main(int argc, char** argv) {
                    "Host<->device bytes/s (0: free, as for CPU devices)")
       ->capture_default_str();
   simulate->add_option("--micro-batches", sim.micro_batches,
-                       "Micro-batches of the GPipe baseline (default: 4 x devices)");
+                       "Micro-batches of the GPipe baseline (default: 4 x devices; at most each "
+                       "trial's batchSize)");
   simulate->add_flag("--json", sim.json, "Print the result as JSON");
   simulate->add_option("--chart", sim.chart, "Write a Gantt chart of the schedule to this PNG");
 

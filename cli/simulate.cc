@@ -58,9 +58,10 @@ std::string FormatSimulation(const SimulationReport& r, const SimulationOptions&
   for (const auto& [name, seconds] : r.baselines) {
     std::snprintf(line, sizeof(line), "    %-26s %10.1f s  %5.2fx%s\n", name.c_str(), seconds,
                   seconds / r.schedule.makespan,
-                  name == "gpipe"
-                      ? (" (" + std::to_string(r.micro_batches) + " micro-batches)").c_str()
-                      : "");
+                  name == "gpipe" ? (" (" + std::to_string(r.micro_batches) +
+                                     " micro-batches, at most a trial's batch size)")
+                                        .c_str()
+                                  : "");
     out << line;
   }
   return out.str();

@@ -7,6 +7,7 @@ TrialProfile ProfileFromPlan(const Trial& trial, const PartitionPlan& plan,
   TrialProfile p;
   p.name = trial.name;
   p.minibatches = trial.training.steps;
+  p.batch_size = trial.training.batch_size;
   const double mb = static_cast<double>(trial.training.gradient_accumulation_steps);
   const bool moves = plan.shards.size() > 1 || plan.state_tier == StateTier::kDisk;
   for (size_t k = 0; k < plan.shards.size(); ++k) {

@@ -205,9 +205,14 @@ double SequentialModelParallelMakespan(const std::vector<TrialProfile>& trials,
 
 double GpipeMakespan(const std::vector<TrialProfile>& trials, const SimulationOptions& o,
                      int micro_batches) {
-  const double d = std::max(1, o.devices), m = std::max(1, micro_batches);
+  const double d = std::max(1, o.devices);
   double total = 0;
-  for (const auto& t : trials) total += t.TotalSeconds() * (m + d - 1.0) / (m * d);
+  for (const auto& t : trials) {
+    int64_t micro = std::max(1, micro_batches);
+    if (t.batch_size > 0) micro = std::min(micro, t.batch_size);
+    const double m = static_cast<double>(micro);
+    total += t.TotalSeconds() * (m + d - 1.0) / (m * d);
+  }
   return total;
 }
 

@@ -22,6 +22,9 @@ struct TrialProfile {
   std::string name;
   std::vector<TaskProfile> tasks;  ///< in execution order for one minibatch
   int64_t minibatches = 1;
+  /// Sequences in one minibatch (spec.training.batchSize); 0: unknown. A pipeline cannot cut
+  /// a minibatch into more micro-batches than it has sequences.
+  int64_t batch_size = 0;
   double MinibatchSeconds() const;
   double TotalSeconds() const { return MinibatchSeconds() * static_cast<double>(minibatches); }
 };
@@ -88,7 +91,8 @@ double SequentialModelParallelMakespan(const std::vector<TrialProfile>& trials,
                                        const SimulationOptions& options);
 
 /// Trials one after another, each pipelined GPipe-style over all devices with `micro_batches`
-/// micro-batches per minibatch: a minibatch takes (m + d - 1) / (m d) of its one-device time.
+/// micro-batches per minibatch (at most the trial's batch_size, when known): a minibatch takes
+/// (m + d - 1) / (m d) of its one-device time.
 double GpipeMakespan(const std::vector<TrialProfile>& trials, const SimulationOptions& options,
                      int micro_batches);
 

@@ -113,6 +113,14 @@ TEST(SchedulerTest, BaselinesAndProfileFromPlan) {
   o.devices = 4;
   EXPECT_NEAR(SequentialModelParallelMakespan(trials, o), 4 * p.TotalSeconds(), 1e-9);
   EXPECT_NEAR(GpipeMakespan(trials, o, 4), 4 * p.TotalSeconds() * 7.0 / 16.0, 1e-9);
+  // A pipeline cannot split a batch of batchSize sequences into more micro-batches: asked for
+  // 32, a trial of 8 sequences gets 8 ((8 + 3) / 32 of its time, not (32 + 3) / 128).
+  ASSERT_EQ(p.batch_size, t.training.batch_size);
+  for (auto& trial : trials) trial.batch_size = 8;
+  EXPECT_NEAR(GpipeMakespan(trials, o, 32), 4 * p.TotalSeconds() * 11.0 / 32.0, 1e-9);
+  for (auto& trial : trials) trial.batch_size = 0;
+  EXPECT_NEAR(GpipeMakespan(trials, o, 32), 4 * p.TotalSeconds() * 35.0 / 128.0, 1e-9)
+      << "unknown batch size: as asked";
 }
 
 }  // namespace

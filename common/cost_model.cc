@@ -198,16 +198,21 @@ std::vector<LayerCost> FamilyCosts(const Trial& trial, int64_t micro_batch, Acco
 }
 
 /// In bf16 each layer's graph also holds the bf16 working copy of its weights (2 bytes a
-/// parameter, tied ones included: the LM head's cast of the embedding) for every micro-batch
-/// in flight, next to the fp32 masters.
+/// parameter) for every micro-batch in flight, next to the fp32 masters; tied weights are
+/// charged to the last layer, whose LM head casts them (the embedding looks them up in fp32).
 std::vector<LayerCost> TrialCosts(const Trial& trial, int64_t micro_batch, Accountant& a) {
   auto layers = FamilyCosts(trial, micro_batch, a);
-  if (trial.training.precision != Precision::kBf16) return layers;
+  if (trial.training.precision != Precision::kBf16 || layers.empty()) return layers;
+  double tied = 0;
   for (auto& l : layers) {
-    l.activation_bytes =
-        a.Bytes(static_cast<double>(l.activation_bytes) + 2.0 * static_cast<double>(l.parameters),
-                l.name, "activations");
+    tied += static_cast<double>(l.tied_parameters);
+    l.activation_bytes = a.Bytes(static_cast<double>(l.activation_bytes) +
+                                     2.0 * static_cast<double>(l.parameters - l.tied_parameters),
+                                 l.name, "activations");
   }
+  auto& last = layers.back();
+  last.activation_bytes =
+      a.Bytes(static_cast<double>(last.activation_bytes) + 2.0 * tied, last.name, "activations");
   return layers;
 }
 

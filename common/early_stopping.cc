@@ -1,6 +1,8 @@
 #include "common/early_stopping.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 
 namespace hydra {
 
@@ -12,6 +14,10 @@ std::vector<int64_t> AshaRungs(const EarlyStoppingSpec& spec, int64_t steps) {
     if (r > steps / spec.reduction_factor) break;  // the next would pass steps (no overflow)
   }
   return rungs;
+}
+
+void MetricBoard::Record(int trial, int64_t step, double loss) {
+  losses_[trial][step] = std::isfinite(loss) ? loss : std::numeric_limits<double>::infinity();
 }
 
 bool MetricBoard::At(int trial, int64_t step, double* loss) const {
@@ -44,7 +50,10 @@ int64_t MetricBoard::LastStep(int trial) const {
 StopVerdict AshaVerdict(const EarlyStoppingSpec& spec, const MetricBoard& board, int trials,
                         const std::vector<bool>& stopped, int trial, int64_t rung) {
   double mine = 0;
-  if (!board.At(trial, rung, &mine)) return StopVerdict::kContinue;  // not at this rung
+  if (spec.reduction_factor < 2 || !board.At(trial, rung, &mine)) {
+    return StopVerdict::kContinue;  // no rungs (factor < 2: AshaRungs is empty), or not at this
+                                    // rung
+  }
   int64_t n = 0, better = 0, pending = 0;
   for (int i = 0; i < trials; ++i) {
     double loss = 0;

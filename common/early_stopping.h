@@ -34,7 +34,8 @@ std::vector<int64_t> AshaRungs(const EarlyStoppingSpec& spec, int64_t steps);
 /// that reached the step).
 class MetricBoard {
  public:
-  void Record(int trial, int64_t step, double loss) { losses_[trial][step] = loss; }
+  /// A non-finite loss (a diverged trial) is recorded as +infinity: the worst, and sortable.
+  void Record(int trial, int64_t step, double loss);
   /// The trial's loss reported at exactly `step`; false if none.
   bool At(int trial, int64_t step, double* loss) const;
   /// The trial's best (lowest) loss at steps <= `step`; false if it reported none there.
@@ -51,21 +52,27 @@ class MetricBoard {
 /// kContinue when its loss there ranks within the top floor(n / reductionFactor) of the n
 /// results recorded at that rung (ties: the lower trial index first; once no other trial can
 /// report there, at least the best goes on); else kWait while some trial may still report at
-/// that rung (call again when one does), and kStop once none can. `stopped[i]` is true for
-/// trials already stopped or failed, which will never report again; `trials` counts them all.
+/// that rung, and kStop once none can. The caller asks a waiting trial again whenever another
+/// trial reports at that rung or stops or fails without reaching it (else it waits forever);
+/// rungs must be evaluation steps (the caller evaluates there whatever evalEverySteps says),
+/// or no report ever arrives and nothing stops. A reduction factor below 2 stops nothing.
+/// `stopped[i]` is true for trials already stopped or failed, which will never report again;
+/// `trials` counts them all.
 StopVerdict AshaVerdict(const EarlyStoppingSpec& spec, const MetricBoard& board, int trials,
                         const std::vector<bool>& stopped, int trial, int64_t rung);
 
 /// Median stopping's verdict for `trial` at evaluation step `step`: kStop when step >= minSteps
 /// and its best loss so far is worse than the median of the best losses so far (at steps <=
 /// `step`) of the other trials that have reported at or past `step`; kContinue otherwise, and
-/// while no other trial has reached `step`.
+/// while no other trial has reached `step` (with two trials the worse one stops at minSteps;
+/// callers wanting a quorum check the count first).
 StopVerdict MedianVerdict(const EarlyStoppingSpec& spec, const MetricBoard& board, int trial,
                           int64_t step);
 
 /// The step `trial` may currently reach: the next ASHA rung past its last report (or `steps`
 /// past the last rung, or for median and none). What the scheduler's remaining-time estimate
-/// uses.
+/// uses; for a trial waiting at a rung this is still the next rung (the caller counts a waiting
+/// trial's remaining time as zero).
 int64_t ReachableStep(const EarlyStoppingSpec& spec, const MetricBoard& board, int64_t steps,
                       int trial);
 

@@ -15,4 +15,6 @@ void KeepFreedHostMemory() {
   });
 }
 
+ReturnsHostMemoryWhenDone::~ReturnsHostMemoryWhenDone() { malloc_trim(0); }
+
 }  // namespace hydra::executor

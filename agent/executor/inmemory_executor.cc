@@ -17,7 +17,7 @@
 namespace hydra::executor {
 namespace {
 
-class InMemoryExecutor : public TrialExecutorInterface {
+class InMemoryExecutor : public TrialExecutorInterface, private ReturnsHostMemoryWhenDone {
  public:
   InMemoryExecutor(const Trial& trial, std::shared_ptr<const TokenDataset> data,
                    LayerSequence model)

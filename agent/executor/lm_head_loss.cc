@@ -30,8 +30,7 @@ torch::Tensor ChunkLoss(torch::Tensor& z, const torch::Tensor& targets, bool gra
 class LmHeadLossFunction : public torch::autograd::Function<LmHeadLossFunction> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& h, const torch::Tensor& w,
-                               const torch::Tensor& targets, torch::ScalarType compute) {
-    const bool grad = h.requires_grad() || w.requires_grad();
+                               const torch::Tensor& targets, torch::ScalarType compute, bool grad) {
     const int64_t n = h.size(0), v = w.size(0);
     const auto hc = h.to(compute), wc = w.to(compute);
     const auto wt = wc.t();
@@ -72,7 +71,7 @@ class LmHeadLossFunction : public torch::autograd::Function<LmHeadLossFunction> 
       dh.mul_(scale);
       dw.mul_(scale);
     }
-    return {dh, dw, torch::Tensor(), torch::Tensor()};
+    return {dh, dw, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -80,7 +79,10 @@ class LmHeadLossFunction : public torch::autograd::Function<LmHeadLossFunction> 
 
 torch::Tensor LmHeadLoss(const torch::Tensor& h, const torch::Tensor& w,
                          const torch::Tensor& targets, torch::ScalarType compute) {
-  return LmHeadLossFunction::apply(h, w, targets, compute);
+  // Decided here: inside apply() grad mode is off, and a parameter requires grad even under
+  // NoGradGuard (evaluation), where no gradient buffer may be built.
+  const bool grad = torch::GradMode::is_enabled() && (h.requires_grad() || w.requires_grad());
+  return LmHeadLossFunction::apply(h, w, targets, compute, grad);
 }
 
 }  // namespace hydra::executor

@@ -53,7 +53,7 @@ struct Shard {
   bool weights_in_host = false;  // disk tier: weights kept in RAM for a stashed graph
 };
 
-class SpillingExecutor : public TrialExecutorInterface {
+class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemoryWhenDone {
  public:
   SpillingExecutor(const Trial& trial, std::shared_ptr<const TokenDataset> data, PartitionPlan plan,
                    const ExecutorOptions& options)

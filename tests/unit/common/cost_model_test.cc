@@ -52,6 +52,11 @@ TEST(CostModelTest, Bf16HalvesMostActivationsAndAddsTheWorkingCopyOfTheWeights) 
     EXPECT_EQ(bf16[i].parameters, fp32[i].parameters) << "fp32 masters: same parameters";
     EXPECT_EQ(bf16[i].output_bytes, fp32[i].output_bytes) << "the residual stream stays fp32";
   }
+  // The tied token embedding's bf16 copy belongs to the head, which casts it for the LM head.
+  EXPECT_EQ(bf16.back().activation_bytes - fp32.back().activation_bytes,
+            2 * (bf16.back().parameters + bf16.front().tied_parameters));
+  EXPECT_EQ(bf16.front().activation_bytes - fp32.front().activation_bytes,
+            2 * (bf16.front().parameters - bf16.front().tied_parameters));
   const auto fp = EstimateTrialFootprint(t);
   EXPECT_EQ(fp.parameter_bytes, fp.parameters * 4) << "master weights stay fp32";
   EXPECT_EQ(fp.optimizer_bytes, fp.parameters * 8) << "AdamW moments stay fp32";

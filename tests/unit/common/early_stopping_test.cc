@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <functional>
 
@@ -97,6 +98,23 @@ TEST(AshaTest, TheFirstArrivalsWaitUntilTheRungCanRankThem) {
       << "trial 3 failed: the rung is complete";
   EXPECT_EQ(AshaVerdict(spec, board, 4, stopped, 3, 10), StopVerdict::kContinue)
       << "not at this rung: nothing to decide";
+}
+
+TEST(AshaTest, ADivergedTrialRanksLastAndABadFactorStopsNothing) {
+  EarlyStoppingSpec spec{EarlyStoppingAlgorithm::kAsha, 10, 3};
+  MetricBoard board;
+  const std::vector<bool> stopped(3, false);
+  board.Record(0, 10, std::nan(""));
+  board.Record(1, 10, 2.0);
+  board.Record(2, 10, 3.0);
+  EXPECT_EQ(AshaVerdict(spec, board, 3, stopped, 0, 10), StopVerdict::kStop) << "NaN is worst";
+  EXPECT_EQ(AshaVerdict(spec, board, 3, stopped, 1, 10), StopVerdict::kContinue);
+  spec.reduction_factor = 0;
+  EXPECT_EQ(AshaVerdict(spec, board, 3, stopped, 0, 10), StopVerdict::kContinue) << "no SIGFPE";
+  spec.algorithm = EarlyStoppingAlgorithm::kMedian;
+  board.Record(1, 20, INFINITY);
+  EXPECT_EQ(MedianVerdict(spec, board, 1, 20), StopVerdict::kContinue)
+      << "its best so far (2.0) counts; nobody else reached 20";
 }
 
 TEST(MedianStoppingTest, StopsExactlyTheTrialsWorseThanTheMedianAfterMinSteps) {

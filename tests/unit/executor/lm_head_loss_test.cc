@@ -62,10 +62,13 @@ TEST(LmHeadLossTest, Bf16GemmsWithFp32LossAndFp32Gradients) {
 TEST(LmHeadLossTest, WithoutGradientsOnlyTheLoss) {
   torch::NoGradGuard no_grad;
   torch::manual_seed(4);
-  const auto h = torch::randn({10, 8}), w = torch::randn({50, 8});
+  // A parameter requires grad even in evaluation: only the loss is computed all the same.
+  const auto h = torch::randn({10, 8}), w = torch::randn({50, 8}).requires_grad_(true);
   const auto targets = torch::randint(0, 50, {10}, torch::kLong);
   const auto want = torch::nn::functional::cross_entropy(torch::mm(h, w.t()), targets);
-  EXPECT_NEAR(LmHeadLoss(h, w, targets, torch::kFloat).item<double>(), want.item<double>(), 1e-5);
+  const auto got = LmHeadLoss(h, w, targets, torch::kFloat);
+  EXPECT_FALSE(got.requires_grad());
+  EXPECT_NEAR(got.item<double>(), want.item<double>(), 1e-5);
 }
 
 }  // namespace

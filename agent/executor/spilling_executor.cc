@@ -192,18 +192,25 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
         targets.push_back(b.target);
       }
       RETURN_IF_ERROR(Fetch(0, false));
-      for (size_t k = 0; k < shards_.size(); ++k) {
-        RETURN_IF_ERROR(Wait(k));
-        if (k + 1 < shards_.size()) RETURN_IF_ERROR(Fetch(k + 1, false));
-        for (auto& a : acts) a = ForwardShard(k, a);
-        RETURN_IF_ERROR(Evict(k, false));
-      }
+      const size_t last = shards_.size() - 1;
       double total = 0;
       int64_t sequences = 0;
-      for (size_t i = 0; i < acts.size(); ++i) {
-        total += TaskLoss(trial_, acts[i], targets[i]).item<double>() *
-                 static_cast<double>(acts[i].size(0));
-        sequences += acts[i].size(0);
+      for (size_t k = 0; k <= last; ++k) {
+        RETURN_IF_ERROR(Wait(k));
+        if (k < last) RETURN_IF_ERROR(Fetch(k + 1, false));
+        for (size_t i = 0; i < acts.size(); ++i) {
+          if (k < last) {
+            acts[i] = ForwardShard(k, acts[i]);
+            continue;
+          }
+          // The last shard yields each batch's loss (the fused LM head: no [B, T, V] logits
+          // kept per validation batch).
+          const auto n = acts[i].size(0);
+          total += ShardLoss(k, acts[i], targets[i]).item<double>() * static_cast<double>(n);
+          sequences += n;
+          acts[i] = torch::Tensor();
+        }
+        RETURN_IF_ERROR(Evict(k, false));
       }
       return total / static_cast<double>(sequences);
     } catch (const c10::Error& e) {

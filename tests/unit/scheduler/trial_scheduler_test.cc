@@ -212,7 +212,8 @@ TEST_F(TrialSchedulerTest, DrainCheckpointsEveryUnfinishedTrialAndRefusesMore) {
   EXPECT_EQ(s.Get("t3")->state, kTrialInterrupted);
   EXPECT_EQ(s.Get("t3")->step, 0);
   EXPECT_EQ(Submit(s, MakeTrial("t4", 5)).code(), StatusCode::kUnavailable);
-  EXPECT_TRUE(s.WaitIdle(std::chrono::milliseconds(100)));
+  // Idle soon after (a generous bound: a loaded CI machine is slow, not wrong).
+  EXPECT_TRUE(s.WaitIdle(std::chrono::seconds(10)));
 }
 
 TEST_F(TrialSchedulerTest, InterruptedTrialResumesOnAnotherSchedulerToTheSameLosses) {

@@ -33,10 +33,6 @@ void SetAutocastType(c10::DeviceType d, at::ScalarType t) {
 
 }  // namespace
 
-torch::ScalarType ComputeType(Precision p) {
-  return p == Precision::kBf16 ? torch::kBFloat16 : torch::kFloat;
-}
-
 torch::ScalarType ActiveComputeType(c10::DeviceType device) {
   return AutocastEnabled(device) ? AutocastType(device) : torch::kFloat;
 }

@@ -7,9 +7,6 @@
 
 namespace hydra::executor {
 
-/// The floating-point type activations are computed in for `p` (kFloat or kBFloat16).
-torch::ScalarType ComputeType(Precision p);
-
 /// The type autocast computes matrix products in on the calling thread (kBFloat16 inside a
 /// bf16 PrecisionScope), kFloat when autocast is off.
 torch::ScalarType ActiveComputeType(c10::DeviceType device = c10::kCPU);

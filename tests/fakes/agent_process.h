@@ -17,27 +17,42 @@ struct AgentProcess {
   std::string endpoint() const { return "127.0.0.1:" + std::to_string(grpc); }
 };
 
-/// Starts build/agent/hydra-agent on free loopback ports; its log is `work/<node>.log`. It
-/// advertises its bind address (the default for a concrete address), which the controller
-/// then dials.
+/// Starts build/agent/hydra-agent on free loopback ports and waits until it serves metrics; its
+/// log is `work/<node>.log`. It advertises its bind address (the default for a concrete
+/// address), which the controller then dials. A port picked free can be taken by another
+/// process (a parallel test's client) before the agent binds it; an agent that exits while
+/// starting is started again on fresh ports, up to 5 times, each attempt's log kept as
+/// `work/<node>.<attempt>.log`. The returned pid is -1 if no attempt came up.
 inline AgentProcess StartAgentProcess(const std::string& node, const std::string& devices,
                                       const std::filesystem::path& work,
                                       const std::filesystem::path& data_root,
                                       const std::filesystem::path& checkpoint_root) {
-  AgentProcess a;
-  a.node = node;
-  a.grpc = FreePort();
-  a.metrics = FreePort();
-  a.health = FreePort();
-  a.proc =
-      Start(std::string(HYDRA_BINARY_DIR) + "/agent/hydra-agent",
-            {"--node-name", node, "--grpc-bind-address", a.endpoint(), "--metrics-bind-address",
-             "127.0.0.1:" + std::to_string(a.metrics), "--health-probe-bind-address",
-             "127.0.0.1:" + std::to_string(a.health), "--devices", devices, "--threads", "1",
-             "--data-root", data_root.string(), "--checkpoint-root", checkpoint_root.string(),
-             "--spill-dir", (work / ("spill-" + node)).string()},
-            (work / (node + ".log")).string());
-  return a;
+  const std::string log = (work / (node + ".log")).string();
+  for (int attempt = 1;; ++attempt) {
+    AgentProcess a;
+    a.node = node;
+    a.grpc = FreePort();
+    a.metrics = FreePort();
+    a.health = FreePort();
+    a.proc =
+        Start(std::string(HYDRA_BINARY_DIR) + "/agent/hydra-agent",
+              {"--node-name", node, "--grpc-bind-address", a.endpoint(), "--metrics-bind-address",
+               "127.0.0.1:" + std::to_string(a.metrics), "--health-probe-bind-address",
+               "127.0.0.1:" + std::to_string(a.health), "--devices", devices, "--threads", "1",
+               "--data-root", data_root.string(), "--checkpoint-root", checkpoint_root.string(),
+               "--spill-dir", (work / ("spill-" + node)).string()},
+              log);
+    if (a.proc.pid <= 0) return a;
+    int code = -1;  // stays -1 while the agent runs
+    if (WaitForOutput(a.proc, "/metrics, probes on", std::chrono::seconds(60), &code)) return a;
+    std::filesystem::copy_file(log, work / (node + "." + std::to_string(attempt) + ".log"),
+                               std::filesystem::copy_options::overwrite_existing);
+    if (code < 0) Stop(a.proc, SIGKILL, std::chrono::seconds(5));  // still starting after 60 s
+    if (code < 0 || attempt == 5) {
+      a.proc.pid = -1;
+      return a;
+    }
+  }
 }
 
 /// Starts Debian's Prometheus on a free port scraping `targets` ("host:port" of /metrics) every

@@ -75,6 +75,24 @@ inline std::string Slurp(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
+/// Waits up to `timeout` for `needle` to appear in the process's output file. False if the
+/// process exits first (it is reaped: `*exit_code` receives its code as Wait gives it) or the
+/// time runs out (the process is left running).
+inline bool WaitForOutput(const Proc& p, const std::string& needle, std::chrono::seconds timeout,
+                          int* exit_code = nullptr) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < end) {
+    if (Slurp(p.out_path).find(needle) != std::string::npos) return true;
+    int status = 0;
+    if (p.pid > 0 && waitpid(p.pid, &status, WNOHANG) == p.pid) {
+      if (exit_code) *exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
 /// A TCP port on 127.0.0.1 that was free a moment ago (the kernel picked it).
 inline int FreePort() {
   int fd = socket(AF_INET, SOCK_STREAM, 0);

@@ -191,7 +191,9 @@ TEST_F(DashboardsTest, EveryQueryParsesAndUsesOnlyMetricsTheProcessesExport) {
                j["data"]["result"][0]["value"][1] == std::to_string(agents.size());
       },
       60))
-      << hydra::fakes::Slurp((work / "prometheus.log").string());
+      << "targets: " << Sh("curl -s --max-time 10 '" + prom + "/api/v1/targets'").second
+      << "\nagent log: " << hydra::fakes::Slurp(agents.front().proc.out_path)
+      << "\nprometheus log: " << hydra::fakes::Slurp((work / "prometheus.log").string());
   controller = hydra::fakes::Start(
       kBinary + "/controller/hydra-controller",
       {"--prometheus-url", prom, "--data-root", work.string(), "--checkpoint-root",

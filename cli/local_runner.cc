@@ -10,6 +10,7 @@
 
 #include "cli/results.h"
 #include "common/devices.h"
+#include "common/early_stopper.h"
 
 namespace hydra::cli {
 namespace {
@@ -17,18 +18,50 @@ namespace fs = std::filesystem;
 }  // namespace
 
 /// Forwards the scheduler's reports to the progress sink, by trial index, one at a time, and
-/// writes result.json as a trial succeeds.
+/// writes result.json as a trial succeeds or stops early. With spec.search.earlyStopping it
+/// feeds every new evaluation to the job's EarlyStopper and applies its decisions to the
+/// scheduler (step limits, stops): the scheduler never calls back on the calling thread, so
+/// this may call it from inside an update.
 class LocalRunner::Observer : public agent::TrialObserverInterface {
  public:
   Observer(ProgressSinkInterface* progress, const std::map<std::string, size_t>* index,
            const std::map<std::string, std::pair<std::string, std::string>>* result_files)
       : progress_(progress), index_(index), result_files_(result_files) {}
 
+  /// Early stopping over `trials` (indices as in the runner), applied to `scheduler`.
+  void StopEarly(const EarlyStoppingSpec& spec, const std::vector<Trial>& trials,
+                 agent::TrialScheduler* scheduler) {
+    std::vector<int64_t> steps;
+    for (const auto& t : trials) {
+      steps.push_back(t.training.steps);
+      keys_.push_back(TrialKey(t));
+    }
+    std::lock_guard<std::mutex> lock(stop_mu_);
+    spec_ = spec;
+    stopper_ = std::make_unique<EarlyStopper>(spec, std::move(steps));
+    fed_.assign(trials.size(), -1);
+    scheduler_ = scheduler;
+  }
+  /// The step trial `i` may train to before any decision.
+  int64_t InitialLimit(size_t i) const {
+    std::lock_guard<std::mutex> lock(stop_mu_);
+    return stopper_ ? stopper_->Limit(static_cast<int>(i)) : 0;
+  }
+
   void OnTrialUpdate(const TrialResult& snapshot) override {
     auto it = index_->find(snapshot.trial.name);
     if (it == index_->end()) return;
-    std::lock_guard<std::mutex> lock(mu_);
-    progress_->OnTrialUpdate(it->second, snapshot);
+    if (snapshot.state == kTrialEarlyStopped) {
+      const auto& [path, fingerprint] = result_files_->at(snapshot.trial.name);
+      if (Status s = WriteTrialResultFile(path, snapshot, fingerprint); !s.ok()) {
+        Message(snapshot.trial.name + ": " + s.message());
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      progress_->OnTrialUpdate(it->second, snapshot);
+    }
+    Decide(it->second, snapshot);
   }
   void OnTrialMessage(const Trial& trial, const std::string& message) override {
     Message(trial.name + ": " + message);
@@ -51,10 +84,52 @@ class LocalRunner::Observer : public agent::TrialObserverInterface {
   }
 
  private:
+  /// Feeds the trial's new evaluations (and its end) to the stopper and applies what follows,
+  /// in order, under stop_mu_ (the scheduler's calls take only its own lock briefly).
+  void Decide(size_t i, const TrialResult& snapshot) {
+    std::lock_guard<std::mutex> lock(stop_mu_);
+    if (!stopper_) return;
+    std::vector<StopDecision> decisions;
+    auto add = [&](std::vector<StopDecision> d) {
+      decisions.insert(decisions.end(), d.begin(), d.end());
+    };
+    const int trial = static_cast<int>(i);
+    for (const auto& p : snapshot.val_curve) {
+      if (p.step <= fed_[i]) continue;
+      fed_[i] = p.step;
+      add(stopper_->Report(trial, p.step, p.loss));
+    }
+    if (IsFinalTrialState(snapshot.state) || snapshot.state == kTrialInterrupted) {
+      add(stopper_->Ended(trial));
+    }
+    for (const auto& d : decisions) {
+      // A trial that ended meanwhile refuses (FAILED_PRECONDITION): nothing to do then.
+      if (d.kind == StopDecision::Kind::kLimit) {
+        (void)scheduler_->SetStepLimit(keys_[d.trial], d.step);
+      } else {
+        (void)scheduler_->StopEarly(keys_[d.trial], Reason(d));
+      }
+    }
+  }
+  std::string Reason(const StopDecision& d) const {
+    if (spec_.algorithm == EarlyStoppingAlgorithm::kMedian) {
+      return "median: its best validation loss by step " + std::to_string(d.step) +
+             " is worse than the median of the other trials'";
+    }
+    return "asha: not in the top 1/" + std::to_string(spec_.reduction_factor) +
+           " of the validation losses at step " + std::to_string(d.step);
+  }
+
   ProgressSinkInterface* progress_;
   const std::map<std::string, size_t>* index_;
   const std::map<std::string, std::pair<std::string, std::string>>* result_files_;
   std::mutex mu_;
+  mutable std::mutex stop_mu_;  // guards the early-stopping state below
+  EarlyStoppingSpec spec_;
+  std::unique_ptr<EarlyStopper> stopper_;
+  std::vector<int64_t> fed_;  // per trial: the last evaluation step fed to the stopper
+  std::vector<std::string> keys_;
+  agent::TrialScheduler* scheduler_ = nullptr;
 };
 
 LocalRunner::LocalRunner(executor::ExecutorFactoryInterface* factory,
@@ -117,24 +192,33 @@ Status LocalRunner::Run(const MultiModelJob& job, const std::vector<Trial>& tria
     }
   }
   observer.JobStart(job.metadata.name, *results);
-  // Trials finished by an earlier run with the same configuration are not trained again.
+  if (job.spec.early_stopping.algorithm != EarlyStoppingAlgorithm::kNone) {
+    observer.StopEarly(job.spec.early_stopping, trials, &scheduler);
+  }
+  // Trials finished (or stopped early) by an earlier run with the same configuration are not
+  // trained again; their results are replayed to the stopper once the others are queued.
   std::vector<bool> finished(trials.size(), false);
   for (size_t i = 0; i < prepared.size(); ++i) {
     const auto& [path, fingerprint] = result_files[trials[i].name];
     if (!fs::exists(path)) continue;
     std::string previous_fingerprint;
     auto previous = ReadTrialResultFile(path, trials[i], &previous_fingerprint);
-    if (previous.ok() && previous->state == kTrialSucceeded &&
+    if (previous.ok() &&
+        (previous->state == kTrialSucceeded || previous->state == kTrialEarlyStopped) &&
         previous_fingerprint == fingerprint) {
       (*results)[i] = std::move(previous).value();
       finished[i] = true;
-      observer.OnTrialUpdate((*results)[i]);
     } else {
       fs::remove(path, ec);
     }
   }
   for (size_t i = 0; i < prepared.size(); ++i) {
-    if (!finished[i]) RETURN_IF_ERROR(scheduler.Submit(std::move(prepared[i])));
+    if (finished[i]) continue;
+    prepared[i].step_limit = observer.InitialLimit(i);
+    RETURN_IF_ERROR(scheduler.Submit(std::move(prepared[i])));
+  }
+  for (size_t i = 0; i < prepared.size(); ++i) {
+    if (finished[i]) observer.OnTrialUpdate((*results)[i]);
   }
 
   Status status;
@@ -154,12 +238,16 @@ Status LocalRunner::Run(const MultiModelJob& job, const std::vector<Trial>& tria
 }
 
 std::vector<TrialResult> RankResults(const std::vector<TrialResult>& results) {
+  // Succeeded trials by final validation loss, then early-stopped ones by their last, then
+  // the rest in trial order.
+  auto group = [](const TrialResult& r) {
+    if (!std::isfinite(r.final_val_loss)) return 2;
+    return r.state == kTrialSucceeded ? 0 : r.state == kTrialEarlyStopped ? 1 : 2;
+  };
   std::vector<TrialResult> ranked = results;
-  std::stable_sort(ranked.begin(), ranked.end(), [](const TrialResult& a, const TrialResult& b) {
-    const bool ga = a.state == "Succeeded" && std::isfinite(a.final_val_loss);
-    const bool gb = b.state == "Succeeded" && std::isfinite(b.final_val_loss);
-    if (ga != gb) return ga;
-    if (ga) return a.final_val_loss < b.final_val_loss;
+  std::stable_sort(ranked.begin(), ranked.end(), [&](const TrialResult& a, const TrialResult& b) {
+    if (group(a) != group(b)) return group(a) < group(b);
+    if (group(a) < 2) return a.final_val_loss < b.final_val_loss;
     return false;
   });
   return ranked;

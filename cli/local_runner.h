@@ -87,7 +87,8 @@ class LocalRunner {
   Schedule schedule_;
 };
 
-/// Sorts results best first: succeeded trials by final validation loss, then the rest.
+/// Sorts results best first: succeeded trials by final validation loss, then trials stopped
+/// early by their last validation loss, then the rest.
 std::vector<TrialResult> RankResults(const std::vector<TrialResult>& results);
 
 }  // namespace hydra::cli

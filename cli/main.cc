@@ -293,7 +293,7 @@ int Run(const RunArgs& a) {
   std::cout << "results: " << output << "/results.json, " << output << "/results.csv, " << output
             << "/loss.png\n";
   for (const auto& r : results) {
-    if (r.state != "Succeeded") return 1;
+    if (r.state != hydra::kTrialSucceeded && r.state != hydra::kTrialEarlyStopped) return 1;
   }
   return 0;
 }

@@ -58,7 +58,7 @@ class TerminalProgress : public ProgressSinkInterface {
     last_draw_ = now;
     Erase();
     size_t done = 0;
-    for (const auto& t : trials_) done += t.state == "Succeeded";
+    for (const auto& t : trials_) done += t.state == "Succeeded" || t.state == "EarlyStopped";
     const double elapsed = std::chrono::duration<double>(now - start_).count();
     std::fprintf(out_, "\x1b[1m%s\x1b[0m  %zu/%zu trials done  elapsed %s\n", job_.c_str(), done,
                  trials_.size(), FormatDuration(elapsed).c_str());
@@ -70,10 +70,11 @@ class TerminalProgress : public ProgressSinkInterface {
       const double frac = total > 0 ? static_cast<double>(t.step) / static_cast<double>(total) : 0;
       const int filled = static_cast<int>(std::lround(frac * 20));
       std::string bar = "[" + std::string(filled, '#') + std::string(20 - filled, '.') + "]";
-      const char* color = t.state == "Succeeded" ? "\x1b[32m"
-                          : t.state == "Failed"  ? "\x1b[31m"
-                          : t.state == "Running" ? "\x1b[33m"
-                                                 : "";
+      const char* color = t.state == "Succeeded"      ? "\x1b[32m"
+                          : t.state == "Failed"       ? "\x1b[31m"
+                          : t.state == "EarlyStopped" ? "\x1b[36m"
+                          : t.state == "Running"      ? "\x1b[33m"
+                                                      : "";
       std::string step = std::to_string(t.step) + "/" + std::to_string(total);
       std::fprintf(out_, "  %-*s  %s%-11s\x1b[0m  %-22s %11s  %7s  %7s  %9s  %7s\n",
                    static_cast<int>(name_width_), t.trial.name.c_str(), color, t.state.c_str(),
@@ -143,9 +144,13 @@ class LogProgress : public ProgressSinkInterface {
   void OnMessage(const std::string& message) override { Log(message); }
 
   void OnJobEnd(const std::vector<TrialResult>& trials) override {
-    size_t ok = 0;
-    for (const auto& t : trials) ok += t.state == "Succeeded";
-    Log(std::to_string(ok) + "/" + std::to_string(trials.size()) + " trials succeeded");
+    size_t ok = 0, stopped = 0;
+    for (const auto& t : trials) {
+      ok += t.state == "Succeeded";
+      stopped += t.state == "EarlyStopped";
+    }
+    Log(std::to_string(ok) + "/" + std::to_string(trials.size()) + " trials succeeded" +
+        (stopped ? ", " + std::to_string(stopped) + " stopped early" : ""));
   }
 
  private:

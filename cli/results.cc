@@ -195,7 +195,8 @@ std::string FormatRankedTable(const std::vector<TrialResult>& ranked) {
   header.insert(header.end(), hp_fields.begin(), hp_fields.end());
   // A job's trials share one dataset, so one unit for the column.
   const char* unit = ranked.empty() ? "tokens/s" : ThroughputUnit(ranked.front().trial);
-  for (const char* h : {"val loss", "train loss", unit, "wall", "shards", "peak device", "state"}) {
+  for (const char* h :
+       {"val loss", "train loss", "steps", unit, "wall", "shards", "peak device", "state"}) {
     header.push_back(h);
   }
   rows.push_back(header);
@@ -205,6 +206,7 @@ std::string FormatRankedTable(const std::vector<TrialResult>& ranked) {
     for (const auto& hp : r.trial.hyperparameters) row.push_back(FormatParamValue(hp.value));
     row.push_back(Fixed(r.final_val_loss, 4));
     row.push_back(Fixed(r.final_train_loss, 4));
+    row.push_back(std::to_string(r.step));
     row.push_back(Fixed(r.tokens_per_second, 0));
     row.push_back(FormatDuration(r.wall_seconds));
     row.push_back(std::to_string(r.shards));

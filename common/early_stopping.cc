@@ -6,6 +6,23 @@
 
 namespace hydra {
 
+const char* EarlyStoppingAlgorithmName(EarlyStoppingAlgorithm a) {
+  switch (a) {
+    case EarlyStoppingAlgorithm::kAsha: return "asha";
+    case EarlyStoppingAlgorithm::kMedian: return "median";
+    case EarlyStoppingAlgorithm::kNone: break;
+  }
+  return "none";
+}
+
+std::optional<EarlyStoppingAlgorithm> ParseEarlyStoppingAlgorithm(const std::string& text) {
+  for (auto a : {EarlyStoppingAlgorithm::kNone, EarlyStoppingAlgorithm::kAsha,
+                 EarlyStoppingAlgorithm::kMedian}) {
+    if (text == EarlyStoppingAlgorithmName(a)) return a;
+  }
+  return std::nullopt;
+}
+
 std::vector<int64_t> AshaRungs(const EarlyStoppingSpec& spec, int64_t steps) {
   std::vector<int64_t> rungs;
   if (spec.min_steps <= 0 || spec.reduction_factor < 2) return rungs;

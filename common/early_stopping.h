@@ -2,12 +2,19 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
+#include <string>
 #include <vector>
 
 namespace hydra {
 
 /// spec.search.earlyStopping.algorithm.
 enum class EarlyStoppingAlgorithm { kNone, kAsha, kMedian };
+
+/// "none" | "asha" | "median".
+const char* EarlyStoppingAlgorithmName(EarlyStoppingAlgorithm a);
+/// The algorithm named `text`; nullopt for any other text.
+std::optional<EarlyStoppingAlgorithm> ParseEarlyStoppingAlgorithm(const std::string& text);
 
 /// spec.search.earlyStopping: which trials stop before spec.training.steps. The metric is the
 /// validation loss (lower is better), reported at evaluation steps.

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "common/cost_model.h"
+#include "common/random_search.h"
 #include "common/units.h"
 #include "common/yaml_document.h"
 
@@ -110,6 +111,15 @@ const std::vector<FieldDef>& Fields() {
       PrecisionField(),
   };
   return kFields;
+}
+
+/// A field's place in the table: the canonical order of searched axes.
+size_t FieldRank(const std::string& name) {
+  const auto& fields = Fields();
+  for (size_t i = 0; i < fields.size(); ++i) {
+    if (name == fields[i].name) return i;
+  }
+  return fields.size();
 }
 
 const FieldDef* FindField(const std::string& section, const std::string& name) {
@@ -602,15 +612,171 @@ void ParseGrid(Checker& c, const YAML::Node& node, std::vector<GridAxis>* grid) 
   // A canonical axis order (the field table's), not the manifest's: Kubernetes stores objects
   // with their keys sorted, so only a fixed order gives `hydra run` and the controller the
   // same trial names and the same expansion order.
-  auto rank = [](const GridAxis& a) {
-    const auto& fields = Fields();
-    for (size_t i = 0; i < fields.size(); ++i) {
-      if (a.field == fields[i].name) return i;
+  std::stable_sort(grid->begin(), grid->end(), [](const GridAxis& a, const GridAxis& b) {
+    return FieldRank(a.field) < FieldRank(b.field);
+  });
+}
+
+/// One dimension of spec.search.random.space: `{<distribution>: <values>}`.
+std::optional<RandomAxis> ParseRandomAxis(Checker& c, const FieldDef& f, const YAML::Node& node,
+                                          const std::string& path) {
+  static const std::vector<std::pair<std::string, Distribution>> kNames = {
+      {"uniform", Distribution::kUniform},
+      {"logUniform", Distribution::kLogUniform},
+      {"intUniform", Distribution::kIntUniform},
+      {"choice", Distribution::kChoice}};
+  if (!node.IsMap() || node.size() != 1) {
+    c.Error(path, node,
+            "must be a mapping of one distribution: {uniform: [low, high]}, {logUniform: [low, "
+            "high]}, {intUniform: [low, high]} or {choice: [values]}");
+    return std::nullopt;
+  }
+  const std::string name = node.begin()->first.Scalar();
+  const YAML::Node values = node.begin()->second;
+  const std::string vpath = path + "." + name;
+  RandomAxis axis;
+  axis.field = f.name;
+  auto known = std::find_if(kNames.begin(), kNames.end(), [&](auto& n) { return n.first == name; });
+  if (known == kNames.end()) {
+    c.Error(vpath, node.begin()->first,
+            "unknown distribution (known: uniform, logUniform, intUniform, choice)");
+    return std::nullopt;
+  }
+  axis.distribution = known->second;
+  if (!values.IsSequence() || values.size() == 0) {
+    c.Error(vpath, values, "must be a non-empty list");
+    return std::nullopt;
+  }
+  if (axis.distribution == Distribution::kChoice) {
+    for (size_t i = 0; i < values.size(); ++i) {
+      auto v = c.Value(f, values[i], vpath + "[" + std::to_string(i) + "]");
+      if (v) axis.choices.push_back(*v);
     }
-    return fields.size();
-  };
-  std::stable_sort(grid->begin(), grid->end(),
-                   [&](const GridAxis& a, const GridAxis& b) { return rank(a) < rank(b); });
+    return axis.choices.size() == values.size() ? std::optional<RandomAxis>(axis) : std::nullopt;
+  }
+  const Kind wanted = axis.distribution == Distribution::kIntUniform ? Kind::kInt : Kind::kFloat;
+  if (f.kind != wanted) {
+    c.Error(vpath, node.begin()->first,
+            std::string(f.name) + " is " +
+                (f.kind == Kind::kInt     ? "an integer field: use intUniform or choice"
+                 : f.kind == Kind::kFloat ? "a float field: use uniform, logUniform or choice"
+                                          : "an enum field: use choice"));
+    return std::nullopt;
+  }
+  if (values.size() != 2) {
+    c.Error(vpath, values, "must be [low, high]");
+    return std::nullopt;
+  }
+  auto low = c.Value(f, values[0], vpath + "[0]");
+  auto high = c.Value(f, values[1], vpath + "[1]");
+  if (!low || !high) return std::nullopt;
+  axis.low = *low;
+  axis.high = *high;
+  const bool ordered = wanted == Kind::kInt ? std::get<int64_t>(*low) <= std::get<int64_t>(*high)
+                                            : std::get<double>(*low) <= std::get<double>(*high);
+  if (!ordered) {
+    c.Error(vpath, values, "low must be <= high");
+    return std::nullopt;
+  }
+  if (axis.distribution == Distribution::kLogUniform && !(std::get<double>(*low) > 0)) {
+    c.Error(vpath + "[0]", values[0], "logUniform needs low > 0");
+    return std::nullopt;
+  }
+  return axis;
+}
+
+void ParseRandom(Checker& c, const YAML::Node& node, std::optional<RandomSearchSpec>* out) {
+  const std::string p = "spec.search.random";
+  if (!c.Map(node, p, {"trials", "seed", "space"})) return;
+  RandomSearchSpec random;
+  const YAML::Node trials = node["trials"], seed = node["seed"], space = node["space"];
+  const auto n = trials ? ScalarInt(trials) : std::nullopt;
+  if (!n || *n < 1 || *n > kMaxTrialsPerJob) {
+    c.Error(p + ".trials", trials ? trials : node,
+            trials ? "must be an integer from 1 to " + std::to_string(kMaxTrialsPerJob)
+                   : "required field is missing");
+  } else {
+    random.trials = *n;
+  }
+  if (seed) {
+    const auto v = ScalarInt(seed);
+    if (!v || *v < 0) {
+      c.Error(p + ".seed", seed, "must be a non-negative integer");
+    } else {
+      random.seed = *v;
+    }
+  }
+  if (!space || !space.IsMap() || space.size() == 0) {
+    c.Error(p + ".space", space ? space : node,
+            "must be a non-empty mapping from field name to a distribution");
+  } else {
+    for (const auto& kv : space) {
+      const std::string key = kv.first.Scalar();
+      const FieldDef* f = FindField("", key);
+      if (f == nullptr) {
+        c.Error(p + ".space." + key, kv.first,
+                "unknown field: the search may draw any spec.model or spec.training field (" +
+                    Join(SearchableFields(), ", ") + ")");
+        continue;
+      }
+      if (auto axis = ParseRandomAxis(c, *f, kv.second, p + ".space." + key)) {
+        random.space.push_back(std::move(*axis));
+      }
+    }
+  }
+  std::stable_sort(random.space.begin(), random.space.end(),
+                   [](const RandomAxis& a, const RandomAxis& b) {
+                     return FieldRank(a.field) < FieldRank(b.field);
+                   });
+  *out = std::move(random);
+}
+
+void ParseEarlyStopping(Checker& c, const YAML::Node& node, EarlyStoppingSpec* out) {
+  const std::string p = "spec.search.earlyStopping";
+  if (!c.Map(node, p, {"algorithm", "metric", "minSteps", "reductionFactor"})) return;
+  if (const auto& a = node["algorithm"]; a) {
+    const auto algorithm = a.IsScalar() ? ParseEarlyStoppingAlgorithm(a.Scalar()) : std::nullopt;
+    if (!algorithm) {
+      c.Error(p + ".algorithm", a, "must be one of: asha, median, none");
+    } else {
+      out->algorithm = *algorithm;
+    }
+  }
+  if (const auto& m = node["metric"]; m && (!m.IsScalar() || m.Scalar() != "validationLoss")) {
+    c.Error(p + ".metric", m, "must be validationLoss (lower is better)");
+  }
+  if (const auto& m = node["minSteps"]; m) {
+    const auto v = ScalarInt(m);
+    if (!v || *v < 1 || *v > 1e12) {
+      c.Error(p + ".minSteps", m, "must be an integer from 1 to 1e12");
+    } else {
+      out->min_steps = *v;
+    }
+  } else if (out->algorithm != EarlyStoppingAlgorithm::kNone) {
+    c.Error(p + ".minSteps", node,
+            std::string("required with algorithm ") + EarlyStoppingAlgorithmName(out->algorithm) +
+                ": the step of the first comparison");
+  }
+  if (const auto& r = node["reductionFactor"]; r) {
+    const auto v = ScalarInt(r);
+    if (!v || *v < 2 || *v > 256) {
+      c.Error(p + ".reductionFactor", r, "must be an integer from 2 to 256");
+    } else {
+      out->reduction_factor = *v;
+    }
+  }
+}
+
+void ParseSearch(Checker& c, const YAML::Node& node, MultiModelJobSpec* spec) {
+  if (!c.Map(node, "spec.search", {"grid", "random", "earlyStopping"})) return;
+  if (node["grid"] && node["random"]) {
+    c.Error("spec.search.random", node["random"],
+            "grid and random are exclusive: search one way or the other");
+    return;
+  }
+  if (node["grid"]) ParseGrid(c, node["grid"], &spec->grid);
+  if (node["random"]) ParseRandom(c, node["random"], &spec->random);
+  if (node["earlyStopping"]) ParseEarlyStopping(c, node["earlyStopping"], &spec->early_stopping);
 }
 
 /// Cross-field rules of one trial's configuration; `where` prefixes the messages.
@@ -855,9 +1021,7 @@ StatusOr<MultiModelJob> ParseJobYaml(const std::string& yaml_text, const std::st
           } else {
             ParseDataset(c, spec["dataset"], base_dir, &job.spec.dataset);
           }
-          if (spec["search"] && c.Map(spec["search"], "spec.search", {"grid"})) {
-            if (spec["search"]["grid"]) ParseGrid(c, spec["search"]["grid"], &job.spec.grid);
-          }
+          if (spec["search"]) ParseSearch(c, spec["search"], &job.spec);
           if (spec["resources"]) ParseResources(c, spec["resources"], &job.spec.resources);
           if (const auto& r = spec["maxRestarts"]; r) {
             int64_t v = -1;
@@ -917,10 +1081,37 @@ int64_t GridSize(const std::vector<GridAxis>& grid) {
   return total;
 }
 
-/// Expands the grid, appending rule violations to `errors`.
+/// The early-stopping rules one trial must meet; `where` prefixes the messages.
+void CheckEarlyStopping(const EarlyStoppingSpec& es, const TrainingSpec& training,
+                        const std::string& where, std::vector<FieldError>* errors) {
+  if (es.algorithm == EarlyStoppingAlgorithm::kNone) return;
+  if (es.min_steps >= training.steps) {
+    errors->push_back(FieldError{"spec.search.earlyStopping.minSteps",
+                                 where + "minSteps (" + std::to_string(es.min_steps) +
+                                     ") must be below steps (" + std::to_string(training.steps) +
+                                     "): nothing would be compared before the trial ends",
+                                 -1});
+  }
+  if (es.algorithm == EarlyStoppingAlgorithm::kMedian && training.eval_every_steps == 0) {
+    errors->push_back(FieldError{"spec.training.evalEverySteps",
+                                 where + "median stopping compares evaluations: evalEverySteps "
+                                         "must be > 0",
+                                 -1});
+  }
+}
+
+/// A random search's trial `n`: its drawn values and its name `<job>-<n>`.
+void DrawTrial(const RandomSearchSpec& random, int64_t n, Trial* t) {
+  for (const auto& axis : random.space) {
+    t->hyperparameters.push_back({axis.field, DrawValue(axis, random.seed, n)});
+  }
+}
+
+/// Expands the grid (or draws the random search), appending rule violations to `errors`.
 std::vector<Trial> ExpandInto(const MultiModelJob& job, std::vector<FieldError>* errors) {
   std::vector<Trial> trials;
-  const int64_t total = GridSize(job.spec.grid);
+  const auto& random = job.spec.random;
+  const int64_t total = random ? random->trials : GridSize(job.spec.grid);
   if (total < 0) {
     std::string sizes;
     for (const auto& axis : job.spec.grid) {
@@ -944,12 +1135,15 @@ std::vector<Trial> ExpandInto(const MultiModelJob& job, std::vector<FieldError>*
     TrialConfig config{job.spec.model, job.spec.training};
     Trial t;
     t.index = static_cast<int>(n);
-    for (size_t a = 0; a < job.spec.grid.size(); ++a) {
-      const auto& axis = job.spec.grid[a];
-      FindField("", axis.field)->set(config, axis.values[idx[a]]);
-      t.hyperparameters.push_back({axis.field, axis.values[idx[a]]});
+    if (random) {
+      DrawTrial(*random, n, &t);
+    } else {
+      for (size_t a = 0; a < job.spec.grid.size(); ++a) {
+        t.hyperparameters.push_back({job.spec.grid[a].field, job.spec.grid[a].values[idx[a]]});
+      }
     }
-    std::string suffix = TrialSuffix(t.hyperparameters);
+    for (const auto& h : t.hyperparameters) FindField("", h.field)->set(config, h.value);
+    std::string suffix = random ? std::to_string(n) : TrialSuffix(t.hyperparameters);
     t.name = job.metadata.name + "-" + (suffix.empty() ? std::string("base") : suffix);
     if (!names.insert(t.name).second) {
       t.name += "-" + std::to_string(n);
@@ -962,7 +1156,8 @@ std::vector<Trial> ExpandInto(const MultiModelJob& job, std::vector<FieldError>*
     t.training = config.training;
     t.dataset = job.spec.dataset;
     t.resources = job.spec.resources;
-    const std::string where = job.spec.grid.empty() ? "" : "in trial " + t.name + ": ";
+    const std::string where = job.spec.grid.empty() && !random ? "" : "in trial " + t.name + ": ";
+    CheckEarlyStopping(job.spec.early_stopping, config.training, where, errors);
     if (std::string problem = rules::TrialNameProblem(t.name); !problem.empty()) {
       errors->push_back(FieldError{"metadata.name", problem, -1});
     }

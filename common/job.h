@@ -7,6 +7,7 @@
 #include <variant>
 #include <vector>
 
+#include "common/early_stopping.h"
 #include "common/status.h"
 
 namespace hydra {
@@ -115,10 +116,35 @@ struct GridAxis {
   std::vector<ParamValue> values;
 };
 
+/// How spec.search.random draws one field's values.
+enum class Distribution {
+  kUniform,     ///< uniform: [low, high], a float field
+  kLogUniform,  ///< logUniform: [low, high], 0 < low, uniform in log space; a float field
+  kIntUniform,  ///< intUniform: [low, high] both included, an integer field
+  kChoice,      ///< choice: one of the listed values, each as likely; any field
+};
+
+/// One dimension of spec.search.random.space.
+struct RandomAxis {
+  std::string field;  ///< manifest name, e.g. "learningRate"
+  Distribution distribution = Distribution::kChoice;
+  ParamValue low = int64_t{0}, high = int64_t{0};  ///< uniform, logUniform, intUniform
+  std::vector<ParamValue> choices;                 ///< choice
+};
+
+/// spec.search.random: `trials` points drawn from `space`, reproducibly from `seed`.
+struct RandomSearchSpec {
+  int64_t trials = 0;
+  int64_t seed = 0;
+  std::vector<RandomAxis> space;  ///< in the field table's order
+};
+
 struct MultiModelJobSpec {
   ModelSpec model;
   DatasetSpec dataset;
   std::vector<GridAxis> grid;  ///< in the field table's order; the first axis varies slowest
+  std::optional<RandomSearchSpec> random;  ///< exclusive with a non-empty grid
+  EarlyStoppingSpec early_stopping;        ///< spec.search.earlyStopping
   TrainingSpec training;
   ResourcesSpec resources;
   /// On deletion of the job in Kubernetes: Retain (keep checkpoints) | Delete.

@@ -13,7 +13,8 @@ void AppendBounded(std::vector<CurvePoint>* curve, CurvePoint point, size_t max_
 }
 
 bool IsFinalTrialState(const std::string& state) {
-  return state == kTrialSucceeded || state == kTrialFailed || state == kTrialCancelled;
+  return state == kTrialSucceeded || state == kTrialFailed || state == kTrialCancelled ||
+         state == kTrialEarlyStopped;
 }
 
 nlohmann::json CurveJson(const std::vector<CurvePoint>& curve) {

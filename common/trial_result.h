@@ -17,6 +17,8 @@ inline constexpr const char* kTrialSucceeded = "Succeeded";
 inline constexpr const char* kTrialFailed = "Failed";
 inline constexpr const char* kTrialInterrupted = "Interrupted";  ///< checkpointed, can resume
 inline constexpr const char* kTrialCancelled = "Cancelled";
+/// Stopped by spec.search.earlyStopping before its last step; its checkpoints stay.
+inline constexpr const char* kTrialEarlyStopped = "EarlyStopped";
 
 struct CurvePoint {
   int64_t step = 0;  ///< optimizer steps taken when the loss was measured

@@ -108,6 +108,9 @@ struct TrialScheduler::Slot {
   int64_t saved_step = 0;
   bool admitted = false, started = false, running = false, done = false;
   bool cancel_requested = false;
+  int64_t step_limit = 0;       // early stopping: SetStepLimit's step (0: none)
+  bool stop_requested = false;  // early stopping: StopEarly was called
+  std::string stop_why;
   bool replaced = false;   // a later Submit of the same name took over
   bool announced = false;  // its Pending update went out: devices may take it
   int device = -1;
@@ -191,6 +194,7 @@ Status TrialScheduler::Submit(PreparedTrial trial) {
   auto slot = std::make_unique<Slot>();
   slot->r.trial = trial.trial;
   slot->est_step_seconds = trial.est_step_seconds;
+  slot->step_limit = trial.step_limit;
   slot->p = std::move(trial);
   slot->key = TrialKey(slot->p.trial);
   slot->published = slot->r;
@@ -241,21 +245,102 @@ TrialScheduler::Slot* TrialScheduler::Find(const std::string& key) const {
   return nullptr;
 }
 
+StatusOr<TrialScheduler::Slot*> TrialScheduler::FindUnended(const std::string& key) const {
+  Slot* slot = Find(key);
+  if (slot == nullptr) return NotFoundError("no trial " + key + " on this node");
+  if (slot->done) {
+    return FailedPreconditionError("trial " + TrialDisplayName(slot->p.trial) + " already ended (" +
+                                   slot->published.state + ")");
+  }
+  return slot;
+}
+
 Status TrialScheduler::Cancel(const std::string& key) {
   Slot* slot = nullptr;
   {
     std::unique_lock<std::mutex> lock(mu_);
-    slot = Find(key);
-    if (slot == nullptr) return NotFoundError("no trial " + key + " on this node");
-    if (slot->done) {
-      return FailedPreconditionError("trial " + TrialDisplayName(slot->p.trial) +
-                                     " already ended (" + slot->published.state + ")");
-    }
+    ASSIGN_OR_RETURN(slot, FindUnended(key));
     slot->cancel_requested = true;
     if (slot->running) return OkStatus();  // the worker ends it after the current step
     slot->running = true;                  // claim it from the workers
   }
   EndClaimed(*slot, kTrialCancelled, "cancelled");
+  return OkStatus();
+}
+
+Status TrialScheduler::SetStepLimit(const std::string& key, int64_t step) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ASSIGN_OR_RETURN(Slot * slot, FindUnended(key));
+    slot->step_limit = std::max<int64_t>(0, step);
+  }
+  cv_.notify_all();
+  return OkStatus();
+}
+
+Status TrialScheduler::StopEarly(const std::string& key, const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ASSIGN_OR_RETURN(Slot * slot, FindUnended(key));
+    slot->stop_requested = true;
+    slot->stop_why = why;
+  }
+  cv_.notify_all();
+  return OkStatus();
+}
+
+int64_t TrialScheduler::LimitOf(const Slot& slot) const {
+  const int64_t steps = slot.r.trial.training.steps;
+  return slot.step_limit > 0 ? std::min(slot.step_limit, steps) : steps;
+}
+
+bool TrialScheduler::AtLimit(const Slot& slot) const {
+  const int64_t limit = LimitOf(slot);
+  return limit < slot.r.trial.training.steps && slot.r.step >= limit;
+}
+
+TrialScheduler::Slot* TrialScheduler::ClaimStopRequested() {
+  for (auto& s : slots_) {
+    if (s->stop_requested && !s->done && !s->running && s->announced && !s->replaced) {
+      s->running = true;
+      return s.get();
+    }
+  }
+  return nullptr;
+}
+
+TrialScheduler::Slot* TrialScheduler::ClaimParkable() {
+  for (auto& s : slots_) {
+    if (s->admitted && s->started && !s->done && !s->running && AtLimit(*s)) {
+      s->running = true;
+      return s.get();
+    }
+  }
+  return nullptr;
+}
+
+void TrialScheduler::StopClaimed(Slot& slot) {
+  TrialResult* r = &slot.r;
+  if (slot.started && slot.exec && r->step > slot.saved_step) {
+    if (Status s = SaveCheckpoint(slot); !s.ok()) {
+      observer_->OnTrialMessage(r->trial, "checkpoint on early stop: " + s.message());
+    }
+  }
+  if (!r->val_curve.empty()) r->final_val_loss = r->val_curve.back().loss;
+  r->final_train_loss = MeanOfLast(r->train_curve, 10);
+  r->eta_seconds = 0;
+  std::string why;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    why = slot.stop_why;
+  }
+  EndClaimed(slot, kTrialEarlyStopped, "stopped early (" + why + ")");
+}
+
+Status TrialScheduler::Park(Slot& slot) {
+  if (slot.r.step > slot.saved_step) RETURN_IF_ERROR(SaveCheckpoint(slot));
+  slot.exec.reset();
+  slot.started = false;  // Start resumes it from the checkpoint when it is admitted again
   return OkStatus();
 }
 
@@ -447,10 +532,13 @@ void TrialScheduler::Worker(int device) {
       if (!s->started) unwritten_disk += s->p.disk_bytes;  // not yet taken from the free space
     }
     int64_t disk_free = -1;  // read once per pass, only when a waiting trial spills to disk
+    bool blocked = false;    // a trial waits for admission
     for (auto& s : slots_) {
       if (s->admitted || s->done) continue;
+      if (AtLimit(*s)) continue;  // parked at its early-stopping limit: needs no room yet
       // The first waiting trial is admitted even alone over a limit: it must run sometime (and
       // fails with the numbers if it cannot).
+      blocked = true;
       if (any_admitted && admitted_bytes + s->p.host_bytes > host_limit) break;
       if (any_admitted && s->p.disk_bytes > 0 && !options_.spill_dir.empty()) {
         if (disk_free < 0) {
@@ -459,17 +547,41 @@ void TrialScheduler::Worker(int device) {
         }
         if (unwritten_disk + s->p.disk_bytes > disk_free) break;
       }
+      blocked = false;
       s->admitted = true;
       any_admitted = true;
       admitted_bytes += s->p.host_bytes;
       unwritten_disk += s->p.disk_bytes;
     }
+    // Early stopping: stop requested trials; make room by parking trials waiting at their
+    // step limit when others wait for admission.
+    if (Slot* stop = ClaimStopRequested()) {
+      lock.unlock();
+      StopClaimed(*stop);
+      lock.lock();
+      continue;
+    }
+    if (Slot* park = blocked ? ClaimParkable() : nullptr) {
+      lock.unlock();
+      Status parked = Park(*park);
+      if (!parked.ok()) {
+        EndClaimed(*park, kTrialInterrupted, "checkpoint while waiting: " + parked.message());
+      }
+      lock.lock();
+      if (parked.ok()) {
+        park->admitted = false;
+        park->running = false;
+      }
+      continue;
+    }
     std::vector<RunnableTrial> runnable;
     std::vector<Slot*> candidates;  // runnable[i] is candidates[i]
     for (auto& s : slots_) {
       if (s->done || !s->admitted || s->running || !s->announced) continue;
+      if (s->stop_requested || (s->started && AtLimit(*s))) continue;  // waits for a decision
+      // Remaining time: to the step the trial may reach now (its early-stopping limit).
       const double remaining =
-          s->est_step_seconds * static_cast<double>(s->r.trial.training.steps - s->r.step);
+          s->est_step_seconds * static_cast<double>(std::max<int64_t>(0, LimitOf(*s) - s->r.step));
       runnable.push_back({s->index, remaining, s->ready_since, s->r.step});
       candidates.push_back(s.get());
     }
@@ -495,8 +607,13 @@ void TrialScheduler::Worker(int device) {
     Clock::time_point t0, t1;
     try {
       if (!slot.started) s = Start(slot);
+      bool at_limit = false;  // a trial resumed at (or past) its early-stopping limit waits
+      {
+        std::lock_guard<std::mutex> relock(mu_);
+        at_limit = AtLimit(slot);
+      }
       // A trial resumed from its final checkpoint only needs finishing.
-      if (s.ok() && slot.r.step < slot.r.trial.training.steps) {
+      if (s.ok() && !at_limit && slot.r.step < slot.r.trial.training.steps) {
         t0 = Clock::now();
         s = TaskOnce(slot, &stepped, &evaluated, &task);
         t1 = Clock::now();
@@ -656,7 +773,14 @@ Status TrialScheduler::AfterStep(Slot& slot, const executor::StepMetrics& m, boo
   r->disk_bytes_written = stats.disk_bytes_written;
   r->peak_device_bytes = stats.peak_device_bytes;
   r->device = slot.device;
-  if (tr.eval_every_steps > 0 && r->step % tr.eval_every_steps == 0 && r->step < tr.steps) {
+  int64_t limit = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    limit = LimitOf(slot);
+  }
+  // Evaluated every evalEverySteps, and where early stopping compares (the step limit).
+  const bool scheduled = tr.eval_every_steps > 0 && r->step % tr.eval_every_steps == 0;
+  if ((scheduled || r->step == limit) && r->step < tr.steps) {
     auto val = slot.exec->Evaluate();
     if (!val.ok()) return val.status();
     AppendBounded(&r->val_curve, {r->step, *val});
@@ -674,7 +798,8 @@ Status TrialScheduler::AfterStep(Slot& slot, const executor::StepMetrics& m, boo
     std::lock_guard<std::mutex> lock(mu_);
     slot.est_step_seconds = r->wall_seconds / static_cast<double>(r->step);
   }
-  r->eta_seconds = slot.est_step_seconds * static_cast<double>(tr.steps - r->step);
+  r->eta_seconds =
+      slot.est_step_seconds * static_cast<double>(std::max<int64_t>(0, limit - r->step));
   return OkStatus();
 }
 

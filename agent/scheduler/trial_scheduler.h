@@ -78,6 +78,9 @@ struct PreparedTrial {
   /// Called before every step and checkpoint; ABORTED stops the trial as Cancelled with its
   /// message (another agent took the trial over: fencing). May be empty.
   std::function<Status()> fence;
+  /// Early stopping: the trial trains to this step at most, evaluates there and waits until
+  /// SetStepLimit raises it or StopEarly ends it. 0: to the end.
+  int64_t step_limit = 0;
 };
 
 /// The node's device loop, shared by `hydra run` and hydra-agent: trials arrive (Submit), wait
@@ -111,6 +114,18 @@ class TrialScheduler {
   /// current step. Its executor (and spill files) are freed; its checkpoints stay. NOT_FOUND
   /// for an unknown trial, FAILED_PRECONDITION for one that already ended.
   Status Cancel(const std::string& key);
+
+  /// Early stopping: the trial of `key` trains to `step` at most (evaluating there) and then
+  /// waits, its device going to other trials; a waiting trial is checkpointed and leaves host
+  /// memory when a trial waiting for admission needs the room. `step` >= its steps, or 0,
+  /// lifts the limit. NOT_FOUND / FAILED_PRECONDITION as Cancel.
+  Status SetStepLimit(const std::string& key, int64_t step);
+
+  /// Early stopping: ends the trial of `key` as EarlyStopped after its current step, on a
+  /// device thread (never on the caller's: an observer may call this). Its step is
+  /// checkpointed and its checkpoints stay; its final validation loss is its last evaluation.
+  /// NOT_FOUND / FAILED_PRECONDITION as Cancel.
+  Status StopEarly(const std::string& key, const std::string& why);
 
   /// Stops accepting trials, lets running steps end, then checkpoints every started,
   /// unfinished trial and marks every unfinished trial Interrupted with message
@@ -153,6 +168,8 @@ class TrialScheduler {
  private:
   struct Slot;
   Slot* Find(const std::string& key) const;  // the current slot of a key; needs mu_ held
+  // Needs mu_ held: the current slot of a key; NOT_FOUND, or FAILED_PRECONDITION once ended.
+  StatusOr<Slot*> FindUnended(const std::string& key) const;
   Status Start(Slot& slot);
   /// Runs the trial's next shard-task; when it ends an optimizer step, does the step's
   /// bookkeeping (curves, evaluation, checkpoint) and sets *stepped.
@@ -165,6 +182,16 @@ class TrialScheduler {
   // Ends a trial this thread claimed (running == true): frees its executor, sets `state` and
   // the message "<why> at step N", publishes and reports it. Needs mu_ not held.
   void EndClaimed(Slot& slot, const char* state, const std::string& why);
+  // Early stopping, on a claimed slot (mu_ not held): checkpoint and end as EarlyStopped; or
+  // checkpoint, free the executor and leave admission until the limit rises (Park).
+  void StopClaimed(Slot& slot);
+  Status Park(Slot& slot);
+  // Needs mu_ held: the step limit in effect, and whether the trial waits at it.
+  int64_t LimitOf(const Slot& slot) const;
+  bool AtLimit(const Slot& slot) const;
+  // Needs mu_ held: a claimable slot for StopClaimed, or a waiting admitted one to Park.
+  Slot* ClaimStopRequested();
+  Slot* ClaimParkable();
 
   executor::ExecutorFactoryInterface* factory_;
   TrialObserverInterface* observer_;

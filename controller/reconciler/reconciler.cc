@@ -375,6 +375,13 @@ StatusOr<ReconcileResult> Reconciler::Reconcile(const std::string& ns, const std
 StatusOr<bool> Reconciler::LoadTrials(Pass& pass) {
   auto parsed = ParseJobYaml(ManifestText(pass.job), options_.data_root);
   if (parsed.ok()) pass.max_restarts = parsed->spec.max_restarts;
+  if (parsed.ok() && parsed->spec.early_stopping.algorithm != EarlyStoppingAlgorithm::kNone) {
+    // Refused, not ignored: a job that asks for early stopping must not train every trial to
+    // the end without saying so.
+    parsed = InvalidArgumentError(
+        "spec.search.earlyStopping: this controller version does not stop trials early "
+        "(hydra run does); remove earlyStopping to train every trial to the end");
+  }
   StatusOr<std::vector<Trial>> expanded =
       parsed.ok() ? ExpandTrials(*parsed) : StatusOr<std::vector<Trial>>(parsed.status());
   if (expanded.ok()) {

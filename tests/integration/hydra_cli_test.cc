@@ -8,8 +8,11 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
@@ -200,6 +203,72 @@ TEST_F(HydraCliTest, InterruptedRunResumesToExactlyTheUninterruptedResults) {
     EXPECT_EQ(a["trials"][i]["finalValLoss"], b["trials"][i]["finalValLoss"]);
     EXPECT_LT(b["trials"][i]["finalValLoss"].get<double>(), std::log(256.0));
   }
+}
+
+/// The example random search run twice on the example corpus: with its ASHA early stopping and
+/// without. The same 16 trials (the same draws); ASHA trains at most half the steps and its
+/// best trial's final validation loss is within 1% of the full run's best.
+TEST_F(HydraCliTest, AshaTrainsAtMostHalfTheStepsAndFindsAsGoodABestTrial) {
+  std::string yaml = Slurp(std::string(HYDRA_SOURCE_DIR) + "/examples/random-asha.yaml");
+  yaml.replace(yaml.find("path: data/corpus.txt"), 21, "path: corpus.txt");
+  std::ofstream(dir_ / "asha.yaml") << yaml;
+  const auto from = yaml.find("    earlyStopping:"), to = yaml.find("  training:");
+  ASSERT_NE(from, std::string::npos);
+  std::ofstream(dir_ / "full.yaml") << yaml.substr(0, from) + yaml.substr(to);
+  std::string out;
+  ASSERT_EQ(RunHydra({"validate", (dir_ / "asha.yaml").string()}, &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("16 trials"));
+  EXPECT_THAT(out, HasSubstr("random-asha-15"));
+
+  auto run = [&](const std::string& name) {
+    std::string log;
+    EXPECT_EQ(RunHydra({"run", (dir_ / (name + ".yaml")).string(), "-o", (dir_ / name).string(),
+                        "--threads", "1", "--progress", "log"},
+                       &log),
+              0)
+        << log;
+    return nlohmann::json::parse(Slurp((dir_ / name / "results.json").string()));
+  };
+  const auto full = run("full");
+  const auto asha = run("asha");
+  ASSERT_EQ(full["trials"].size(), 16u);
+  ASSERT_EQ(asha["trials"].size(), 16u);
+  auto by_name = [](const nlohmann::json& j) {
+    std::map<std::string, nlohmann::json> m;
+    for (const auto& t : j["trials"]) m[t["name"].get<std::string>()] = t;
+    return m;
+  };
+  const auto f = by_name(full), a = by_name(asha);
+  int64_t full_steps = 0, asha_steps = 0, stopped = 0;
+  double full_best = INFINITY, asha_best = INFINITY;
+  for (const auto& [name, t] : f) {
+    ASSERT_EQ(a.count(name), 1u) << name;
+    const auto& e = a.at(name);
+    EXPECT_EQ(t["hyperparameters"], e["hyperparameters"]) << name;  // the same draws
+    EXPECT_EQ(t["state"], "Succeeded") << name;
+    full_steps += t["steps"].get<int64_t>();
+    asha_steps += e["steps"].get<int64_t>();
+    full_best = std::min(full_best, t["finalValLoss"].get<double>());
+    if (e["state"] == "EarlyStopped") {
+      ++stopped;
+      EXPECT_LT(e["steps"].get<int64_t>(), 90) << name;
+      EXPECT_TRUE(e["finalValLoss"].is_number()) << name;
+      // Kept: the checkpoint of the step it stopped at.
+      EXPECT_TRUE(fs::exists(dir_ / "asha/trials" / name / "checkpoints")) << name;
+      EXPECT_TRUE(fs::exists(dir_ / "asha/trials" / name / "result.json")) << name;
+    } else {
+      EXPECT_EQ(e["state"], "Succeeded") << name;
+      asha_best = std::min(asha_best, e["finalValLoss"].get<double>());
+    }
+  }
+  std::cout << "steps trained: full " << full_steps << ", asha " << asha_steps << " (" << stopped
+            << " of 16 stopped early); best val loss: full " << full_best << ", asha " << asha_best
+            << "\n";
+  EXPECT_GT(stopped, 0);
+  EXPECT_LE(2 * asha_steps, full_steps);
+  EXPECT_LE(asha_best, full_best * 1.01);
+  // The ranked table: finished trials first; the job succeeded (exit 0 above).
+  EXPECT_EQ(asha["trials"][0]["state"], "Succeeded");
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -188,6 +189,95 @@ TEST_F(TrialSchedulerTest, CancelStopsARunningTrialAndAPendingOne) {
   }
   EXPECT_EQ(s.Cancel("long").code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(s.Cancel("nobody").code(), StatusCode::kNotFound);
+}
+
+/// Polls until the trial of `key` reached `step` (at most 20 s).
+bool WaitForStep(TrialScheduler& s, const std::string& key, int64_t step) {
+  for (int i = 0; i < 2000; ++i) {
+    if (s.Get(key)->step >= step) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+TEST_F(TrialSchedulerTest, AStepLimitHoldsATrialEvaluatedThereUntilItRises) {
+  TrialScheduler s(&factory_, &observer_, {1});
+  auto p = s.Prepare(MakeTrial("a", 20), Ckpt("a"));
+  ASSERT_TRUE(p.ok());
+  p->step_limit = 7;  // not an evaluation step (evalEverySteps 5): evaluated anyway
+  ASSERT_TRUE(s.Submit(std::move(p).value()).ok());
+  ASSERT_TRUE(WaitForStep(s, "a", 7));
+  EXPECT_FALSE(s.WaitIdle(std::chrono::milliseconds(300)));  // it waits, not ends
+  auto held = s.Get("a");
+  EXPECT_EQ(held->step, 7);
+  EXPECT_EQ(held->state, kTrialRunning);
+  ASSERT_FALSE(held->val_curve.empty());
+  EXPECT_EQ(held->val_curve.back().step, 7);
+  EXPECT_DOUBLE_EQ(held->eta_seconds, 0);  // nothing left to reach for now
+  ASSERT_TRUE(s.SetStepLimit("a", 20).ok());
+  ASSERT_TRUE(s.WaitIdle(std::chrono::seconds(20)));
+  EXPECT_EQ(s.Get("a")->state, kTrialSucceeded);
+  EXPECT_EQ(s.Get("a")->step, 20);
+  EXPECT_EQ(s.SetStepLimit("a", 30).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.StopEarly("nobody", "x").code(), StatusCode::kNotFound);
+}
+
+TEST_F(TrialSchedulerTest, StopEarlyEndsAWaitingTrialWithItsCheckpoint) {
+  TrialScheduler s(&factory_, &observer_, {1});
+  auto p = s.Prepare(MakeTrial("a", 20), Ckpt("a"));
+  ASSERT_TRUE(p.ok());
+  p->step_limit = 7;
+  ASSERT_TRUE(s.Submit(std::move(p).value()).ok());
+  ASSERT_TRUE(WaitForStep(s, "a", 7));
+  ASSERT_TRUE(s.StopEarly("a", "asha: not in the top third").ok());
+  ASSERT_TRUE(s.WaitIdle(std::chrono::seconds(20)));
+  auto r = s.Get("a");
+  EXPECT_EQ(r->state, kTrialEarlyStopped);
+  EXPECT_EQ(r->step, 7);
+  EXPECT_THAT(r->message, HasSubstr("stopped early (asha: not in the top third) at step 7"));
+  EXPECT_EQ(r->final_val_loss, r->val_curve.back().loss);
+  EXPECT_TRUE(std::isfinite(r->final_train_loss));
+  EXPECT_EQ(r->last_checkpoint_step, 7);
+  executor::CheckpointStore store(Ckpt("a"));
+  ASSERT_FALSE(store.Steps().empty());
+  EXPECT_EQ(store.Steps().back(), 7);  // kept: the trial can be resumed or inspected
+  EXPECT_TRUE(IsFinalTrialState(r->state));
+}
+
+TEST_F(TrialSchedulerTest, TrialsWaitingAtTheirLimitMakeRoomAndResumeToTheSameLosses) {
+  std::vector<CurvePoint> straight;
+  {
+    TrialScheduler s(&factory_, &observer_, {1});
+    ASSERT_TRUE(Submit(s, MakeTrial("t1", 12)).ok());
+    ASSERT_TRUE(s.WaitIdle(std::chrono::seconds(20)));
+    straight = s.Get("t1")->train_curve;
+  }
+  fs::remove_all(dir_ / "ckpt");
+  TrialSchedulerOptions o;
+  o.devices = 1;
+  o.host_memory_bytes = 1;  // one trial admitted at a time
+  TrialScheduler s(&factory_, &observer_, o);
+  for (const char* name : {"t1", "t2"}) {
+    auto p = s.Prepare(MakeTrial(name, 12), Ckpt(name));
+    ASSERT_TRUE(p.ok());
+    p->step_limit = 6;
+    ASSERT_TRUE(s.Submit(std::move(p).value()).ok());
+  }
+  // t1 waits at 6 holding the only admission: it is checkpointed and parked so t2 can run.
+  ASSERT_TRUE(WaitForStep(s, "t2", 6));
+  EXPECT_EQ(s.Get("t1")->step, 6);
+  ASSERT_TRUE(s.SetStepLimit("t1", 0).ok());
+  ASSERT_TRUE(s.SetStepLimit("t2", 0).ok());
+  ASSERT_TRUE(s.WaitIdle(std::chrono::seconds(20)));
+  for (const char* name : {"t1", "t2"}) {
+    auto r = s.Get(name);
+    EXPECT_EQ(r->state, kTrialSucceeded) << name << ": " << r->message;
+    EXPECT_EQ(r->step, 12);
+  }
+  EXPECT_EQ(s.Get("t1")->resumed_from_step, 6);
+  const auto curve = s.Get("t1")->train_curve;
+  ASSERT_EQ(curve.size(), straight.size());
+  for (size_t i = 0; i < curve.size(); ++i) EXPECT_EQ(curve[i].loss, straight[i].loss) << i;
 }
 
 TEST_F(TrialSchedulerTest, DrainCheckpointsEveryUnfinishedTrialAndRefusesMore) {

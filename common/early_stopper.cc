@@ -1,0 +1,87 @@
+#include "common/early_stopper.h"
+
+#include <algorithm>
+#include <utility>
+
+namespace hydra {
+
+EarlyStopper::EarlyStopper(EarlyStoppingSpec spec, std::vector<int64_t> steps)
+    : spec_(spec), steps_(std::move(steps)), state_(steps_.size(), State::kActive) {
+  for (size_t i = 0; i < steps_.size(); ++i) {
+    limit_.push_back(ReachableStep(spec_, board_, steps_[i], static_cast<int>(i)));
+  }
+}
+
+int64_t EarlyStopper::Limit(int trial) const { return limit_.at(trial); }
+
+void EarlyStopper::Stop(int trial, std::vector<StopDecision>* out) {
+  state_[trial] = State::kStopped;
+  waiting_.erase(trial);
+  out->push_back({trial, StopDecision::Kind::kStop, board_.LastStep(trial)});
+}
+
+void EarlyStopper::Promote(int trial, int64_t rung, std::vector<StopDecision>* out) {
+  waiting_.erase(trial);
+  // The next rung past this one (or the end): ReachableStep from the rung's report on.
+  int64_t next = steps_[trial];
+  for (int64_t r : AshaRungs(spec_, steps_[trial])) {
+    if (r > rung) {
+      next = r;
+      break;
+    }
+  }
+  limit_[trial] = next;
+  out->push_back({trial, StopDecision::Kind::kLimit, next});
+}
+
+std::vector<StopDecision> EarlyStopper::Report(int trial, int64_t step, double loss) {
+  std::vector<StopDecision> out;
+  if (trial < 0 || trial >= static_cast<int>(steps_.size())) return out;
+  double seen = 0;
+  const bool repeated = board_.At(trial, step, &seen);
+  board_.Record(trial, step, loss);
+  if (repeated || state_[trial] != State::kActive || step >= steps_[trial]) return out;
+  if (spec_.algorithm == EarlyStoppingAlgorithm::kMedian) {
+    if (MedianVerdict(spec_, board_, trial, step) == StopVerdict::kStop) Stop(trial, &out);
+    return out;
+  }
+  if (spec_.algorithm != EarlyStoppingAlgorithm::kAsha) return out;
+  const auto rungs = AshaRungs(spec_, steps_[trial]);
+  if (std::find(rungs.begin(), rungs.end(), step) != rungs.end() && !waiting_.count(trial)) {
+    waiting_[trial] = step;  // decided below with the others
+  }
+  auto more = Review();
+  out.insert(out.end(), more.begin(), more.end());
+  return out;
+}
+
+std::vector<StopDecision> EarlyStopper::Ended(int trial) {
+  if (trial < 0 || trial >= static_cast<int>(steps_.size())) return {};
+  if (state_[trial] == State::kActive) state_[trial] = State::kEnded;
+  waiting_.erase(trial);
+  return Review();
+}
+
+std::vector<StopDecision> EarlyStopper::Review() {
+  std::vector<StopDecision> out;
+  std::vector<bool> gone(steps_.size());
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (size_t i = 0; i < state_.size(); ++i) gone[i] = state_[i] != State::kActive;
+    for (const auto& [trial, rung] : std::map<int, int64_t>(waiting_)) {
+      const StopVerdict v =
+          AshaVerdict(spec_, board_, static_cast<int>(steps_.size()), gone, trial, rung);
+      if (v == StopVerdict::kWait) continue;
+      if (v == StopVerdict::kContinue) {
+        Promote(trial, rung, &out);
+      } else {
+        Stop(trial, &out);
+      }
+      changed = true;  // a stop can complete a rung others wait at
+      break;
+    }
+  }
+  return out;
+}
+
+}  // namespace hydra

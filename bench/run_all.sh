@@ -14,3 +14,5 @@ echo "== bench/agent"
 if [ "${1:-}" = "--smoke" ]; then ./build/bench/agent --smoke; else ./build/bench/agent; fi
 echo "== bench/controller"
 if [ "${1:-}" = "--smoke" ]; then ./build/bench/controller --smoke; else ./build/bench/controller; fi
+echo "== bench/early_stopping"
+bash bench/early_stopping.sh "${ARGS[@]}"

@@ -114,7 +114,8 @@ int Plan(const std::string& path, bool pilot, int threads) {
 }
 
 struct SimulateArgs {
-  std::string manifest, profile, chart, device_memory;
+  std::string manifest, profile, chart, device_memory, stopped_at;
+  double stop_fraction = -1;
   int devices = 1;
   int micro_batches = 0;
   double flops = 1e11;
@@ -153,6 +154,13 @@ int Simulate(const SimulateArgs& a) {
       }
       profiles.push_back(hydra::ProfileFromPlan(t, *plan, a.flops));
     }
+    auto modelled =
+        hydra::cli::ModelEarlyStopping(job, trials, a.stop_fraction, a.stopped_at, &profiles);
+    if (!modelled.ok()) {
+      std::cerr << "error: " << modelled.status().message() << "\n";
+      return 2;
+    }
+    if (!a.json) std::cout << *modelled;
   }
   hydra::SimulationOptions options;
   options.devices = a.devices;
@@ -375,6 +383,16 @@ int main(int argc, char** argv) {
   simulate->add_option("--micro-batches", sim.micro_batches,
                        "Micro-batches of the GPipe baseline (default: 4 x devices; at most each "
                        "trial's batchSize)");
+  simulate
+      ->add_option("--stop-fraction", sim.stop_fraction,
+                   "Early stopping: the fraction of trials that stop at each rung (default: the "
+                   "manifest's algorithm's own, ASHA 1 - 1/reductionFactor, median 0.5)")
+      ->check(CLI::Range(0.0, 1.0));
+  simulate
+      ->add_option("--stopped-at", sim.stopped_at,
+                   "Early stopping as measured: a hydra run results.json whose trials' steps "
+                   "the simulated trials train")
+      ->check(CLI::ExistingFile);
   simulate->add_flag("--json", sim.json, "Print the result as JSON");
   simulate->add_option("--chart", sim.chart, "Write a Gantt chart of the schedule to this PNG");
 

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 
 #include "cli/gnuplot.h"
@@ -129,6 +130,69 @@ Status DrawGantt(const Schedule& schedule, const std::vector<TrialProfile>& tria
   std::filesystem::remove(script_path, ec);
   std::filesystem::remove(data_path, ec);
   return OkStatus();
+}
+
+namespace {
+
+/// Each trial's "steps" in a hydra run results.json, by trial name.
+StatusOr<std::map<std::string, int64_t>> StepsReached(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return NotFoundError("cannot read " + path);
+  const auto j = nlohmann::json::parse(in, nullptr, false);
+  if (j.is_discarded() || !j.contains("trials") || !j["trials"].is_array()) {
+    return InvalidArgumentError(path + ": not a hydra run results.json (no trials array)");
+  }
+  std::map<std::string, int64_t> steps;
+  for (const auto& t : j["trials"]) {
+    if (!t.contains("name") || !t["name"].is_string() || !t.contains("steps") ||
+        !t["steps"].is_number_integer() || t["steps"].get<int64_t>() < 0) {
+      return InvalidArgumentError(path + ": a trial without a name and non-negative steps");
+    }
+    steps[t["name"].get<std::string>()] = t["steps"].get<int64_t>();
+  }
+  return steps;
+}
+
+}  // namespace
+
+StatusOr<std::string> ModelEarlyStopping(const MultiModelJob& job, const std::vector<Trial>& trials,
+                                         double stop_fraction, const std::string& stopped_at,
+                                         std::vector<TrialProfile>* profiles) {
+  std::vector<int64_t> steps, reached;
+  for (const auto& t : trials) steps.push_back(t.training.steps);
+  std::string what;
+  if (!stopped_at.empty()) {
+    ASSIGN_OR_RETURN(auto measured, StepsReached(stopped_at));
+    for (const auto& t : trials) {
+      auto it = measured.find(t.name);
+      if (it == measured.end()) {
+        return InvalidArgumentError(stopped_at + " has no trial " + t.name +
+                                    ": give the results of a run of this manifest");
+      }
+      reached.push_back(std::min(it->second, t.training.steps));
+    }
+    what = "measured in " + stopped_at;
+  } else {
+    const auto& es = job.spec.early_stopping;
+    if (es.algorithm == EarlyStoppingAlgorithm::kNone) return std::string();
+    const double f = stop_fraction >= 0 ? stop_fraction
+                     : es.algorithm == EarlyStoppingAlgorithm::kAsha
+                         ? 1.0 - 1.0 / static_cast<double>(es.reduction_factor)
+                         : 0.5;
+    reached = ModelledStopSteps(es, steps, f);
+    char buf[128];
+    std::snprintf(buf, sizeof(buf), "%s, %.2f of the trials at each rung stop",
+                  EarlyStoppingAlgorithmName(es.algorithm), f);
+    what = buf;
+  }
+  int64_t all = 0, trained = 0;
+  for (size_t i = 0; i < profiles->size() && i < reached.size(); ++i) {
+    (*profiles)[i].minibatches = reached[i];
+    all += steps[i];
+    trained += reached[i];
+  }
+  return "early stopping (" + what + "): " + std::to_string(trained) + " of " +
+         std::to_string(all) + " steps trained\n";
 }
 
 }  // namespace hydra::cli

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "common/job.h"
 #include "common/scheduler.h"
 #include "common/status.h"
 
@@ -33,6 +34,15 @@ std::string FormatSimulation(const SimulationReport& report, const SimulationOpt
 /// "tasks": [{"name", "computeSeconds", "transferBytes"}]}]}. INVALID_ARGUMENT naming the field.
 StatusOr<std::vector<TrialProfile>> LoadProfileFile(const std::string& path,
                                                     double* link_bytes_per_second);
+
+/// Early stopping in a simulation: cuts each trial's profile to the steps it reaches. With
+/// `stopped_at` (a `hydra run` results.json: each trial's "steps", matched by name) the
+/// measured steps; else at each rung a `stop_fraction` of the trials still training stops
+/// (< 0: the job's own: ASHA 1 - 1/reductionFactor, median 0.5; ModelledStopSteps). Returns
+/// the line saying what was modelled; empty when nothing stops (no earlyStopping, no file).
+StatusOr<std::string> ModelEarlyStopping(const MultiModelJob& job, const std::vector<Trial>& trials,
+                                         double stop_fraction, const std::string& stopped_at,
+                                         std::vector<TrialProfile>* profiles);
 
 /// Gantt chart of a schedule (one lane per device, one colour per trial) drawn with gnuplot.
 Status DrawGantt(const Schedule& schedule, const std::vector<TrialProfile>& trials, int devices,

@@ -117,4 +117,40 @@ int64_t ReachableStep(const EarlyStoppingSpec& spec, const MetricBoard& board, i
   return steps;
 }
 
+std::vector<int64_t> ModelledStopSteps(const EarlyStoppingSpec& spec,
+                                       const std::vector<int64_t>& steps, double stop_fraction) {
+  std::vector<int64_t> reached = steps;
+  if (spec.algorithm == EarlyStoppingAlgorithm::kNone || !(stop_fraction > 0)) return reached;
+  const double f = std::min(1.0, stop_fraction);
+  // Every rung of any trial, in order; a trial takes part in the rungs below its steps.
+  std::vector<int64_t> rungs;
+  if (spec.algorithm == EarlyStoppingAlgorithm::kMedian) {
+    rungs.push_back(spec.min_steps);
+  } else {
+    for (int64_t s : steps) {
+      for (int64_t r : AshaRungs(spec, s)) rungs.push_back(r);
+    }
+    std::sort(rungs.begin(), rungs.end());
+    rungs.erase(std::unique(rungs.begin(), rungs.end()), rungs.end());
+  }
+  std::vector<bool> going(steps.size(), true);
+  for (int64_t rung : rungs) {
+    int64_t position = 0;  // among the trials still training at this rung
+    for (size_t i = 0; i < steps.size(); ++i) {
+      if (!going[i] || rung >= steps[i]) continue;
+      // (1e-9: 3 x (2/3) is 2, not 1.999...)
+      const auto before =
+          static_cast<int64_t>(std::floor(static_cast<double>(position) * f + 1e-9));
+      const auto after =
+          static_cast<int64_t>(std::floor(static_cast<double>(position + 1) * f + 1e-9));
+      ++position;
+      if (after > before) {
+        going[i] = false;
+        reached[i] = rung;
+      }
+    }
+  }
+  return reached;
+}
+
 }  // namespace hydra

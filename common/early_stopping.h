@@ -83,4 +83,11 @@ StopVerdict MedianVerdict(const EarlyStoppingSpec& spec, const MetricBoard& boar
 int64_t ReachableStep(const EarlyStoppingSpec& spec, const MetricBoard& board, int64_t steps,
                       int trial);
 
+/// For `hydra simulate`: the step each of trials with `steps[i]` steps reaches when at every
+/// ASHA rung (median: at minSteps only) a fraction `stop_fraction` of the trials still
+/// training there stops, spread evenly over them in index order. ASHA's own fraction is
+/// 1 - 1/reductionFactor. kNone, or a fraction <= 0: every trial reaches its steps.
+std::vector<int64_t> ModelledStopSteps(const EarlyStoppingSpec& spec,
+                                       const std::vector<int64_t>& steps, double stop_fraction);
+
 }  // namespace hydra

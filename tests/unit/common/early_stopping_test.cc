@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <map>
 
 namespace hydra {
 namespace {
@@ -159,6 +160,24 @@ TEST(ReachableStepTest, TheNextRungForAshaTheEndOtherwise) {
   EXPECT_EQ(ReachableStep(spec, board, 100, 0), 100);
   spec.algorithm = EarlyStoppingAlgorithm::kMedian;
   EXPECT_EQ(ReachableStep(spec, MetricBoard(), 100, 0), 100);
+}
+
+TEST(ModelledStopStepsTest, AFractionOfTheTrialsAtEachRungStops) {
+  const EarlyStoppingSpec asha{EarlyStoppingAlgorithm::kAsha, 10, 3};
+  // Nine trials of 90 steps: rungs 10 and 30; two thirds stop at each.
+  const auto reached = ModelledStopSteps(asha, std::vector<int64_t>(9, 90), 2.0 / 3);
+  std::map<int64_t, int> count;
+  for (int64_t s : reached) ++count[s];
+  EXPECT_EQ(count[10], 6);
+  EXPECT_EQ(count[30], 2);
+  EXPECT_EQ(count[90], 1);
+  // Nothing stops without an algorithm or a fraction; a trial too short for a rung finishes.
+  EXPECT_EQ(ModelledStopSteps({}, {90, 90}, 0.5), (std::vector<int64_t>{90, 90}));
+  EXPECT_EQ(ModelledStopSteps(asha, {90, 90}, 0), (std::vector<int64_t>{90, 90}));
+  EXPECT_EQ(ModelledStopSteps(asha, {5, 5}, 1.0), (std::vector<int64_t>{5, 5}));
+  const EarlyStoppingSpec median{EarlyStoppingAlgorithm::kMedian, 20, 3};
+  EXPECT_EQ(ModelledStopSteps(median, {100, 100, 100, 100}, 0.5),
+            (std::vector<int64_t>{100, 20, 100, 20}));
 }
 
 }  // namespace

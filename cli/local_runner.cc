@@ -15,6 +15,13 @@
 namespace hydra::cli {
 namespace {
 namespace fs = std::filesystem;
+
+/// What a stopped trial's result.json fingerprint carries besides the trial's own: it is
+/// reused only by a run with the same early stopping (else it resumes from its checkpoint).
+std::string StoppedUnder(const EarlyStoppingSpec& spec) {
+  return "+earlyStopping:" + std::string(EarlyStoppingAlgorithmName(spec.algorithm)) + "/" +
+         std::to_string(spec.min_steps) + "/" + std::to_string(spec.reduction_factor);
+}
 }  // namespace
 
 /// Forwards the scheduler's reports to the progress sink, by trial index, one at a time, and
@@ -53,7 +60,8 @@ class LocalRunner::Observer : public agent::TrialObserverInterface {
     if (it == index_->end()) return;
     if (snapshot.state == kTrialEarlyStopped) {
       const auto& [path, fingerprint] = result_files_->at(snapshot.trial.name);
-      if (Status s = WriteTrialResultFile(path, snapshot, fingerprint); !s.ok()) {
+      if (Status s = WriteTrialResultFile(path, snapshot, fingerprint + StoppedUnder(spec_));
+          !s.ok()) {
         Message(snapshot.trial.name + ": " + s.message());
       }
     }
@@ -203,9 +211,12 @@ Status LocalRunner::Run(const MultiModelJob& job, const std::vector<Trial>& tria
     if (!fs::exists(path)) continue;
     std::string previous_fingerprint;
     auto previous = ReadTrialResultFile(path, trials[i], &previous_fingerprint);
-    if (previous.ok() &&
-        (previous->state == kTrialSucceeded || previous->state == kTrialEarlyStopped) &&
-        previous_fingerprint == fingerprint) {
+    const bool same =
+        previous.ok() &&
+        ((previous->state == kTrialSucceeded && previous_fingerprint == fingerprint) ||
+         (previous->state == kTrialEarlyStopped &&
+          previous_fingerprint == fingerprint + StoppedUnder(job.spec.early_stopping)));
+    if (same) {
       (*results)[i] = std::move(previous).value();
       finished[i] = true;
     } else {

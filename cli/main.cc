@@ -66,7 +66,16 @@ int Validate(const std::string& path) {
   std::vector<hydra::Trial> trials;
   if (int rc = LoadOrExplain(path, &job, &trials)) return rc;
   std::cout << path << ": valid MultiModelJob '" << job.metadata.name << "', " << trials.size()
-            << " trial" << (trials.size() == 1 ? "" : "s") << "\n";
+            << " trial" << (trials.size() == 1 ? "" : "s");
+  if (job.spec.random) {
+    std::cout << " drawn at random (seed " << job.spec.random->seed << ")";
+  }
+  std::cout << "\n";
+  int64_t longest = 0;
+  for (const auto& t : trials) longest = std::max(longest, t.training.steps);
+  if (auto es = hydra::DescribeEarlyStopping(job.spec.early_stopping, longest); !es.empty()) {
+    std::cout << "early stopping: " << es << "\n";
+  }
   for (const auto& t : trials) {
     const auto fp = hydra::EstimateTrialFootprint(t);
     std::cout << "  " << t.name << "  " << hydra::HyperparametersJson(t).dump() << "  "

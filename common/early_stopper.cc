@@ -32,6 +32,10 @@ void EarlyStopper::Promote(int trial, int64_t rung, std::vector<StopDecision>* o
   }
   limit_[trial] = next;
   out->push_back({trial, StopDecision::Kind::kLimit, next});
+  // A trial resumed past this rung may have reported at the next one already: it is decided
+  // there too (Review goes on), not left waiting for a report that never comes.
+  double loss = 0;
+  if (next < steps_[trial] && board_.At(trial, next, &loss)) waiting_[trial] = next;
 }
 
 std::vector<StopDecision> EarlyStopper::Report(int trial, int64_t step, double loss) {
@@ -47,8 +51,15 @@ std::vector<StopDecision> EarlyStopper::Report(int trial, int64_t step, double l
   }
   if (spec_.algorithm != EarlyStoppingAlgorithm::kAsha) return out;
   const auto rungs = AshaRungs(spec_, steps_[trial]);
+  const int64_t limit = limit_[trial];
   if (std::find(rungs.begin(), rungs.end(), step) != rungs.end() && !waiting_.count(trial)) {
     waiting_[trial] = step;  // decided below with the others
+  } else if (step > limit && limit < steps_[trial] && !waiting_.count(trial) &&
+             !board_.At(trial, limit, &seen)) {
+    // Resumed past its rung from a checkpoint without an evaluation there: judged at that rung
+    // by its first evaluation after it.
+    board_.Record(trial, limit, loss);
+    waiting_[trial] = limit;
   }
   auto more = Review();
   out.insert(out.end(), more.begin(), more.end());

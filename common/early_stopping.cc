@@ -117,6 +117,22 @@ int64_t ReachableStep(const EarlyStoppingSpec& spec, const MetricBoard& board, i
   return steps;
 }
 
+std::string DescribeEarlyStopping(const EarlyStoppingSpec& spec, int64_t steps) {
+  const std::string name = EarlyStoppingAlgorithmName(spec.algorithm);
+  switch (spec.algorithm) {
+    case EarlyStoppingAlgorithm::kNone: return "";
+    case EarlyStoppingAlgorithm::kMedian:
+      return name + " on validationLoss: from step " + std::to_string(spec.min_steps) +
+             ", a trial stops at an evaluation when its best validation loss is worse than the "
+             "median of the other trials' at that step";
+    case EarlyStoppingAlgorithm::kAsha: break;
+  }
+  std::string rungs;
+  for (int64_t r : AshaRungs(spec, steps)) rungs += (rungs.empty() ? "" : ", ") + std::to_string(r);
+  return name + " on validationLoss: rungs at steps " + rungs + " (of " + std::to_string(steps) +
+         "); the top 1/" + std::to_string(spec.reduction_factor) + " at each rung go on";
+}
+
 std::vector<int64_t> ModelledStopSteps(const EarlyStoppingSpec& spec,
                                        const std::vector<int64_t>& steps, double stop_fraction) {
   std::vector<int64_t> reached = steps;

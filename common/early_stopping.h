@@ -83,6 +83,11 @@ StopVerdict MedianVerdict(const EarlyStoppingSpec& spec, const MetricBoard& boar
 int64_t ReachableStep(const EarlyStoppingSpec& spec, const MetricBoard& board, int64_t steps,
                       int trial);
 
+/// For people (`hydra validate`): what `spec` does to trials of up to `steps` steps, e.g.
+/// "asha on validationLoss: rungs at steps 10, 30 (of 90); the top 1/3 at each rung go on".
+/// Empty for kNone.
+std::string DescribeEarlyStopping(const EarlyStoppingSpec& spec, int64_t steps);
+
 /// For `hydra simulate`: the step each of trials with `steps[i]` steps reaches when at every
 /// ASHA rung (median: at minSteps only) a fraction `stop_fraction` of the trials still
 /// training there stops, spread evenly over them in index order. ASHA's own fraction is

@@ -700,8 +700,8 @@ void ParseRandom(Checker& c, const YAML::Node& node, std::optional<RandomSearchS
   }
   if (seed) {
     const auto v = ScalarInt(seed);
-    if (!v || *v < 0) {
-      c.Error(p + ".seed", seed, "must be a non-negative integer");
+    if (!v || *v < 0 || *v > 9.2e18) {
+      c.Error(p + ".seed", seed, "must be an integer from 0 to 9.2e18");
     } else {
       random.seed = *v;
     }

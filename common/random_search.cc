@@ -65,7 +65,8 @@ ParamValue DrawValue(const RandomAxis& axis, int64_t seed, int64_t index) {
       return axis.choices[Below(x, axis.choices.size())];
     case Distribution::kIntUniform: {
       const int64_t low = std::get<int64_t>(axis.low), high = std::get<int64_t>(axis.high);
-      // high - low + 1 fits: the parser keeps both within a field's range (below 2^63 / 2).
+      // high - low + 1 fits in uint64: the parser keeps both within a field's range (the
+      // widest, seed, is 0..9.2e18 < 2^63), and Below takes n <= 2^63.
       const uint64_t n = static_cast<uint64_t>(high - low) + 1;
       return low + static_cast<int64_t>(Below(x, n));
     }

@@ -319,13 +319,27 @@ TrialScheduler::Slot* TrialScheduler::ClaimParkable() {
   return nullptr;
 }
 
-void TrialScheduler::StopClaimed(Slot& slot) {
-  TrialResult* r = &slot.r;
-  if (slot.started && slot.exec && r->step > slot.saved_step) {
-    if (Status s = SaveCheckpoint(slot); !s.ok()) {
-      observer_->OnTrialMessage(r->trial, "checkpoint on early stop: " + s.message());
+Status TrialScheduler::FinishStep(Slot& slot) {
+  Status finished;
+  while (finished.ok() && slot.exec && slot.exec->InStep()) {
+    bool stepped = false, evaluated = false;
+    size_t task = 0;
+    try {
+      finished = TaskOnce(slot, &stepped, &evaluated, &task);
+    } catch (const std::exception& e) {
+      finished = InternalError(std::string("unexpected error: ") + e.what());
     }
   }
+  return finished;
+}
+
+void TrialScheduler::StopClaimed(Slot& slot) {
+  TrialResult* r = &slot.r;
+  // Another device may have begun the next step's shard-tasks before the stop arrived: a
+  // checkpoint needs a step boundary.
+  Status s = FinishStep(slot);
+  if (s.ok() && slot.started && slot.exec && r->step > slot.saved_step) s = SaveCheckpoint(slot);
+  if (!s.ok()) observer_->OnTrialMessage(r->trial, "checkpoint on early stop: " + s.message());
   if (!r->val_curve.empty()) r->final_val_loss = r->val_curve.back().loss;
   r->final_train_loss = MeanOfLast(r->train_curve, 10);
   r->eta_seconds = 0;
@@ -339,8 +353,18 @@ void TrialScheduler::StopClaimed(Slot& slot) {
 
 Status TrialScheduler::Park(Slot& slot) {
   if (slot.r.step > slot.saved_step) RETURN_IF_ERROR(SaveCheckpoint(slot));
-  slot.exec.reset();
-  slot.started = false;  // Start resumes it from the checkpoint when it is admitted again
+  slot.exec.reset();  // the caller marks it not started: Start resumes it from the checkpoint
+  return OkStatus();
+}
+
+Status TrialScheduler::EvaluateAtLimit(Slot& slot) {
+  TrialResult* r = &slot.r;
+  if (!slot.exec || (!r->val_curve.empty() && r->val_curve.back().step == r->step)) {
+    return OkStatus();
+  }
+  auto val = slot.exec->Evaluate();
+  if (!val.ok()) return val.status();
+  AppendBounded(&r->val_curve, {r->step, *val});
   return OkStatus();
 }
 
@@ -355,9 +379,15 @@ void TrialScheduler::EndClaimed(Slot& slot, const char* state, const std::string
     slot.done = true;
     Publish(slot);
     snapshot = slot.published;
+    ++reporting_;  // WaitIdle waits for this report too
   }
   cv_.notify_all();
   observer_->OnTrialUpdate(snapshot);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    --reporting_;
+  }
+  cv_.notify_all();
 }
 
 Status TrialScheduler::Drain(const std::string& reason) {
@@ -382,16 +412,7 @@ Status TrialScheduler::Drain(const std::string& reason) {
   Status first;
   for (Slot* slot : todo) {
     // A step half done (some shards stepped) cannot be checkpointed: finish it first.
-    Status finished;
-    while (finished.ok() && slot->exec && slot->exec->InStep()) {
-      bool stepped = false, evaluated = false;
-      size_t task = 0;
-      try {
-        finished = TaskOnce(*slot, &stepped, &evaluated, &task);
-      } catch (const std::exception& e) {
-        finished = InternalError(std::string("unexpected error: ") + e.what());
-      }
-    }
+    Status finished = FinishStep(*slot);
     if (!finished.ok()) {
       observer_->OnTrialMessage(slot->r.trial,
                                 "finishing the step on drain: " + finished.message());
@@ -570,6 +591,7 @@ void TrialScheduler::Worker(int device) {
       lock.lock();
       if (parked.ok()) {
         park->admitted = false;
+        park->started = false;
         park->running = false;
       }
       continue;
@@ -612,6 +634,9 @@ void TrialScheduler::Worker(int device) {
         std::lock_guard<std::mutex> relock(mu_);
         at_limit = AtLimit(slot);
       }
+      // Resumed at or past its limit without an evaluation there (a checkpoint of another
+      // run): evaluated now, so that early stopping has a result to decide on.
+      if (s.ok() && at_limit) s = EvaluateAtLimit(slot);
       // A trial resumed from its final checkpoint only needs finishing.
       if (s.ok() && !at_limit && slot.r.step < slot.r.trial.training.steps) {
         t0 = Clock::now();

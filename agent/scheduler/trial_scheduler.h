@@ -186,6 +186,10 @@ class TrialScheduler {
   // checkpoint, free the executor and leave admission until the limit rises (Park).
   void StopClaimed(Slot& slot);
   Status Park(Slot& slot);
+  // On a claimed slot: runs the rest of a step begun on some shards (a checkpoint needs a
+  // step boundary); evaluates a trial at its limit that has no evaluation at its step.
+  Status FinishStep(Slot& slot);
+  Status EvaluateAtLimit(Slot& slot);
   // Needs mu_ held: the step limit in effect, and whether the trial waits at it.
   int64_t LimitOf(const Slot& slot) const;
   bool AtLimit(const Slot& slot) const;

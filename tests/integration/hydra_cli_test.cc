@@ -283,4 +283,71 @@ TEST_F(HydraCliTest, AshaTrainsAtMostHalfTheStepsAndFindsAsGoodABestTrial) {
   EXPECT_EQ(asha["trials"][0]["state"], "Succeeded");
 }
 
+/// Ctrl-C during the ASHA example, then the same command again: the second run replays what
+/// the first left (results of stopped trials, checkpoints past rungs with their evaluations)
+/// and finishes; then the job without earlyStopping in the same directory trains the stopped
+/// trials on from their checkpoints instead of reusing their results.
+TEST_F(HydraCliTest, AnInterruptedAshaRunResumesAndFinishes) {
+  std::string yaml = Slurp(std::string(HYDRA_SOURCE_DIR) + "/examples/random-asha.yaml");
+  yaml.replace(yaml.find("path: data/corpus.txt"), 21, "path: corpus.txt");
+  yaml.replace(yaml.find("checkpointEverySteps: 30"), 24, "checkpointEverySteps: 5");
+  std::ofstream(dir_ / "asha.yaml") << yaml;
+  const auto from = yaml.find("    earlyStopping:"), to = yaml.find("  training:");
+  std::ofstream(dir_ / "full.yaml") << yaml.substr(0, from) + yaml.substr(to);
+  const fs::path out_dir = dir_ / "o";
+  const std::vector<std::string> args = {"run",        (dir_ / "asha.yaml").string(),
+                                         "-o",         out_dir.string(),
+                                         "--threads",  "1",
+                                         "--devices",  "cpu:2",
+                                         "--progress", "log"};
+  Proc p = Start(args, (dir_ / "first.txt").string());
+  // Interrupted once some trial is past its first rung (a checkpoint at step 15).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(2);
+  auto past_rung = [&] {
+    std::error_code ec;
+    for (const auto& e : fs::recursive_directory_iterator(out_dir, ec)) {
+      if (e.path().filename() == "ckpt-0000000015.hck") return true;
+    }
+    return false;
+  };
+  while (!past_rung() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  ASSERT_TRUE(past_rung()) << Slurp(p.out_path);
+  kill(p.pid, SIGINT);
+  const int first = Wait(p);
+  EXPECT_TRUE(first == 130 || first == 0) << Slurp(p.out_path);  // 0: it ended meanwhile
+  // The same command again, bounded: a trial left waiting for a report would hang it.
+  Proc again = Start(args, (dir_ / "second.txt").string());
+  int rc = -1;
+  for (int i = 0; i < 1200 && rc < 0; ++i) {
+    int status = 0;
+    if (waitpid(again.pid, &status, WNOHANG) == again.pid) rc = WEXITSTATUS(status);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  if (rc < 0) kill(again.pid, SIGKILL), Wait(again);
+  ASSERT_EQ(rc, 0) << Slurp(again.out_path);
+  auto j = nlohmann::json::parse(Slurp((out_dir / "results.json").string()));
+  int stopped = 0, succeeded = 0;
+  for (const auto& t : j["trials"]) {
+    stopped += t["state"] == "EarlyStopped";
+    succeeded += t["state"] == "Succeeded";
+  }
+  EXPECT_EQ(stopped + succeeded, 16);
+  EXPECT_GT(stopped, 0);
+  // Without early stopping, the stopped trials are not reused: they train on to the end.
+  std::string out;
+  ASSERT_EQ(RunHydra({"run", (dir_ / "full.yaml").string(), "-o", out_dir.string(), "--threads",
+                      "1", "--devices", "cpu:2", "--progress", "log"},
+                     &out),
+            0)
+      << out;
+  j = nlohmann::json::parse(Slurp((out_dir / "results.json").string()));
+  for (const auto& t : j["trials"]) {
+    EXPECT_EQ(t["state"], "Succeeded") << t["name"];
+    EXPECT_EQ(t["steps"], 90) << t["name"];
+  }
+  EXPECT_THAT(out, HasSubstr("resumed from the checkpoint of step"));
+}
+
 }  // namespace

@@ -99,5 +99,30 @@ TEST(EarlyStopperTest, MedianStopsTrialsWorseThanTheOthersMedian) {
   EXPECT_FALSE(es.Stopped(0));
 }
 
+TEST(EarlyStopperTest, ATrialResumedPastItsRungsIsDecidedAtEachOfThem) {
+  // Trial 0 resumed at step 45 with reports at 10 and 30 from the earlier run, replayed
+  // before the others report at 10: it waits at 10, then (promoted) is decided at 30 at once.
+  EarlyStopper es({EarlyStoppingAlgorithm::kAsha, 10, 3}, {90, 90, 90});
+  EXPECT_TRUE(es.Report(0, 10, 1.0).empty());
+  EXPECT_TRUE(es.Report(0, 30, 0.5).empty());
+  EXPECT_TRUE(es.Report(1, 10, 2.0).empty());
+  auto last = Last(es.Report(2, 10, 3.0));  // rung 10 complete: only trial 0 goes on
+  EXPECT_EQ(last[1].first, Kind::kStop);
+  EXPECT_EQ(last[2].first, Kind::kStop);
+  // ...and rung 30 is complete too (the others stopped): trial 0 goes on to the end.
+  EXPECT_EQ(last[0], std::make_pair(Kind::kLimit, int64_t{90}));
+}
+
+TEST(EarlyStopperTest, AnEvaluationPastTheRungStandsForTheRung) {
+  // Resumed from a checkpoint without an evaluation at rung 10 (another configuration's run):
+  // the scheduler evaluates it where it stands, at step 12.
+  EarlyStopper es({EarlyStoppingAlgorithm::kAsha, 10, 2}, {40, 40});
+  EXPECT_TRUE(es.Report(0, 12, 1.0).empty());
+  EXPECT_TRUE(es.Waiting(0));
+  auto last = Last(es.Report(1, 10, 2.0));
+  EXPECT_EQ(last[0], std::make_pair(Kind::kLimit, int64_t{20}));
+  EXPECT_EQ(last[1].first, Kind::kStop);
+}
+
 }  // namespace
 }  // namespace hydra

@@ -1,5 +1,6 @@
 #include "common/early_stopping.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -178,6 +179,15 @@ TEST(ModelledStopStepsTest, AFractionOfTheTrialsAtEachRungStops) {
   const EarlyStoppingSpec median{EarlyStoppingAlgorithm::kMedian, 20, 3};
   EXPECT_EQ(ModelledStopSteps(median, {100, 100, 100, 100}, 0.5),
             (std::vector<int64_t>{100, 20, 100, 20}));
+}
+
+TEST(DescribeEarlyStoppingTest, SaysWhatHappensToTrials) {
+  EXPECT_EQ(DescribeEarlyStopping({EarlyStoppingAlgorithm::kAsha, 10, 3}, 90),
+            "asha on validationLoss: rungs at steps 10, 30 (of 90); the top 1/3 at each rung go "
+            "on");
+  EXPECT_THAT(DescribeEarlyStopping({EarlyStoppingAlgorithm::kMedian, 20, 3}, 90),
+              ::testing::HasSubstr("from step 20"));
+  EXPECT_EQ(DescribeEarlyStopping({}, 90), "");
 }
 
 }  // namespace

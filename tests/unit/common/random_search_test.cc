@@ -164,7 +164,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadRandom{"trials: 16", "trials: 0", "spec.search.random.trials", "from 1 to 256"},
         BadRandom{"trials: 16", "trials: 257", "spec.search.random.trials", "from 1 to 256"},
         BadRandom{"      trials: 16\n", "", "spec.search.random.trials", "required"},
-        BadRandom{"seed: 3", "seed: -1", "spec.search.random.seed", "non-negative"},
+        BadRandom{"seed: 3", "seed: -1", "spec.search.random.seed", "from 0 to 9.2e18"},
         BadRandom{"nLayer: {intUniform: [2, 6]}", "nLayer: {uniform: [2, 6]}",
                   "spec.search.random.space.nLayer.uniform", "integer field"},
         BadRandom{"weightDecay: {uniform: [0.0, 0.1]}", "weightDecay: {intUniform: [0, 1]}",

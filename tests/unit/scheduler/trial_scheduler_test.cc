@@ -280,6 +280,42 @@ TEST_F(TrialSchedulerTest, TrialsWaitingAtTheirLimitMakeRoomAndResumeToTheSameLo
   for (size_t i = 0; i < curve.size(); ++i) EXPECT_EQ(curve[i].loss, straight[i].loss) << i;
 }
 
+TEST_F(TrialSchedulerTest, ATrialResumedPastItsLimitIsEvaluatedWhereItStands) {
+  std::atomic<bool> hold{false};
+  factory_.on_step = [&](const std::string&, int64_t step) {
+    if (step == 8) hold = true;
+  };
+  {
+    TrialSchedulerOptions o;
+    o.hold = &hold;
+    TrialScheduler first(&factory_, &observer_, o);
+    ASSERT_TRUE(Submit(first, MakeTrial("x", 20)).ok());
+    while (!hold) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    ASSERT_TRUE(first.Drain("stopped").ok());
+    ASSERT_EQ(first.Get("x")->step, 8);
+    ASSERT_EQ(first.Get("x")->val_curve.back().step, 5);  // evaluations every 5 steps
+  }
+  factory_.on_step = nullptr;
+  TrialScheduler s(&factory_, &observer_, {1});
+  auto p = s.Prepare(MakeTrial("x", 20), Ckpt("x"));
+  ASSERT_TRUE(p.ok());
+  p->step_limit = 5;  // early stopping's first rung, behind the checkpoint
+  ASSERT_TRUE(s.Submit(std::move(p).value()).ok());
+  auto last_evaluation = [&] {
+    const auto curve = s.Get("x")->val_curve;
+    return curve.empty() ? int64_t{-1} : curve.back().step;
+  };
+  for (int i = 0; i < 2000 && last_evaluation() != 8; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(last_evaluation(), 8);  // a result to decide on
+  EXPECT_EQ(s.Get("x")->step, 8);   // and no step past the limit
+  ASSERT_TRUE(s.StopEarly("x", "median").ok());
+  ASSERT_TRUE(s.WaitIdle(std::chrono::seconds(20)));
+  EXPECT_EQ(s.Get("x")->state, kTrialEarlyStopped);
+  EXPECT_EQ(s.Get("x")->final_val_loss, s.Get("x")->val_curve.back().loss);
+}
+
 TEST_F(TrialSchedulerTest, DrainCheckpointsEveryUnfinishedTrialAndRefusesMore) {
   factory_.step_delay = std::chrono::milliseconds(10);
   TrialSchedulerOptions o;

@@ -70,6 +70,7 @@ class TerminalProgress : public ProgressSinkInterface {
       const double frac = total > 0 ? static_cast<double>(t.step) / static_cast<double>(total) : 0;
       const int filled = static_cast<int>(std::lround(frac * 20));
       std::string bar = "[" + std::string(filled, '#') + std::string(20 - filled, '.') + "]";
+      const std::string state = IsWaitingAtLimit(t) ? "Waiting" : t.state;
       const char* color = t.state == "Succeeded"      ? "\x1b[32m"
                           : t.state == "Failed"       ? "\x1b[31m"
                           : t.state == "EarlyStopped" ? "\x1b[36m"
@@ -77,7 +78,7 @@ class TerminalProgress : public ProgressSinkInterface {
                                                       : "";
       std::string step = std::to_string(t.step) + "/" + std::to_string(total);
       std::fprintf(out_, "  %-*s  %s%-11s\x1b[0m  %-22s %11s  %7s  %7s  %9s  %7s\n",
-                   static_cast<int>(name_width_), t.trial.name.c_str(), color, t.state.c_str(),
+                   static_cast<int>(name_width_), t.trial.name.c_str(), color, state.c_str(),
                    bar.c_str(), step.c_str(), Num(t.last_loss, "%.4f").c_str(),
                    Num(t.val_curve.empty() ? NAN : t.val_curve.back().loss, "%.4f").c_str(),
                    Num(t.tokens_per_second, "%.0f").c_str(),
@@ -131,7 +132,9 @@ class LogProgress : public ProgressSinkInterface {
     if (!t.val_curve.empty() && t.val_curve.back().step != last_val_step_[i]) {
       last_val_step_[i] = t.val_curve.back().step;
       Log(t.trial.name + " step " + std::to_string(t.step) + "/" + std::to_string(total) +
-          " val loss " + Num(t.val_curve.back().loss, "%.4f"));
+          " val loss " + Num(t.val_curve.back().loss, "%.4f") +
+          (IsWaitingAtLimit(t) ? "; waits there for the other trials' results (early stopping)"
+                               : ""));
     }
     if (t.state == "Running" && t.step % every == 0 && t.step != last_step_logged_[i]) {
       last_step_logged_[i] = t.step;

@@ -12,6 +12,10 @@ void AppendBounded(std::vector<CurvePoint>* curve, CurvePoint point, size_t max_
   curve->resize(kept);
 }
 
+bool IsWaitingAtLimit(const TrialResult& r) {
+  return r.state == kTrialRunning && r.step_limit > 0 && r.step >= r.step_limit;
+}
+
 bool IsFinalTrialState(const std::string& state) {
   return state == kTrialSucceeded || state == kTrialFailed || state == kTrialCancelled ||
          state == kTrialEarlyStopped;

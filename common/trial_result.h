@@ -48,7 +48,13 @@ struct TrialResult {
   std::vector<CurvePoint> train_curve;  ///< every step's training loss
   std::vector<CurvePoint> val_curve;    ///< every evaluation
   double eta_seconds = std::numeric_limits<double>::quiet_NaN();
+  /// Early stopping: the step the trial may train to now, below its steps (0: no limit).
+  int64_t step_limit = 0;
 };
+
+/// A Running trial that reached its early-stopping limit and waits for the other trials'
+/// results there.
+bool IsWaitingAtLimit(const TrialResult& r);
 
 /// Most points a loss curve keeps: records, status and checkpoints stay the same size however
 /// many steps a trial takes.

@@ -527,7 +527,11 @@ int64_t TrialScheduler::DeviceBytesInUse(int device) const {
   return bytes;
 }
 
-void TrialScheduler::Publish(Slot& slot) { slot.published = slot.r; }
+void TrialScheduler::Publish(Slot& slot) {
+  slot.published = slot.r;
+  const int64_t limit = LimitOf(slot);
+  slot.published.step_limit = limit < slot.r.trial.training.steps ? limit : 0;
+}
 
 void TrialScheduler::Worker(int device) {
   const int64_t host_limit = host_limit_;

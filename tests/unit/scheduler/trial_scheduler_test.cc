@@ -214,10 +214,14 @@ TEST_F(TrialSchedulerTest, AStepLimitHoldsATrialEvaluatedThereUntilItRises) {
   ASSERT_FALSE(held->val_curve.empty());
   EXPECT_EQ(held->val_curve.back().step, 7);
   EXPECT_DOUBLE_EQ(held->eta_seconds, 0);  // nothing left to reach for now
+  EXPECT_EQ(held->step_limit, 7);
+  EXPECT_TRUE(IsWaitingAtLimit(*held));
   ASSERT_TRUE(s.SetStepLimit("a", 20).ok());
   ASSERT_TRUE(s.WaitIdle(std::chrono::seconds(20)));
   EXPECT_EQ(s.Get("a")->state, kTrialSucceeded);
   EXPECT_EQ(s.Get("a")->step, 20);
+  EXPECT_EQ(s.Get("a")->step_limit, 0);
+  EXPECT_FALSE(IsWaitingAtLimit(*s.Get("a")));
   EXPECT_EQ(s.SetStepLimit("a", 30).code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(s.StopEarly("nobody", "x").code(), StatusCode::kNotFound);
 }

@@ -339,6 +339,15 @@ class Checker {
     return std::nullopt;
   }
 
+  /// An integer scalar in [lo, hi]; else the error "must be an integer from <range>".
+  std::optional<int64_t> IntInRange(const YAML::Node& node, const std::string& path, int64_t lo,
+                                    int64_t hi, const std::string& range) {
+    const auto v = ScalarInt(node);
+    if (v && *v >= lo && *v <= hi) return v;
+    Error(path, node, "must be an integer from " + range);
+    return std::nullopt;
+  }
+
   std::vector<FieldError>* errors() { return errors_; }
 
  private:
@@ -690,19 +699,14 @@ void ParseRandom(Checker& c, const YAML::Node& node, std::optional<RandomSearchS
   if (!c.Map(node, p, {"trials", "seed", "space"})) return;
   RandomSearchSpec random;
   const YAML::Node trials = node["trials"], seed = node["seed"], space = node["space"];
-  const auto n = trials ? ScalarInt(trials) : std::nullopt;
-  if (!n || *n < 1 || *n > kMaxTrialsPerJob) {
-    c.Error(p + ".trials", trials ? trials : node,
-            trials ? "must be an integer from 1 to " + std::to_string(kMaxTrialsPerJob)
-                   : "required field is missing");
-  } else {
+  if (!trials) {
+    c.Error(p + ".trials", node, "required field is missing");
+  } else if (auto n = c.IntInRange(trials, p + ".trials", 1, kMaxTrialsPerJob,
+                                   "1 to " + std::to_string(kMaxTrialsPerJob))) {
     random.trials = *n;
   }
   if (seed) {
-    const auto v = ScalarInt(seed);
-    if (!v || *v < 0 || *v > 9.2e18) {
-      c.Error(p + ".seed", seed, "must be an integer from 0 to 9.2e18");
-    } else {
+    if (auto v = c.IntInRange(seed, p + ".seed", 0, 9200000000000000000, "0 to 9.2e18")) {
       random.seed = *v;
     }
   }
@@ -746,10 +750,7 @@ void ParseEarlyStopping(Checker& c, const YAML::Node& node, EarlyStoppingSpec* o
     c.Error(p + ".metric", m, "must be validationLoss (lower is better)");
   }
   if (const auto& m = node["minSteps"]; m) {
-    const auto v = ScalarInt(m);
-    if (!v || *v < 1 || *v > 1e12) {
-      c.Error(p + ".minSteps", m, "must be an integer from 1 to 1e12");
-    } else {
+    if (auto v = c.IntInRange(m, p + ".minSteps", 1, 1000000000000, "1 to 1e12")) {
       out->min_steps = *v;
     }
   } else if (out->algorithm != EarlyStoppingAlgorithm::kNone) {
@@ -758,10 +759,7 @@ void ParseEarlyStopping(Checker& c, const YAML::Node& node, EarlyStoppingSpec* o
                 ": the step of the first comparison");
   }
   if (const auto& r = node["reductionFactor"]; r) {
-    const auto v = ScalarInt(r);
-    if (!v || *v < 2 || *v > 256) {
-      c.Error(p + ".reductionFactor", r, "must be an integer from 2 to 256");
-    } else {
+    if (auto v = c.IntInRange(r, p + ".reductionFactor", 2, 256, "2 to 256")) {
       out->reduction_factor = *v;
     }
   }

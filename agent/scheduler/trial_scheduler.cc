@@ -340,9 +340,7 @@ void TrialScheduler::StopClaimed(Slot& slot) {
   Status s = FinishStep(slot);
   if (s.ok() && slot.started && slot.exec && r->step > slot.saved_step) s = SaveCheckpoint(slot);
   if (!s.ok()) observer_->OnTrialMessage(r->trial, "checkpoint on early stop: " + s.message());
-  if (!r->val_curve.empty()) r->final_val_loss = r->val_curve.back().loss;
-  r->final_train_loss = MeanOfLast(r->train_curve, 10);
-  r->eta_seconds = 0;
+  CloseRecord(r);
   std::string why;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -357,7 +355,7 @@ Status TrialScheduler::Park(Slot& slot) {
   return OkStatus();
 }
 
-Status TrialScheduler::EvaluateAtLimit(Slot& slot) {
+Status TrialScheduler::EvaluateAtStep(Slot& slot) {
   TrialResult* r = &slot.r;
   if (!slot.exec || (!r->val_curve.empty() && r->val_curve.back().step == r->step)) {
     return OkStatus();
@@ -366,6 +364,12 @@ Status TrialScheduler::EvaluateAtLimit(Slot& slot) {
   if (!val.ok()) return val.status();
   AppendBounded(&r->val_curve, {r->step, *val});
   return OkStatus();
+}
+
+void TrialScheduler::CloseRecord(TrialResult* r) {
+  if (!r->val_curve.empty()) r->final_val_loss = r->val_curve.back().loss;
+  r->final_train_loss = MeanOfLast(r->train_curve, 10);
+  r->eta_seconds = 0;
 }
 
 void TrialScheduler::EndClaimed(Slot& slot, const char* state, const std::string& why) {
@@ -640,7 +644,7 @@ void TrialScheduler::Worker(int device) {
       }
       // Resumed at or past its limit without an evaluation there (a checkpoint of another
       // run): evaluated now, so that early stopping has a result to decide on.
-      if (s.ok() && at_limit) s = EvaluateAtLimit(slot);
+      if (s.ok() && at_limit) s = EvaluateAtStep(slot);
       // A trial resumed from its final checkpoint only needs finishing.
       if (s.ok() && !at_limit && slot.r.step < slot.r.trial.training.steps) {
         t0 = Clock::now();
@@ -810,9 +814,7 @@ Status TrialScheduler::AfterStep(Slot& slot, const executor::StepMetrics& m, boo
   // Evaluated every evalEverySteps, and where early stopping compares (the step limit).
   const bool scheduled = tr.eval_every_steps > 0 && r->step % tr.eval_every_steps == 0;
   if ((scheduled || r->step == limit) && r->step < tr.steps) {
-    auto val = slot.exec->Evaluate();
-    if (!val.ok()) return val.status();
-    AppendBounded(&r->val_curve, {r->step, *val});
+    RETURN_IF_ERROR(EvaluateAtStep(slot));
     *evaluated = true;
   }
   r->wall_seconds += m.seconds + Seconds(Clock::now() - start);
@@ -835,13 +837,8 @@ Status TrialScheduler::AfterStep(Slot& slot, const executor::StepMetrics& m, boo
 Status TrialScheduler::Finish(Slot& slot) {
   TrialResult* r = &slot.r;
   const auto start = Clock::now();
-  if (r->val_curve.empty() || r->val_curve.back().step != r->step) {
-    auto val = slot.exec->Evaluate();
-    if (!val.ok()) return val.status();
-    AppendBounded(&r->val_curve, {r->step, *val});
-  }
-  r->final_val_loss = r->val_curve.back().loss;
-  r->final_train_loss = MeanOfLast(r->train_curve, 10);
+  RETURN_IF_ERROR(EvaluateAtStep(slot));
+  CloseRecord(r);
   if (slot.saved_step != r->step) RETURN_IF_ERROR(SaveCheckpoint(slot));
   if (r->trial.model.family == "torchscript") {
     // The trained weights where Python reads them: torch.load(<checkpoint dir>/model.pt).
@@ -851,7 +848,6 @@ Status TrialScheduler::Finish(Slot& slot) {
         r->trial, *state, (std::filesystem::path(slot.p.checkpoint_dir) / "model.pt").string()));
   }
   r->wall_seconds += Seconds(Clock::now() - start);
-  r->eta_seconds = 0;
   r->peak_device_bytes = slot.exec->stats().peak_device_bytes;
   TrialResult final_result = *r;
   final_result.state = kTrialSucceeded;

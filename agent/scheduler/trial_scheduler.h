@@ -187,9 +187,12 @@ class TrialScheduler {
   void StopClaimed(Slot& slot);
   Status Park(Slot& slot);
   // On a claimed slot: runs the rest of a step begun on some shards (a checkpoint needs a
-  // step boundary); evaluates a trial at its limit that has no evaluation at its step.
+  // step boundary); evaluates the trial at its step unless its curve has that step already.
   Status FinishStep(Slot& slot);
-  Status EvaluateAtLimit(Slot& slot);
+  Status EvaluateAtStep(Slot& slot);
+  // An ending trial's record: final losses (the last evaluation, the mean of the last 10
+  // steps) and no time left.
+  static void CloseRecord(TrialResult* r);
   // Needs mu_ held: the step limit in effect, and whether the trial waits at it.
   int64_t LimitOf(const Slot& slot) const;
   bool AtLimit(const Slot& slot) const;

@@ -115,6 +115,27 @@ class TrialSchedulerTest : public ::testing::Test {
   }
   std::string Ckpt(const std::string& name) { return (dir_ / "ckpt" / name).string(); }
 
+  /// Trains `t` on a scheduler of its own until it reaches `step`, then drains it there (its
+  /// checkpoint in Ckpt(t.name), as a node that went away leaves it); its record then.
+  TrialResult DrainedAt(const Trial& t, int64_t step, const std::string& reason) {
+    std::atomic<bool> hold{false};
+    factory_.on_step = [&](const std::string&, int64_t s) {
+      if (s == step) hold = true;
+    };
+    TrialSchedulerOptions o;
+    o.hold = &hold;
+    TrialResult drained;
+    {
+      TrialScheduler first(&factory_, &observer_, o);
+      EXPECT_TRUE(Submit(first, t).ok());
+      while (!hold) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      EXPECT_TRUE(first.Drain(reason).ok());
+      drained = *first.Get(TrialKey(t));
+    }
+    factory_.on_step = nullptr;
+    return drained;
+  }
+
   Status Submit(TrialScheduler& s, const Trial& t) {
     auto p = s.Prepare(t, Ckpt(t.name));
     if (!p.ok()) return p.status();
@@ -285,21 +306,9 @@ TEST_F(TrialSchedulerTest, TrialsWaitingAtTheirLimitMakeRoomAndResumeToTheSameLo
 }
 
 TEST_F(TrialSchedulerTest, ATrialResumedPastItsLimitIsEvaluatedWhereItStands) {
-  std::atomic<bool> hold{false};
-  factory_.on_step = [&](const std::string&, int64_t step) {
-    if (step == 8) hold = true;
-  };
-  {
-    TrialSchedulerOptions o;
-    o.hold = &hold;
-    TrialScheduler first(&factory_, &observer_, o);
-    ASSERT_TRUE(Submit(first, MakeTrial("x", 20)).ok());
-    while (!hold) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    ASSERT_TRUE(first.Drain("stopped").ok());
-    ASSERT_EQ(first.Get("x")->step, 8);
-    ASSERT_EQ(first.Get("x")->val_curve.back().step, 5);  // evaluations every 5 steps
-  }
-  factory_.on_step = nullptr;
+  const TrialResult drained = DrainedAt(MakeTrial("x", 20), 8, "stopped");
+  ASSERT_EQ(drained.step, 8);
+  ASSERT_EQ(drained.val_curve.back().step, 5);  // evaluations every 5 steps
   TrialScheduler s(&factory_, &observer_, {1});
   auto p = s.Prepare(MakeTrial("x", 20), Ckpt("x"));
   ASSERT_TRUE(p.ok());
@@ -355,20 +364,7 @@ TEST_F(TrialSchedulerTest, InterruptedTrialResumesOnAnotherSchedulerToTheSameLos
     straight = s.Get("x")->train_curve;
   }
   fs::remove_all(dir_ / "ckpt");
-  std::atomic<bool> hold{false};
-  factory_.on_step = [&](const std::string&, int64_t step) {
-    if (step == 11) hold = true;
-  };
-  {
-    TrialSchedulerOptions o;
-    o.hold = &hold;
-    TrialScheduler first(&factory_, &observer_, o);
-    ASSERT_TRUE(Submit(first, MakeTrial("x", 30)).ok());
-    while (!hold) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    ASSERT_TRUE(first.Drain("node lost").ok());
-    EXPECT_EQ(first.Get("x")->step, 11);
-  }
-  factory_.on_step = nullptr;
+  EXPECT_EQ(DrainedAt(MakeTrial("x", 30), 11, "node lost").step, 11);
   TrialScheduler second(&factory_, &observer_, {1});  // another node, same shared storage
   ASSERT_TRUE(Submit(second, MakeTrial("x", 30)).ok());
   ASSERT_TRUE(second.WaitIdle(std::chrono::seconds(20)));

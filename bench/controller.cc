@@ -65,6 +65,12 @@ class FakeAgents : public hydra::controller::AgentPoolInterface,
   hydra::Status Cancel(const std::string&, const v1::TrialRef&, bool) override {
     return hydra::OkStatus();
   }
+  hydra::Status Suspend(const std::string&, const v1::TrialRef&) override {
+    return hydra::OkStatus();
+  }
+  hydra::Status Limit(const std::string&, const v1::LimitTrialRequest&) override {
+    return hydra::OkStatus();
+  }
   hydra::StatusOr<v1::GetStatusResponse> LastStatus(const std::string& endpoint) override {
     std::lock_guard<std::mutex> lock(mu_);
     v1::GetStatusResponse r;

@@ -237,6 +237,12 @@ int Run(const RunArgs& a) {
   hydra::MultiModelJob job;
   std::vector<hydra::Trial> trials;
   if (int rc = LoadOrExplain(path, &job, &trials)) return rc;
+  if (job.spec.suspend) {
+    std::cerr << "error: " << path
+              << ": spec.suspend is true: the job is suspended; set it to false (or remove it) to "
+                 "train\n";
+    return 2;
+  }
   if (output.empty()) output = (std::filesystem::path("hydra-runs") / job.metadata.name).string();
   // auto: one single-threaded CPU device per core (small models train far faster this way
   // than with threads fighting over one trial), but no more devices than trials.

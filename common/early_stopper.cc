@@ -66,6 +66,49 @@ std::vector<StopDecision> EarlyStopper::Report(int trial, int64_t step, double l
   return out;
 }
 
+EarlyStopper EarlyStopper::FromState(EarlyStoppingSpec spec, std::vector<int64_t> steps,
+                                     MetricBoard board, const std::vector<int64_t>& limits,
+                                     const std::vector<Phase>& phases) {
+  EarlyStopper s(spec, std::move(steps));
+  s.board_ = std::move(board);
+  for (size_t i = 0; i < s.steps_.size(); ++i) {
+    if (i < limits.size() && limits[i] > 0) s.limit_[i] = std::min(limits[i], s.steps_[i]);
+    if (i < phases.size()) s.state_[i] = phases[i];
+  }
+  return s;
+}
+
+std::vector<StopDecision> EarlyStopper::Decide() {
+  std::vector<StopDecision> out;
+  for (size_t k = 0; k < steps_.size(); ++k) {
+    const int i = static_cast<int>(k);
+    const int64_t last = board_.LastStep(i);
+    if (state_[k] != State::kActive || last < 0) continue;
+    if (spec_.algorithm == EarlyStoppingAlgorithm::kMedian) {
+      if (last < steps_[k] && MedianVerdict(spec_, board_, i, last) == StopVerdict::kStop) {
+        Stop(i, &out);
+      }
+      continue;
+    }
+    if (spec_.algorithm != EarlyStoppingAlgorithm::kAsha || limit_[k] >= steps_[k]) continue;
+    double loss = 0;
+    if (!board_.At(i, limit_[k], &loss) && last > limit_[k]) {
+      // Past its limit without an evaluation there (resumed from a later checkpoint): its
+      // first evaluation after the limit stands for the rung, as in Report.
+      for (const auto& [step, l] : board_.losses().at(i)) {
+        if (step > limit_[k]) {
+          board_.Record(i, limit_[k], l);
+          break;
+        }
+      }
+    }
+    if (board_.At(i, limit_[k], &loss)) waiting_[i] = limit_[k];
+  }
+  auto more = Review();
+  out.insert(out.end(), more.begin(), more.end());
+  return out;
+}
+
 std::vector<StopDecision> EarlyStopper::Ended(int trial) {
   if (trial < 0 || trial >= static_cast<int>(steps_.size())) return {};
   if (state_[trial] == State::kActive) state_[trial] = State::kEnded;

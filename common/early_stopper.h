@@ -46,8 +46,23 @@ class EarlyStopper {
 
   const MetricBoard& board() const { return board_; }
 
+  /// Where a trial stands in the controller's stored status.
+  enum class Phase { kActive, kStopped, kEnded };
+  /// The controller's level-based pass: the decider as the job's status and the agents' reports
+  /// leave it, with no memory of earlier passes. `limits[i]` is trial i's stored step limit (0:
+  /// none yet: its first rung), `phases[i]` where it stands, `board` every loss known. Decide()
+  /// then answers what follows: stored decisions are never taken back (a limit only rises, a
+  /// stopped trial stays stopped).
+  static EarlyStopper FromState(EarlyStoppingSpec spec, std::vector<int64_t> steps,
+                                MetricBoard board, const std::vector<int64_t>& limits,
+                                const std::vector<Phase>& phases);
+  /// The decisions the state given to FromState calls for: ASHA reconsiders every active trial
+  /// that reported at its limit (or past it: its first evaluation there stands for the rung);
+  /// median stopping judges every active trial at its latest evaluation.
+  std::vector<StopDecision> Decide();
+
  private:
-  enum class State { kActive, kStopped, kEnded };
+  using State = Phase;
   void Stop(int trial, std::vector<StopDecision>* out);
   void Promote(int trial, int64_t rung, std::vector<StopDecision>* out);
   std::vector<StopDecision> Review();  // waiting trials, again, until nothing changes

@@ -999,7 +999,7 @@ StatusOr<MultiModelJob> ParseJobYaml(const std::string& yaml_text, const std::st
           c.Error("spec", root, "required field is missing");
         } else if (c.Map(spec, "spec",
                          {"model", "dataset", "search", "training", "resources",
-                          "checkpointRetention", "maxRestarts"})) {
+                          "checkpointRetention", "maxRestarts", "suspend"})) {
           TrialConfig base;
           if (!spec["model"]) {
             c.Error("spec.model", spec, "required field is missing");
@@ -1031,6 +1031,13 @@ StatusOr<MultiModelJob> ParseJobYaml(const std::string& yaml_text, const std::st
               c.Error("spec.maxRestarts", r, "must be an integer from 0 to 1000");
             } else {
               job.spec.max_restarts = v;
+            }
+          }
+          if (const auto& r = spec["suspend"]; r) {
+            if (!r.IsScalar() || (r.Scalar() != "true" && r.Scalar() != "false")) {
+              c.Error("spec.suspend", r, "must be true or false");
+            } else {
+              job.spec.suspend = r.Scalar() == "true";
             }
           }
           if (const auto& r = spec["checkpointRetention"]; r) {

@@ -152,6 +152,9 @@ struct MultiModelJobSpec {
   /// In Kubernetes: how often a trial may be moved to another agent (its agent was lost or
   /// preempted) before it is Failed.
   int64_t max_restarts = 10;
+  /// In Kubernetes: every trial is checkpointed and stopped while true, and placed again (to
+  /// resume where it stopped) once false.
+  bool suspend = false;
 };
 
 struct MultiModelJob {

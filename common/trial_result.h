@@ -19,6 +19,10 @@ inline constexpr const char* kTrialInterrupted = "Interrupted";  ///< checkpoint
 inline constexpr const char* kTrialCancelled = "Cancelled";
 /// Stopped by spec.search.earlyStopping before its last step; its checkpoints stay.
 inline constexpr const char* kTrialEarlyStopped = "EarlyStopped";
+/// Every state, for metrics that export a series per state from the start.
+inline constexpr const char* kTrialStates[] = {
+    kTrialPending,     kTrialRunning,   kTrialSucceeded,   kTrialFailed,
+    kTrialInterrupted, kTrialCancelled, kTrialEarlyStopped};
 
 struct CurvePoint {
   int64_t step = 0;  ///< optimizer steps taken when the loss was measured

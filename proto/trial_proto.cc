@@ -182,6 +182,7 @@ v1::TrialState TrialStateToProto(const std::string& state) {
   if (state == kTrialFailed) return v1::FAILED;
   if (state == kTrialInterrupted) return v1::INTERRUPTED;
   if (state == kTrialCancelled) return v1::CANCELLED;
+  if (state == kTrialEarlyStopped) return v1::EARLY_STOPPED;
   return v1::TRIAL_STATE_UNSPECIFIED;
 }
 
@@ -193,6 +194,7 @@ std::string TrialStateFromProto(v1::TrialState state) {
     case v1::FAILED: return kTrialFailed;
     case v1::INTERRUPTED: return kTrialInterrupted;
     case v1::CANCELLED: return kTrialCancelled;
+    case v1::EARLY_STOPPED: return kTrialEarlyStopped;
     default: return "Unknown";
   }
 }
@@ -240,6 +242,14 @@ void TrialResultToProto(const TrialResult& r, v1::TrialStatus* out) {
   out->set_last_checkpoint_step(r.last_checkpoint_step);
   out->set_resumed_from_step(r.resumed_from_step);
   out->set_final_validation_loss(r.final_val_loss);
+  out->set_step_limit(r.step_limit);
+  std::vector<CurvePoint> evaluations;
+  for (const auto& p : r.val_curve) AppendBounded(&evaluations, p, kMaxReportedEvaluations);
+  for (const auto& p : evaluations) {
+    auto* point = out->add_evaluations();
+    point->set_step(p.step);
+    point->set_loss(p.loss);
+  }
 }
 
 }  // namespace hydra::wire

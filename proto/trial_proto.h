@@ -38,8 +38,12 @@ std::vector<int64_t> ShardBoundaries(const v1::ShardPlan& plan);
 v1::TrialState TrialStateToProto(const std::string& state);
 std::string TrialStateFromProto(v1::TrialState state);
 
+/// Most evaluations a TrialStatus carries (TrialStatus.evaluations).
+inline constexpr size_t kMaxReportedEvaluations = 64;
+
 /// The record of a trial as TrialStatus, its identity included (checkpoint dir, plan and
 /// device are left for the caller).
+
 void TrialResultToProto(const TrialResult& result, v1::TrialStatus* out);
 
 }  // namespace hydra::wire

@@ -112,8 +112,7 @@ AgentMetrics::AgentMetrics(const std::string& node, const std::string& version)
     : impl_(std::make_unique<Impl>(node)) {
   impl_->node = node;
   impl_->version = version;
-  for (const char* state : {kTrialPending, kTrialRunning, kTrialSucceeded, kTrialFailed,
-                            kTrialInterrupted, kTrialCancelled}) {
+  for (const char* state : kTrialStates) {
     impl_->trials.Add({{"state", state}}).Set(0);
   }
   // Counters with known label sets exist from the start at 0, so that rate() and alerts see
@@ -154,8 +153,7 @@ void AgentMetrics::SetDevice(const DeviceSpec& device, int64_t total_bytes, int6
 }
 
 void AgentMetrics::SetTrialsByState(const std::map<std::string, int64_t>& counts) {
-  for (const char* state : {kTrialPending, kTrialRunning, kTrialSucceeded, kTrialFailed,
-                            kTrialInterrupted, kTrialCancelled}) {
+  for (const char* state : kTrialStates) {
     auto it = counts.find(state);
     impl_->trials.Add({{"state", state}})
         .Set(it == counts.end() ? 0.0 : static_cast<double>(it->second));

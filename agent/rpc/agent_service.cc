@@ -159,9 +159,34 @@ Status AgentService::Confine(const std::string& field, const std::string& path,
                                (allowed.empty() ? "none configured" : allowed) + ")");
 }
 
+namespace {
+
+/// A request's trial identity: all four parts, so that only that exact trial is `what`.
+Status CheckRef(const v1::TrialRef& ref, const std::string& what) {
+  for (const auto& [field, value] :
+       {std::pair<const char*, const std::string*>{"trial.namespace", &ref.namespace_()},
+        {"trial.job", &ref.job()},
+        {"trial.jobUid", &ref.job_uid()},
+        {"trial.name", &ref.name()}}) {
+    if (value->empty()) {
+      return InvalidArgumentError(std::string(field) +
+                                  ": required (a trial is namespace, job, job uid and name; only "
+                                  "that exact trial is " +
+                                  what + ")");
+    }
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
 Status AgentService::CheckAssignment(const v1::AssignTrialRequest& request, Trial* out,
                                      std::string* checkpoint_dir) const {
   if (!request.has_trial()) return InvalidArgumentError("trial: required");
+  if (request.step_limit() < 0) {
+    return InvalidArgumentError("step_limit: " + std::to_string(request.step_limit()) +
+                                " is negative (0: train to the end)");
+  }
   const auto& spec = request.trial();
   if (spec.hyperparameters_size() > kMaxHyperparameters) {
     return InvalidArgumentError("trial.hyperparameters: more than " +
@@ -320,6 +345,7 @@ grpc::Status AgentService::AssignTrial(grpc::ServerContext* context,
   } else if (Status s = CreateCheckedDirectory(ckpt_dir); !s.ok()) {
     return ToGrpc(s);
   }
+  prepared->step_limit = request->step_limit();
   TrialInfo info;
   info.checkpoint_dir = ckpt_dir;
   info.attempt = attempt;
@@ -353,20 +379,15 @@ grpc::Status AgentService::CancelTrial(grpc::ServerContext* context,
   std::string why;
   if (!CallerAllowed(context, &why)) return grpc::Status(grpc::PERMISSION_DENIED, why);
   const auto& ref = request->trial();
-  for (const auto& [field, value] :
-       {std::pair<const char*, const std::string*>{"trial.namespace", &ref.namespace_()},
-        {"trial.job", &ref.job()},
-        {"trial.jobUid", &ref.job_uid()},
-        {"trial.name", &ref.name()}}) {
-    if (value->empty()) {
-      return grpc::Status(grpc::INVALID_ARGUMENT,
-                          std::string(field) +
-                              ": required (a trial is namespace, job, job uid "
-                              "and name; only that exact trial is cancelled)");
-    }
+  if (Status s = CheckRef(ref, "cancelled"); !s.ok()) return ToGrpc(s);
+  if (request->checkpoint() && request->delete_checkpoints()) {
+    return grpc::Status(grpc::INVALID_ARGUMENT,
+                        "checkpoint and delete_checkpoints: a suspended trial keeps its "
+                        "checkpoints; ask for one or the other");
   }
   const std::string key = wire::TrialKeyOf(ref);
-  Status cancelled = scheduler_->Cancel(key);
+  Status cancelled =
+      request->checkpoint() ? scheduler_->Suspend(key, "suspended") : scheduler_->Cancel(key);
   // An ended trial can still have its checkpoints removed.
   const bool ended = cancelled.code() == StatusCode::kFailedPrecondition;
   if (!cancelled.ok() && !(ended && request->delete_checkpoints())) return ToGrpc(cancelled);
@@ -393,6 +414,29 @@ grpc::Status AgentService::CancelTrial(grpc::ServerContext* context,
     }
   }
   if (r.ok()) *response->mutable_trial() = ToStatus(*r);
+  return grpc::Status::OK;
+}
+
+grpc::Status AgentService::LimitTrial(grpc::ServerContext* context,
+                                      const v1::LimitTrialRequest* request,
+                                      v1::LimitTrialResponse* response) {
+  std::string why;
+  if (!CallerAllowed(context, &why)) return grpc::Status(grpc::PERMISSION_DENIED, why);
+  const auto& ref = request->trial();
+  if (Status s = CheckRef(ref, "limited"); !s.ok()) return ToGrpc(s);
+  if (request->step_limit() < 0) {
+    return grpc::Status(grpc::INVALID_ARGUMENT,
+                        "step_limit: " + std::to_string(request->step_limit()) +
+                            " is negative (0: train to the end)");
+  }
+  const std::string key = wire::TrialKeyOf(ref);
+  const Status done =
+      request->stop()
+          ? scheduler_->StopEarly(key, request->reason().empty() ? "stopped early by the controller"
+                                                                 : request->reason())
+          : scheduler_->SetStepLimit(key, request->step_limit());
+  if (!done.ok()) return ToGrpc(done);
+  if (auto r = scheduler_->Get(key); r.ok()) *response->mutable_trial() = ToStatus(*r);
   return grpc::Status::OK;
 }
 

@@ -60,6 +60,8 @@ class AgentService final : public v1::AgentService::Service, private TrialObserv
                            v1::AssignTrialResponse* response) override;
   grpc::Status CancelTrial(grpc::ServerContext* context, const v1::CancelTrialRequest* request,
                            v1::CancelTrialResponse* response) override;
+  grpc::Status LimitTrial(grpc::ServerContext* context, const v1::LimitTrialRequest* request,
+                          v1::LimitTrialResponse* response) override;
   grpc::Status GetStatus(grpc::ServerContext* context, const v1::GetStatusRequest* request,
                          v1::GetStatusResponse* response) override;
   grpc::Status WatchProgress(grpc::ServerContext* context, const v1::WatchProgressRequest* request,

@@ -108,8 +108,9 @@ struct TrialScheduler::Slot {
   int64_t saved_step = 0;
   bool admitted = false, started = false, running = false, done = false;
   bool cancel_requested = false;
-  int64_t step_limit = 0;       // early stopping: SetStepLimit's step (0: none)
-  bool stop_requested = false;  // early stopping: StopEarly was called
+  int64_t step_limit = 0;                       // early stopping: SetStepLimit's step (0: none)
+  bool stop_requested = false;                  // StopEarly or Suspend was called
+  const char* stop_state = kTrialEarlyStopped;  // what it ends as: EarlyStopped or Interrupted
   std::string stop_why;
   bool replaced = false;   // a later Submit of the same name took over
   bool announced = false;  // its Pending update went out: devices may take it
@@ -279,10 +280,22 @@ Status TrialScheduler::SetStepLimit(const std::string& key, int64_t step) {
 }
 
 Status TrialScheduler::StopEarly(const std::string& key, const std::string& why) {
+  return RequestStop(key, kTrialEarlyStopped, "stopped early (" + why + ")");
+}
+
+Status TrialScheduler::Suspend(const std::string& key, const std::string& why) {
+  return RequestStop(key, kTrialInterrupted, why);
+}
+
+Status TrialScheduler::RequestStop(const std::string& key, const char* state,
+                                   const std::string& why) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     ASSIGN_OR_RETURN(Slot * slot, FindUnended(key));
+    // A suspension does not undo an early stop already asked for.
+    if (slot->stop_requested && slot->stop_state == kTrialEarlyStopped) return OkStatus();
     slot->stop_requested = true;
+    slot->stop_state = state;
     slot->stop_why = why;
   }
   cv_.notify_all();
@@ -339,14 +352,17 @@ void TrialScheduler::StopClaimed(Slot& slot) {
   // checkpoint needs a step boundary.
   Status s = FinishStep(slot);
   if (s.ok() && slot.started && slot.exec && r->step > slot.saved_step) s = SaveCheckpoint(slot);
-  if (!s.ok()) observer_->OnTrialMessage(r->trial, "checkpoint on early stop: " + s.message());
-  CloseRecord(r);
   std::string why;
+  const char* state = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);
     why = slot.stop_why;
+    state = slot.stop_state;
   }
-  EndClaimed(slot, kTrialEarlyStopped, "stopped early (" + why + ")");
+  if (!s.ok()) observer_->OnTrialMessage(r->trial, why + ": checkpoint: " + s.message());
+  // An early-stopped trial's record is final; a suspended one resumes and goes on.
+  if (state == kTrialEarlyStopped) CloseRecord(r);
+  EndClaimed(slot, state, why);
 }
 
 Status TrialScheduler::Park(Slot& slot) {

@@ -127,6 +127,11 @@ class TrialScheduler {
   /// NOT_FOUND / FAILED_PRECONDITION as Cancel.
   Status StopEarly(const std::string& key, const std::string& why);
 
+  /// Suspension (spec.suspend): ends the trial of `key` as Interrupted ("<why> at step N")
+  /// after its current step, on a device thread, with that step checkpointed: Submitting it
+  /// again resumes it there. NOT_FOUND / FAILED_PRECONDITION as Cancel.
+  Status Suspend(const std::string& key, const std::string& why);
+
   /// Stops accepting trials, lets running steps end, then checkpoints every started,
   /// unfinished trial and marks every unfinished trial Interrupted with message
   /// "<reason> at step N". Returns the first checkpoint error (the others still run).
@@ -185,6 +190,8 @@ class TrialScheduler {
   // Early stopping, on a claimed slot (mu_ not held): checkpoint and end as EarlyStopped; or
   // checkpoint, free the executor and leave admission until the limit rises (Park).
   void StopClaimed(Slot& slot);
+  /// StopEarly and Suspend: marks the trial to end as `state` with message `why` (at step N).
+  Status RequestStop(const std::string& key, const char* state, const std::string& why);
   Status Park(Slot& slot);
   // On a claimed slot: runs the rest of a step begun on some shards (a checkpoint needs a
   // step boundary); evaluates the trial at its step unless its curve has that step already.

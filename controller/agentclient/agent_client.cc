@@ -80,15 +80,40 @@ hydra::Status GrpcAgentPool::Assign(const std::string& endpoint,
 
 hydra::Status GrpcAgentPool::Cancel(const std::string& endpoint, const v1::TrialRef& trial,
                                     bool delete_checkpoints) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + rpc_timeout_ + std::chrono::seconds(30));
   v1::CancelTrialRequest req;
   *req.mutable_trial() = trial;
   req.set_delete_checkpoints(delete_checkpoints);
+  return CallCancel(endpoint, req);
+}
+
+hydra::Status GrpcAgentPool::Suspend(const std::string& endpoint, const v1::TrialRef& trial) {
+  v1::CancelTrialRequest req;
+  *req.mutable_trial() = trial;
+  req.set_checkpoint(true);
+  return CallCancel(endpoint, req);
+}
+
+hydra::Status GrpcAgentPool::CallCancel(const std::string& endpoint,
+                                        const v1::CancelTrialRequest& req) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + rpc_timeout_ + std::chrono::seconds(30));
   v1::CancelTrialResponse resp;
+  const auto& trial = req.trial();
   return FromGrpc(StubFor(endpoint)->CancelTrial(&ctx, req, &resp),
-                  "CancelTrial " + trial.namespace_() + "/" + trial.job() + "/" + trial.name() +
-                      " on " + endpoint);
+                  std::string(req.checkpoint() ? "CancelTrial (suspend) " : "CancelTrial ") +
+                      trial.namespace_() + "/" + trial.job() + "/" + trial.name() + " on " +
+                      endpoint);
+}
+
+hydra::Status GrpcAgentPool::Limit(const std::string& endpoint,
+                                   const v1::LimitTrialRequest& request) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + rpc_timeout_);
+  v1::LimitTrialResponse resp;
+  const auto& t = request.trial();
+  return FromGrpc(
+      StubFor(endpoint)->LimitTrial(&ctx, request, &resp),
+      "LimitTrial " + t.namespace_() + "/" + t.job() + "/" + t.name() + " on " + endpoint);
 }
 
 StatusOr<v1::GetStatusResponse> GrpcAgentPool::LastStatus(const std::string& endpoint) {

@@ -38,6 +38,11 @@ class AgentPoolInterface {
   /// Cancels exactly the trial `trial` names (namespace, job, job uid and name).
   virtual Status Cancel(const std::string& endpoint, const v1::TrialRef& trial,
                         bool delete_checkpoints) = 0;
+  /// Suspends exactly that trial: checkpointed, then INTERRUPTED (CancelTrial with checkpoint).
+  virtual Status Suspend(const std::string& endpoint, const v1::TrialRef& trial) = 0;
+  /// Early stopping: sets how far exactly the trial `trial` names may train, or stops it
+  /// (LimitTrial).
+  virtual Status Limit(const std::string& endpoint, const v1::LimitTrialRequest& request) = 0;
   /// The latest GetStatus of `endpoint` (refreshed in the background); NOT_FOUND if it was
   /// never reached, UNAVAILABLE if the last refresh failed (with the age of the data).
   virtual StatusOr<v1::GetStatusResponse> LastStatus(const std::string& endpoint) = 0;
@@ -69,6 +74,8 @@ class GrpcAgentPool : public AgentPoolInterface {
                 v1::AssignTrialResponse* response) override;
   Status Cancel(const std::string& endpoint, const v1::TrialRef& trial,
                 bool delete_checkpoints) override;
+  Status Suspend(const std::string& endpoint, const v1::TrialRef& trial) override;
+  Status Limit(const std::string& endpoint, const v1::LimitTrialRequest& request) override;
   StatusOr<v1::GetStatusResponse> LastStatus(const std::string& endpoint) override;
   void Track(const std::vector<std::string>& endpoints) override;
   StatusOr<v1::GetStatusResponse> FreshStatus(const std::string& endpoint) override;
@@ -78,6 +85,7 @@ class GrpcAgentPool : public AgentPoolInterface {
   size_t pollers() const;
 
  private:
+  Status CallCancel(const std::string& endpoint, const v1::CancelTrialRequest& request);
   /// One endpoint's poller: stopped and joined when the endpoint is no longer tracked.
   struct Poller {
     std::atomic<bool> stop{false}, finished{false};

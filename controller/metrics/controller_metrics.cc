@@ -88,8 +88,7 @@ void ControllerMetrics::SetJobTrials(const std::string& ns, const std::string& j
   std::lock_guard<std::mutex> lock(impl_->mu);
   auto& gauges = impl_->job_gauges[{ns, job}];
   gauges.clear();
-  for (const char* s : {kTrialPending, kTrialRunning, kTrialSucceeded, kTrialFailed,
-                        kTrialInterrupted, kTrialCancelled}) {
+  for (const char* s : kTrialStates) {
     auto it = by_state.find(s);
     auto& g = impl_->trials.Add({{"namespace", ns}, {"job", job}, {"state", s}});
     g.Set(it == by_state.end() ? 0 : it->second);

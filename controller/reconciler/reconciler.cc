@@ -10,6 +10,7 @@
 #include "controller/kube/events.h"
 #include "controller/kube/leader_election.h"
 #include "controller/reconciler/conditions.h"
+#include "controller/reconciler/early_stopping_pass.h"
 #include "proto/trial_proto.h"
 
 namespace hydra::controller {
@@ -73,8 +74,8 @@ void ApplyTrialReport(const v1::TrialStatus& found, Json& e) {
   e["state"] = state;
   e["step"] = found.step();
   SetNumber(e, "trainLoss", found.train_loss());
-  SetNumber(e, "validationLoss",
-            state == kTrialSucceeded ? found.final_validation_loss() : found.validation_loss());
+  const bool ended = state == kTrialSucceeded || state == kTrialEarlyStopped;
+  SetNumber(e, "validationLoss", ended ? found.final_validation_loss() : found.validation_loss());
   if (found.last_checkpoint_step() >= 0) {
     e["lastCheckpoint"] = {{"step", found.last_checkpoint_step()},
                            {"path", found.checkpoint_dir()}};
@@ -115,19 +116,25 @@ bool IsRejection(const Status& s) {
 }
 
 struct TrialCounts {
-  int pending = 0, running = 0, succeeded = 0, failed = 0, unplaced = 0, total = 0;
+  bool suspended = false;  ///< spec.suspend
+  int pending = 0, running = 0, succeeded = 0, failed = 0, early_stopped = 0, unplaced = 0,
+      total = 0;
+  /// Every trial ended: succeeded, stopped early, failed or cancelled.
+  bool AllFinal() const { return succeeded + early_stopped + failed == total; }
+  /// Every trial ended well: succeeded, or stopped early by the job's own early stopping.
+  bool Complete() const { return succeeded + early_stopped == total; }
 };
 
-void SetJobConditions(Json& conds, int64_t generation, const TrialCounts& c,
-                      const std::string& unreachable, const Status& inventory,
-                      const std::map<std::string, std::string>& no_room,
-                      const std::map<std::string, std::string>& rejected) {
-  const bool all_final = c.succeeded + c.failed == c.total;
+void SetProgressingAndReady(Json& conds, int64_t generation, const TrialCounts& c,
+                            const std::map<std::string, std::string>& rejected) {
+  const bool all_final = c.AllFinal();
   SetCondition(conds, cond::kProgressing, !all_final,
                all_final ? cond::kFinished : cond::kTrialsTraining,
                std::to_string(c.running) + " running, " + std::to_string(c.pending) + " pending, " +
-                   std::to_string(c.succeeded) + " succeeded, " + std::to_string(c.failed) +
-                   " failed of " + std::to_string(c.total),
+                   std::to_string(c.succeeded) + " succeeded, " +
+                   (c.early_stopped > 0 ? std::to_string(c.early_stopped) + " stopped early, "
+                                        : std::string()) +
+                   std::to_string(c.failed) + " failed of " + std::to_string(c.total),
                generation);
   const char* waiting_reason = rejected.empty() ? cond::kWaitingForCapacity : cond::kTrialRejected;
   SetCondition(
@@ -137,9 +144,30 @@ void SetJobConditions(Json& conds, int64_t generation, const TrialCounts& c,
           ? std::to_string(c.unplaced) + " trials wait for an agent"
           : Truncated(rejected.begin()->first + " cannot start: " + rejected.begin()->second),
       generation);
-  SetCondition(conds, cond::kComplete, c.succeeded == c.total,
-               c.succeeded == c.total ? cond::kAllTrialsSucceeded : cond::kTrialsTraining,
-               std::to_string(c.succeeded) + " of " + std::to_string(c.total) + " trials succeeded",
+}
+
+void SetJobConditions(Json& conds, int64_t generation, const TrialCounts& c,
+                      const std::string& unreachable, const Status& inventory,
+                      const std::map<std::string, std::string>& no_room,
+                      const std::map<std::string, std::string>& rejected) {
+  const bool all_final = c.AllFinal();
+  if (c.suspended && !all_final) {
+    const std::string why = "spec.suspend is true: " + std::to_string(c.running) +
+                            " trials still stopping, " + std::to_string(c.pending) +
+                            " checkpointed or never started, waiting";
+    SetCondition(conds, cond::kProgressing, false, cond::kSuspended, why, generation);
+    SetCondition(conds, cond::kReady, false, cond::kSuspended, why, generation);
+  } else {
+    SetProgressingAndReady(conds, generation, c, rejected);
+  }
+  SetCondition(conds, cond::kComplete, c.Complete(),
+               c.Complete()  ? cond::kAllTrialsSucceeded
+               : c.suspended ? cond::kSuspended
+                             : cond::kTrialsTraining,
+               std::to_string(c.succeeded) + " of " + std::to_string(c.total) +
+                   " trials succeeded" +
+                   (c.early_stopped > 0 ? ", " + std::to_string(c.early_stopped) + " stopped early"
+                                        : std::string()),
                generation);
   SetCondition(conds, cond::kFailed, all_final && c.failed > 0,
                c.failed > 0 ? cond::kTrialsFailed : cond::kAsExpected,
@@ -290,6 +318,11 @@ struct Reconciler::Pass {
   std::map<std::string, Trial> by_name;
   std::map<std::string, Json> entries;  ///< status.trials by trial name
   int64_t max_restarts = 10;
+  EarlyStoppingSpec early_stopping;
+  bool suspend = false;                ///< spec.suspend
+  std::vector<std::string> suspended;  ///< trials this pass found checkpointed and stopped
+  /// Each followed trial's report from its agent this pass.
+  std::map<std::string, v1::TrialStatus> found;
   StatusOr<std::vector<AgentInventory>> inventory = UnavailableError("not read");
   std::set<std::string> in_inventory;
   std::vector<std::string> endpoints;
@@ -302,10 +335,11 @@ struct Reconciler::Pass {
   ReconcileResult result;
 
   /// Whether a trial status an agent reports is this job's trial `n` (of attempt `attempt` or
-  /// newer; a finished copy of any attempt counts: its results are the trial's).
+  /// newer; a finished or early-stopped copy of any attempt counts: its results are the
+  /// trial's).
   bool Ours(const v1::TrialStatus& t, const std::string& n, int64_t attempt) const {
     return t.name() == n && t.job() == name && t.namespace_() == ns && t.job_uid() == uid &&
-           (t.attempt() >= attempt || t.state() == v1::SUCCEEDED);
+           (t.attempt() >= attempt || t.state() == v1::SUCCEEDED || t.state() == v1::EARLY_STOPPED);
   }
   /// This job's identity for agents.
   v1::TrialRef Ref(const std::string& trial) const {
@@ -357,6 +391,8 @@ StatusOr<ReconcileResult> Reconciler::Reconcile(const std::string& ns, const std
   ReadAgents(pass);
   FollowTrials(pass);
   AdoptOrCancelStale(pass);
+  StopEarly(pass);
+  SuspendTrials(pass);
   ASSIGN_OR_RETURN(bool written, PlaceWaiting(pass));
   if (written) {
     Summarize(pass);
@@ -374,13 +410,10 @@ StatusOr<ReconcileResult> Reconciler::Reconcile(const std::string& ns, const std
 
 StatusOr<bool> Reconciler::LoadTrials(Pass& pass) {
   auto parsed = ParseJobYaml(ManifestText(pass.job), options_.data_root);
-  if (parsed.ok()) pass.max_restarts = parsed->spec.max_restarts;
-  if (parsed.ok() && parsed->spec.early_stopping.algorithm != EarlyStoppingAlgorithm::kNone) {
-    // Refused, not ignored: a job that asks for early stopping must not train every trial to
-    // the end without saying so.
-    parsed = InvalidArgumentError(
-        "spec.search.earlyStopping: this controller version does not stop trials early "
-        "(hydra run does); remove earlyStopping to train every trial to the end");
+  if (parsed.ok()) {
+    pass.max_restarts = parsed->spec.max_restarts;
+    pass.early_stopping = parsed->spec.early_stopping;
+    pass.suspend = parsed->spec.suspend;
   }
   StatusOr<std::vector<Trial>> expanded =
       parsed.ok() ? ExpandTrials(*parsed) : StatusOr<std::vector<Trial>>(parsed.status());
@@ -508,6 +541,14 @@ void Reconciler::FollowTrials(Pass& pass) {
       report->second = std::move(fresh).value();
       found = find();
     }
+    if (found != nullptr && found->state() == v1::INTERRUPTED && pass.suspend) {
+      // Checkpointed and stopped for spec.suspend: it waits on no agent, not as a restart.
+      ApplyTrialReport(*found, e);
+      e.erase("agent");
+      e.erase("agentEndpoint");
+      pass.suspended.push_back(n + " at step " + std::to_string(found->step()));
+      continue;
+    }
     if (found == nullptr || found->state() == v1::INTERRUPTED ||
         (found->state() == v1::CANCELLED && found->attempt() == attempt)) {
       // The agent lost it (restarted), drained it (preemption notice, a full disk) or had it
@@ -526,6 +567,8 @@ void Reconciler::FollowTrials(Pass& pass) {
       continue;
     }
     ApplyTrialReport(*found, e);
+    pass.found[n] = *found;
+    if (IsFinalTrialState(e.value("state", ""))) e.erase("stopEarly");
     // The agent's notices (a corrupt checkpoint skipped, a resume) become Events once.
     const int seen = e.value("notices", 0);
     for (int i = seen; i < found->warnings_size(); ++i) {
@@ -596,11 +639,65 @@ std::vector<AgentInventory> Reconciler::ConfirmedAgents(const Pass& pass) {
   return out;
 }
 
+void Reconciler::StopEarly(Pass& pass) {
+  if (pass.early_stopping.algorithm == EarlyStoppingAlgorithm::kNone) return;
+  std::vector<EarlyStoppingTrial> trials;
+  for (const auto& t : pass.trials) {
+    auto f = pass.found.find(t.name);
+    trials.push_back(
+        {&pass.entries[t.name], t.training.steps, f == pass.found.end() ? nullptr : &f->second});
+  }
+  for (const auto& s : DecideEarlyStopping(pass.early_stopping, trials)) {
+    Event(pass.job, "Normal", cond::kEventTrialEarlyStopped, s.trial + ": " + s.why);
+  }
+  // Tell the agents, every pass until their reports agree (a call that fails is repeated).
+  for (auto& [n, e] : pass.entries) {
+    auto f = pass.found.find(n);
+    if (f == pass.found.end() || IsFinalTrialState(e.value("state", ""))) continue;
+    const v1::TrialStatus& r = f->second;
+    if (r.state() != v1::RUNNING && r.state() != v1::PENDING) continue;
+    v1::LimitTrialRequest req;
+    *req.mutable_trial() = pass.Ref(n);
+    if (e.contains("stopEarly")) {
+      req.set_stop(true);
+      req.set_reason(EarlyStopReason(pass.early_stopping, e.value("stopEarly", int64_t{0})));
+    } else if (r.step_limit() != WantedStepLimit(e)) {
+      req.set_step_limit(WantedStepLimit(e));
+    } else {
+      continue;
+    }
+    const std::string ep = e.value("agentEndpoint", "");
+    if (Status s = agents_->Limit(ep, req); !s.ok()) {
+      std::fprintf(stderr, "early stopping of %s/%s/%s on %s: %s\n", pass.ns.c_str(),
+                   pass.name.c_str(), n.c_str(), ep.c_str(), s.ToString().c_str());
+    }
+  }
+}
+
+void Reconciler::SuspendTrials(Pass& pass) {
+  if (!pass.suspend) return;
+  for (auto& [n, e] : pass.entries) {
+    auto f = pass.found.find(n);
+    if (f == pass.found.end() || IsFinalTrialState(e.value("state", ""))) continue;
+    if (f->second.state() != v1::RUNNING && f->second.state() != v1::PENDING) continue;
+    // Checkpointed and stopped after its current step; the next pass sees it Interrupted.
+    const std::string ep = e.value("agentEndpoint", "");
+    if (Status s = agents_->Suspend(ep, pass.Ref(n)); !s.ok()) {
+      std::fprintf(stderr, "suspending %s/%s/%s on %s: %s\n", pass.ns.c_str(), pass.name.c_str(),
+                   n.c_str(), ep.c_str(), s.ToString().c_str());
+    }
+  }
+}
+
 StatusOr<bool> Reconciler::PlaceWaiting(Pass& pass) {
+  if (pass.suspend) return true;
   std::vector<TrialToPlace> waiting;
   for (auto& [n, e] : pass.entries) {
     if (!pass.by_name.count(n)) continue;
-    if (e.value("state", "") == kTrialPending && e.value("agentEndpoint", "").empty()) {
+    const std::string state = e.value("state", "");
+    // Interrupted on no agent: suspended (spec.suspend), now resumed.
+    if ((state == kTrialPending || state == kTrialInterrupted) &&
+        e.value("agentEndpoint", "").empty()) {
       waiting.push_back(
           {pass.by_name[n], EstimatedRemainingSeconds(pass.by_name[n], e.value("step", 0))});
     }
@@ -639,6 +736,7 @@ StatusOr<bool> Reconciler::PlaceWaiting(Pass& pass) {
                                .string());
     req.set_resume_from_step(0);  // the newest intact checkpoint, if an earlier run left one
     req.set_attempt(e["attempt"].get<int64_t>());
+    req.set_step_limit(WantedStepLimit(e));
     v1::AssignTrialResponse resp;
     Status s = agents_->Assign(p.endpoint, req, &resp);
     if (s.ok() || s.code() == StatusCode::kAlreadyExists) {
@@ -673,6 +771,11 @@ StatusOr<bool> Reconciler::PlaceWaiting(Pass& pass) {
 }
 
 void Reconciler::Summarize(Pass& pass) {
+  if (!pass.suspended.empty()) {
+    std::string text;
+    for (const auto& t : pass.suspended) text += (text.empty() ? "" : ", ") + t;
+    Event(pass.job, "Normal", cond::kEventTrialsSuspended, "suspended (spec.suspend): " + text);
+  }
   for (const auto& [n, why] : pass.no_room) {
     pass.entries[n]["message"] = Truncated("waiting for an agent: " + why);
   }
@@ -680,17 +783,20 @@ void Reconciler::Summarize(Pass& pass) {
   for (const auto& o : pass.read_status.value("trials", Json::array())) {
     old_states[o.value("name", "")] = o.value("state", "");
   }
-  int pending = 0, running = 0, succeeded = 0, failed = 0, unplaced = 0;
+  TrialCounts c;
+  c.total = static_cast<int>(pass.trials.size());
+  c.suspended = pass.suspend;
   std::string best;
   double best_loss = INFINITY;
   for (const auto& t : pass.trials) {
     const Json& e = pass.entries[t.name];
     const std::string state = e.value("state", kTrialPending);
-    pending += state == kTrialPending || state == kTrialInterrupted;
-    running += state == kTrialRunning;
-    succeeded += state == kTrialSucceeded;
-    failed += state == kTrialFailed || state == kTrialCancelled;
-    unplaced += !IsFinalTrialState(state) && e.value("agentEndpoint", "").empty();
+    c.pending += state == kTrialPending || state == kTrialInterrupted;
+    c.running += state == kTrialRunning;
+    c.succeeded += state == kTrialSucceeded;
+    c.early_stopped += state == kTrialEarlyStopped;
+    c.failed += state == kTrialFailed || state == kTrialCancelled;
+    c.unplaced += !IsFinalTrialState(state) && e.value("agentEndpoint", "").empty();
     pass.result.trials_by_state[state] += 1;
     if (state == kTrialSucceeded && e.contains("validationLoss") &&
         e["validationLoss"].get<double>() < best_loss) {
@@ -709,12 +815,15 @@ void Reconciler::Summarize(Pass& pass) {
     }
   }
   Json& status = pass.status;
-  const int total = static_cast<int>(pass.trials.size());
+  const int total = c.total;
   status["trialCount"] = total;
-  status["pending"] = pending;
-  status["running"] = running;
-  status["succeeded"] = succeeded;
-  status["failed"] = failed;
+  status["pending"] = c.pending;
+  status["running"] = c.running;
+  status["succeeded"] = c.succeeded;
+  status["failed"] = c.failed;
+  if (pass.early_stopping.algorithm != EarlyStoppingAlgorithm::kNone) {
+    status["earlyStopped"] = c.early_stopped;
+  }
   if (!best.empty()) {
     status["bestTrial"] = {{"name", best},
                            {"validationLoss", best_loss},
@@ -722,22 +831,24 @@ void Reconciler::Summarize(Pass& pass) {
     status["bestValidationLoss"] = ForReading(best_loss);
   }
   if (!status.contains("startTime") &&
-      (running + succeeded + failed > 0 || pass.result.assigned > 0)) {
+      (c.running + c.succeeded + c.failed > 0 || pass.result.assigned > 0)) {
     status["startTime"] = kube::TimeNow();
   }
-  pass.all_final = succeeded + failed == total;
+  pass.all_final = c.AllFinal();
   const bool was_final = pass.read_status.contains("completionTime");
   if (pass.all_final && !was_final) status["completionTime"] = kube::TimeNow();
-  SetJobConditions(pass.status["conditions"], pass.generation,
-                   {pending, running, succeeded, failed, unplaced, total}, pass.unreachable,
+  SetJobConditions(pass.status["conditions"], pass.generation, c, pass.unreachable,
                    pass.inventory.status(), pass.no_room, pass.rejected);
   if (pass.all_final && !was_final) {
-    if (failed == 0) {
+    if (c.failed == 0) {
       Event(pass.job, "Normal", cond::kEventJobComplete,
-            "all " + std::to_string(total) + " trials succeeded; best " + best);
+            c.early_stopped == 0
+                ? "all " + std::to_string(total) + " trials succeeded; best " + best
+                : std::to_string(c.succeeded) + " trials succeeded and " +
+                      std::to_string(c.early_stopped) + " stopped early; best " + best);
     } else {
       Event(pass.job, "Warning", cond::kEventJobFailed,
-            std::to_string(failed) + " of " + std::to_string(total) + " trials failed");
+            std::to_string(c.failed) + " of " + std::to_string(total) + " trials failed");
     }
   }
 }

@@ -13,10 +13,13 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "hydra/agent/v1/agent.grpc.pb.h"
 #include "tests/fakes/agent_process.h"
@@ -326,6 +329,134 @@ spec:
     EXPECT_FALSE(t["shardPlan"]["shards"].empty()) << t.dump();
     EXPECT_LT(t["validationLoss"].get<double>(), 2 * std::log(10.0)) << "diverged: " << t.dump();
   }
+
+  // Early stopping in the cluster: six random trials under ASHA (rungs at steps 5 and 15 of
+  // 30). The controller decides over the agents' reports; the agents hold each trial at its
+  // rung until it is promoted or stopped.
+  const std::string asha_job = R"(apiVersion: hydra.dev/v1alpha1
+kind: MultiModelJob
+metadata: {name: asha-e2e}
+spec:
+  model: {family: gpt2, nLayer: 1, nEmbd: 32, nHead: 2, contextLength: 32}
+  dataset: {path: data/corpus.txt, evalSequences: 16}
+  search:
+    random: {trials: 6, seed: 5, space: {learningRate: {logUniform: [1.0e-4, 3.0e-2]}}}
+    earlyStopping: {algorithm: asha, metric: validationLoss, minSteps: 5, reductionFactor: 3}
+  training: {steps: 30, batchSize: 4, evalEverySteps: 5, checkpointEverySteps: 10}
+)";
+  ASSERT_EQ(Apply(asha_job, work).first, 0);
+  Json asha;
+  ASSERT_TRUE(hydra::fakes::WaitJobComplete("asha-e2e", 240, &asha))
+      << asha.dump(2) << "\n"
+      << hydra::fakes::Slurp(c1.out_path);
+  const auto& as = asha["status"];
+  int finished = 0, stopped = 0;
+  int64_t trained = 0;
+  for (const auto& t : as["trials"]) {
+    trained += t["step"].get<int64_t>();
+    if (t["state"] == "Succeeded") {
+      ++finished;
+      EXPECT_EQ(t["step"], 30) << t.dump();
+      continue;
+    }
+    ASSERT_EQ(t["state"], "EarlyStopped") << t.dump();
+    ++stopped;
+    // Stopped at a rung, its checkpoint of that step kept, its message saying why.
+    EXPECT_TRUE(t["step"] == 5 || t["step"] == 15) << t.dump();
+    EXPECT_EQ(t["lastCheckpoint"]["step"], t["step"]) << t.dump();
+    EXPECT_THAT(t.value("message", ""), HasSubstr("asha: stopped at step")) << t.dump();
+    EXPECT_TRUE(t.contains("validationLoss")) << t.dump();
+  }
+  EXPECT_GE(finished, 1);
+  EXPECT_GE(stopped, 2) << "of six trials, at most four can pass the first rung";
+  EXPECT_EQ(finished + stopped, 6);
+  EXPECT_EQ(as["earlyStopped"], stopped);
+  EXPECT_EQ(as["succeeded"], finished);
+  EXPECT_LT(trained, 6 * 30);
+  auto asha_table = Sh("kubectl get mmj asha-e2e");
+  EXPECT_THAT(asha_table.second, HasSubstr("STOPPED"));
+  auto asha_events = Sh("kubectl get events --field-selector involvedObject.name=asha-e2e");
+  EXPECT_THAT(asha_events.second, HasSubstr("TrialEarlyStopped"));
+  EXPECT_THAT(asha_events.second, HasSubstr("stopped early"));
+
+  // spec.suspend through kubectl patch: the trials are checkpointed and stopped where they are,
+  // wait on no agent, and resume from those checkpoints once it is false again.
+  const std::string susp_job = R"(apiVersion: hydra.dev/v1alpha1
+kind: MultiModelJob
+metadata: {name: susp-e2e}
+spec:
+  model: {family: gpt2, nLayer: 1, nEmbd: 32, nHead: 2, contextLength: 32}
+  dataset: {path: data/corpus.txt, evalSequences: 8}
+  search: {grid: {learningRate: [1.0e-3, 2.0e-3]}}
+  training: {steps: 100000, batchSize: 4, checkpointEverySteps: 0}
+)";
+  ASSERT_EQ(Apply(susp_job, work).first, 0);
+  auto trials_of = [](const std::string& job) {
+    auto [rc, text] = Sh("kubectl get mmj " + job + " -o json");
+    Json j = Json::parse(text, nullptr, false);
+    return rc == 0 && !j.is_discarded() ? j["status"].value("trials", Json::array())
+                                        : Json::array();
+  };
+  auto all_trials = [&](const std::string& job, const std::function<bool(const Json&)>& pred) {
+    const Json ts = trials_of(job);
+    if (ts.size() != 2) return false;
+    for (const auto& t : ts) {
+      if (!pred(t)) return false;
+    }
+    return true;
+  };
+  ASSERT_TRUE(Eventually(
+      [&] {
+        return all_trials("susp-e2e", [](const Json& t) {
+          return t["state"] == "Running" && t.value("step", 0) >= 3;
+        });
+      },
+      120))
+      << trials_of("susp-e2e").dump(2);
+  ASSERT_EQ(Sh("kubectl patch mmj susp-e2e --type merge -p '{\"spec\":{\"suspend\":true}}'").first,
+            0);
+  ASSERT_TRUE(Eventually(
+      [&] {
+        return all_trials("susp-e2e", [](const Json& t) {
+          return t["state"] == "Interrupted" && !t.contains("agent");
+        });
+      },
+      90))
+      << trials_of("susp-e2e").dump(2) << "\n"
+      << hydra::fakes::Slurp(c1.out_path);
+  std::map<std::string, int64_t> suspended_at;
+  for (const auto& t : trials_of("susp-e2e")) {
+    suspended_at[t["name"]] = t["step"].get<int64_t>();
+    EXPECT_EQ(t["lastCheckpoint"]["step"], t["step"]) << "checkpointed where it stopped";
+    EXPECT_EQ(t.value("restarts", 0), 0) << "a suspension is not a restart";
+    EXPECT_THAT(t.value("message", ""), HasSubstr("suspended at step"));
+  }
+  auto suspended =
+      Sh("kubectl get mmj susp-e2e -o "
+         "jsonpath='{.status.conditions[?(@.type==\"Progressing\")].reason}'");
+  EXPECT_EQ(suspended.second, "Suspended");
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  for (const auto& t : trials_of("susp-e2e")) {
+    EXPECT_EQ(t["step"], suspended_at[t["name"]]) << "nothing trains while suspended";
+  }
+  ASSERT_EQ(Sh("kubectl patch mmj susp-e2e --type merge -p '{\"spec\":{\"suspend\":false}}'").first,
+            0);
+  ASSERT_TRUE(Eventually(
+      [&] {
+        return all_trials("susp-e2e", [&](const Json& t) {
+          return t["state"] == "Running" && t["step"].get<int64_t>() > suspended_at[t["name"]];
+        });
+      },
+      120))
+      << trials_of("susp-e2e").dump(2);
+  auto susp_events = Sh("kubectl get events --field-selector involvedObject.name=susp-e2e");
+  EXPECT_THAT(susp_events.second, HasSubstr("TrialsSuspended"));
+  for (const auto& [name, step] : suspended_at) {
+    EXPECT_THAT(susp_events.second,
+                HasSubstr("resumed from the checkpoint of step " + std::to_string(step)))
+        << name;
+  }
+  ASSERT_EQ(Sh("kubectl delete mmj susp-e2e --timeout=60s").first, 0);
 
   // Only the leader reconciled: the second replica waits for the Lease.
   EXPECT_THAT(hydra::fakes::Slurp(c2.out_path), Not(HasSubstr("is the leader")));

@@ -94,6 +94,15 @@ TEST_F(HydraCliTest, ValidateNamesTheBadField) {
   EXPECT_EQ(RunHydra({"validate", (dir_ / "bad.yaml").string()}, &out), 2);
   EXPECT_THAT(out, HasSubstr("spec.model.nHeads: unknown field"));
   EXPECT_EQ(RunHydra({"run", (dir_ / "bad.yaml").string()}, &out), 2);
+  // A suspended job is valid, but hydra run refuses to train it.
+  std::string suspended = Slurp((dir_ / "job.yaml").string());
+  suspended += "  suspend: true\n";
+  std::ofstream(dir_ / "suspended.yaml") << suspended;
+  EXPECT_EQ(RunHydra({"validate", (dir_ / "suspended.yaml").string()}, &out), 0) << out;
+  EXPECT_EQ(
+      RunHydra({"run", (dir_ / "suspended.yaml").string(), "-o", (dir_ / "s").string()}, &out), 2);
+  EXPECT_THAT(out, HasSubstr("spec.suspend is true"));
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "s" / "results.json"));
 }
 
 TEST_F(HydraCliTest, PlanAndSimulate) {

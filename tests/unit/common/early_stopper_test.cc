@@ -124,5 +124,67 @@ TEST(EarlyStopperTest, AnEvaluationPastTheRungStandsForTheRung) {
   EXPECT_EQ(last[1].first, Kind::kStop);
 }
 
+using Phase = EarlyStopper::Phase;
+
+TEST(EarlyStopperTest, FromStateDecidesWhatTheStoredStateCallsFor) {
+  // Six trials of 90 steps, rungs 10 and 30. Stored: trial 0 already promoted to 30 (its
+  // limit), trial 5 stopped. Everyone reported at 10; trial 0's loss there is now the worst.
+  MetricBoard board;
+  const std::vector<double> at10 = {9, 1, 2, 3, 4, 0.5};
+  for (int t = 0; t < 6; ++t) board.Record(t, 10, at10[t]);
+  std::vector<Phase> phases(6, Phase::kActive);
+  phases[5] = Phase::kStopped;
+  auto es =
+      EarlyStopper::FromState({EarlyStoppingAlgorithm::kAsha, 10, 3}, std::vector<int64_t>(6, 90),
+                              board, {30, 0, 0, 0, 0, 0}, phases);
+  auto last = Last(es.Decide());
+  // floor(6/3) = 2 go on: trials 5 and 1 by loss; 5 is stopped already, so of the waiting ones
+  // only trial 1 ranks in the top two; the rung is complete, so 2, 3 and 4 stop. Trial 0's
+  // stored promotion is not taken back, and trial 5 is not decided again.
+  EXPECT_EQ(last.count(0), 0u);
+  EXPECT_EQ(last.count(5), 0u);
+  EXPECT_EQ(last[1], std::make_pair(Kind::kLimit, int64_t{30}));
+  for (int t : {2, 3, 4}) EXPECT_EQ(last[t], std::make_pair(Kind::kStop, int64_t{10})) << t;
+  EXPECT_EQ(es.Limit(0), 30);
+}
+
+TEST(EarlyStopperTest, FromStateWaitsUntilTheRungCanDecide) {
+  MetricBoard board;
+  board.Record(0, 10, 1.0);  // trials 1 and 2 have not reached 10 yet
+  board.Record(1, 4, 2.0);
+  auto es = EarlyStopper::FromState({EarlyStoppingAlgorithm::kAsha, 10, 3}, {90, 90, 90}, board, {},
+                                    std::vector<Phase>(3, Phase::kActive));
+  EXPECT_TRUE(es.Decide().empty());
+  EXPECT_TRUE(es.Waiting(0));
+  // Trial 2 ended (failed) without reporting, trial 1 reported worse: 0 goes on at once.
+  board.Record(1, 10, 2.0);
+  auto again = EarlyStopper::FromState({EarlyStoppingAlgorithm::kAsha, 10, 3}, {90, 90, 90}, board,
+                                       {}, {Phase::kActive, Phase::kActive, Phase::kEnded});
+  auto last = Last(again.Decide());
+  EXPECT_EQ(last[0], std::make_pair(Kind::kLimit, int64_t{30}));
+  EXPECT_EQ(last[1], std::make_pair(Kind::kStop, int64_t{10}));
+}
+
+TEST(EarlyStopperTest, FromStateJudgesAResumedTrialAtItsLimitAndMedianAtTheLatestStep) {
+  MetricBoard board;
+  board.Record(0, 12, 5.0);  // resumed past its limit 10 without an evaluation there
+  board.Record(1, 10, 1.0);
+  auto asha = EarlyStopper::FromState({EarlyStoppingAlgorithm::kAsha, 10, 2}, {90, 90}, board,
+                                      {10, 10}, std::vector<Phase>(2, Phase::kActive));
+  auto last = Last(asha.Decide());
+  EXPECT_EQ(last[1], std::make_pair(Kind::kLimit, int64_t{20}));
+  EXPECT_EQ(last[0], std::make_pair(Kind::kStop, int64_t{12}));
+
+  MetricBoard curves;
+  for (int t = 0; t < 3; ++t) {
+    for (int64_t s = 5; s <= 20; s += 5) curves.Record(t, s, t + 10.0 / s);
+  }
+  auto median = EarlyStopper::FromState({EarlyStoppingAlgorithm::kMedian, 10, 3}, {40, 40, 40},
+                                        curves, {}, std::vector<Phase>(3, Phase::kActive));
+  last = Last(median.Decide());
+  ASSERT_EQ(last.size(), 1u);  // only the worst trial is worse than the others' median
+  EXPECT_EQ(last[2], std::make_pair(Kind::kStop, int64_t{20}));
+}
+
 }  // namespace
 }  // namespace hydra

@@ -62,6 +62,17 @@ TEST(JobTest, ParsesTheIssueManifest) {
   EXPECT_EQ(job->spec.grid[1].values.size(), 2u);
 }
 
+TEST(JobTest, SuspendDefaultsToFalse) {
+  auto job = ParseJobYaml(kGood, "/base");
+  ASSERT_TRUE(job.ok()) << job.status().message();
+  EXPECT_FALSE(job->spec.suspend);
+  std::string yaml = kGood;
+  yaml.replace(yaml.find("  resources:"), 12, "  suspend: true\n  resources:");
+  auto suspended = ParseJobYaml(yaml, "/base");
+  ASSERT_TRUE(suspended.ok()) << suspended.status().message();
+  EXPECT_TRUE(suspended->spec.suspend);
+}
+
 TEST(JobTest, AbsoluteDatasetPathIsKept) {
   std::string yaml = kGood;
   yaml.replace(yaml.find("data/corpus.txt"), 15, "/data/x.txt");
@@ -193,6 +204,8 @@ INSTANTIATE_TEST_SUITE_P(
                 "unknown field"},
         BadCase{"unknown grid field", "batchSize: [8, 16]", "dropout: [0.1]",
                 "spec.search.grid.dropout", "unknown field"},
+        BadCase{"suspend not a boolean", "  resources:", "  suspend: yes\n  resources:",
+                "spec.suspend", "must be true or false"},
         BadCase{"missing name", "  name: gpt2-sweep\n", "", "metadata.name", "required"},
         BadCase{"uppercase name", "name: gpt2-sweep", "name: GPT2_Sweep", "metadata.name",
                 "DNS-1123"},

@@ -520,6 +520,72 @@ TEST_F(AgentServiceTest, CancelAndDrain) {
   EXPECT_EQ(Assign(*stub, Request("late")).error_code(), grpc::UNAVAILABLE);
 }
 
+TEST_F(AgentServiceTest, StepLimitsHoldATrialAtItsRungAndLimitTrialRaisesOrStopsIt) {
+  StartServer();
+  auto stub = Client();
+  auto limit = [&](const v1::TrialRef& ref, int64_t step, bool stop,
+                   v1::LimitTrialResponse* resp = nullptr) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::LimitTrialRequest req;
+    *req.mutable_trial() = ref;
+    req.set_step_limit(step);
+    req.set_stop(stop);
+    req.set_reason("asha: not in the top 1/3 of its rung");
+    v1::LimitTrialResponse ignored;
+    return stub->LimitTrial(&ctx, req, resp ? resp : &ignored);
+  };
+  auto bad = Request("a1", 60);
+  bad.set_step_limit(-1);
+  EXPECT_EQ(Assign(*stub, bad).error_code(), grpc::INVALID_ARGUMENT);
+  for (const char* name : {"a1", "a2"}) {
+    auto req = Request(name, 60);
+    req.set_step_limit(8);  // evaluates there (eval_every_steps is 5) and waits
+    ASSERT_TRUE(Assign(*stub, req).ok()) << name;
+  }
+  auto at = [&](const std::string& name, int64_t step, v1::TrialState state) {
+    return WaitFor(*stub, [&](const v1::GetStatusResponse& s) {
+      for (const auto& t : s.trials()) {
+        if (t.name() == name) return t.step() == step && t.state() == state;
+      }
+      return false;
+    });
+  };
+  ASSERT_TRUE(at("a1", 8, v1::RUNNING));
+  ASSERT_TRUE(at("a2", 8, v1::RUNNING));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const auto waiting = StatusOf(*stub);
+  for (const auto& t : waiting.trials()) {
+    EXPECT_EQ(t.step(), 8) << t.name() << " trained past its limit";
+    EXPECT_EQ(t.step_limit(), 8);
+    ASSERT_GE(t.evaluations_size(), 2);  // steps 5 and 8 (the limit)
+    EXPECT_EQ(t.evaluations(t.evaluations_size() - 1).step(), 8);
+  }
+  // Only the exact identity; a negative limit is refused.
+  EXPECT_EQ(limit(Ref("a1", "ns", "uid-2"), 20, false).error_code(), grpc::NOT_FOUND);
+  EXPECT_EQ(limit(Ref("a1", "other"), 0, true).error_code(), grpc::NOT_FOUND);
+  auto no_name = Ref("a1");
+  no_name.clear_job_uid();
+  EXPECT_EQ(limit(no_name, 20, false).error_code(), grpc::INVALID_ARGUMENT);
+  EXPECT_EQ(limit(Ref("a1"), -3, false).error_code(), grpc::INVALID_ARGUMENT);
+  // a1 goes on to 20; a2 stops early, keeping its checkpoints.
+  ASSERT_TRUE(limit(Ref("a1"), 20, false).ok());
+  ASSERT_TRUE(limit(Ref("a2"), 0, true).ok());
+  ASSERT_TRUE(at("a1", 20, v1::RUNNING));
+  ASSERT_TRUE(at("a2", 8, v1::EARLY_STOPPED));
+  const auto stopped = StatusOf(*stub);
+  for (const auto& t : stopped.trials()) {
+    if (t.name() != "a2") continue;
+    EXPECT_THAT(t.message(), HasSubstr("asha"));
+    EXPECT_EQ(t.last_checkpoint_step(), 8);
+  }
+  EXPECT_FALSE(executor::CheckpointStore(TrialDir("a2").string()).Steps().empty());
+  EXPECT_EQ(limit(Ref("a2"), 30, false).error_code(), grpc::FAILED_PRECONDITION);
+  // 0 lifts the limit: a1 trains to the end.
+  ASSERT_TRUE(limit(Ref("a1"), 0, false).ok());
+  ASSERT_TRUE(at("a1", 60, v1::SUCCEEDED));
+}
+
 TEST_F(AgentServiceTest, MutualTlsRefusesCallersWithoutTheControllersCertificate) {
   const fs::path certs = dir_ / "certs";
   ASSERT_TRUE(fakes::MakeTestCertificates(certs)) << "openssl failed";

@@ -269,6 +269,31 @@ TEST_F(TrialSchedulerTest, StopEarlyEndsAWaitingTrialWithItsCheckpoint) {
   EXPECT_TRUE(IsFinalTrialState(r->state));
 }
 
+TEST_F(TrialSchedulerTest, SuspendCheckpointsARunningTrialAndASecondSubmitResumesIt) {
+  factory_.step_delay = std::chrono::milliseconds(5);
+  TrialScheduler s(&factory_, &observer_, {1});
+  auto p = s.Prepare(MakeTrial("a", 400), Ckpt("a"));
+  ASSERT_TRUE(p.ok());
+  ASSERT_TRUE(s.Submit(std::move(p).value()).ok());
+  ASSERT_TRUE(WaitForStep(s, "a", 3));
+  ASSERT_TRUE(s.Suspend("a", "suspended").ok());
+  ASSERT_TRUE(s.WaitIdle(std::chrono::seconds(20)));
+  auto r = s.Get("a");
+  EXPECT_EQ(r->state, kTrialInterrupted);
+  EXPECT_THAT(r->message, HasSubstr("suspended at step " + std::to_string(r->step)));
+  EXPECT_EQ(r->last_checkpoint_step, r->step);
+  EXPECT_TRUE(std::isnan(r->final_val_loss)) << "not final: it resumes";
+  const int64_t at = r->step;
+  EXPECT_EQ(executor::CheckpointStore(Ckpt("a")).Steps().back(), at);
+  EXPECT_EQ(s.Suspend("a", "again").code(), StatusCode::kFailedPrecondition);
+  // Submitted again (as the controller does on resume): it goes on from that checkpoint.
+  auto again = s.Prepare(MakeTrial("a", 400), Ckpt("a"));
+  ASSERT_TRUE(again.ok());
+  ASSERT_TRUE(s.Submit(std::move(again).value()).ok());
+  ASSERT_TRUE(WaitForStep(s, "a", at + 2));
+  EXPECT_EQ(s.Get("a")->resumed_from_step, at);
+}
+
 TEST_F(TrialSchedulerTest, TrialsWaitingAtTheirLimitMakeRoomAndResumeToTheSameLosses) {
   std::vector<CurvePoint> straight;
   {

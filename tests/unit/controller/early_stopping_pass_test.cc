@@ -1,0 +1,151 @@
+// The controller's early stopping pass over status entries and agents' reports: what it stores
+// and decides, that stored decisions stand, and that stored evaluations stand in for agents
+// that no longer report.
+#include "controller/reconciler/early_stopping_pass.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "common/trial_result.h"
+
+namespace hydra::controller {
+namespace {
+
+using kube::Json;
+namespace v1 = agent::v1;
+
+const EarlyStoppingSpec kAsha{EarlyStoppingAlgorithm::kAsha, 10, 3};
+
+/// A trial on an agent that reports it Running at `step` under `limit`, with `losses` at the
+/// given steps.
+v1::TrialStatus Report(int64_t step, int64_t limit,
+                       const std::vector<std::pair<int64_t, double>>& losses) {
+  v1::TrialStatus r;
+  r.set_state(v1::RUNNING);
+  r.set_step(step);
+  r.set_step_limit(limit);
+  for (const auto& [s, l] : losses) {
+    auto* p = r.add_evaluations();
+    p->set_step(s);
+    p->set_loss(l);
+  }
+  return r;
+}
+
+Json Entry(const std::string& name, bool on_agent) {
+  Json e = {{"name", name}, {"state", on_agent ? kTrialRunning : kTrialPending}, {"steps", 90}};
+  if (on_agent) e["agentEndpoint"] = "10.0.0.1:7070";
+  return e;
+}
+
+struct Job {
+  std::vector<Json> entries;
+  std::vector<v1::TrialStatus> reports;
+  std::vector<bool> reported;
+  std::vector<EarlyStop> Decide(const EarlyStoppingSpec& spec = kAsha) {
+    std::vector<EarlyStoppingTrial> trials;
+    for (size_t i = 0; i < entries.size(); ++i) {
+      trials.push_back({&entries[i], 90, reported[i] ? &reports[i] : nullptr});
+    }
+    return DecideEarlyStopping(spec, trials);
+  }
+};
+
+TEST(EarlyStoppingPassTest, AshaPromotesTheBestAtARungAndStopsTheRest) {
+  Job job;
+  const std::vector<double> at10 = {2.0, 1.0, 3.0};
+  for (int i = 0; i < 3; ++i) {
+    job.entries.push_back(Entry("t" + std::to_string(i), true));
+    job.reports.push_back(Report(10, 10, {{5, 9.0}, {10, at10[i]}}));
+    job.reported.push_back(true);
+  }
+  // A fourth trial, not placed yet, with no evaluation: it may still report at the rung.
+  job.entries.push_back(Entry("t3", false));
+  job.reports.emplace_back();
+  job.reported.push_back(false);
+  // floor(3/3) = 1 of the results so far goes on: t1 at once (asynchronous promotion); t0 and
+  // t2 wait, since t3 may still do better than they did.
+  EXPECT_TRUE(job.Decide().empty());
+  EXPECT_EQ(job.entries[1]["stepLimit"], 30);
+  for (int i : {0, 2, 3}) EXPECT_EQ(job.entries[i]["stepLimit"], 10) << i;
+  // Only the rung's result is stored, not the evaluation at step 5.
+  EXPECT_EQ(job.entries[1]["evaluations"], Json::parse("[[10, 1.0]]"));
+  EXPECT_EQ(WantedStepLimit(job.entries[1]), 30);
+
+  // The fourth trial failed without reporting: the rung is complete and the others stop.
+  job.entries[3]["state"] = kTrialFailed;
+  auto stops = job.Decide();
+  ASSERT_EQ(stops.size(), 2u);
+  EXPECT_EQ(job.entries[1]["stepLimit"], 30);
+  EXPECT_FALSE(job.entries[1].contains("stopEarly"));
+  EXPECT_EQ(job.entries[0]["stopEarly"], 10);
+  EXPECT_EQ(job.entries[2]["stopEarly"], 10);
+  EXPECT_EQ(job.entries[0]["state"], kTrialRunning);  // until its agent reports it stopped
+  // A second pass over the same state decides nothing new.
+  EXPECT_TRUE(job.Decide().empty());
+  EXPECT_NE(stops[0].why.find("not in the top 1/3"), std::string::npos) << stops[0].why;
+}
+
+TEST(EarlyStoppingPassTest, StoredDecisionsStandAndStoredLossesReplaceSilentAgents) {
+  Job job;
+  for (int i = 0; i < 3; ++i) {
+    job.entries.push_back(Entry("t" + std::to_string(i), true));
+    job.reports.emplace_back();
+    job.reported.push_back(false);
+  }
+  // t0 was promoted to 30 by an earlier pass (stored), though its stored rung loss is the
+  // worst; t1's agent already has the limit 90 (= to the end, reported as 0) that a pass could
+  // not store. t2 is waiting at 10, known only from its stored loss: its agent is silent.
+  job.entries[0]["stepLimit"] = 30;
+  job.entries[0]["evaluations"] = Json::parse("[[10, 5.0]]");
+  job.entries[1]["stepLimit"] = 30;
+  job.entries[1]["evaluations"] = Json::parse("[[10, 1.0], [30, 1.0]]");
+  job.reports[1] = Report(40, 0, {{10, 1.0}, {30, 1.0}, {40, 0.9}});
+  job.reported[1] = true;
+  job.entries[2]["stepLimit"] = 10;
+  job.entries[2]["evaluations"] = Json::parse("[[10, 4.0]]");
+  auto stops = job.Decide();
+  EXPECT_EQ(job.entries[0]["stepLimit"], 30);  // not taken back
+  EXPECT_EQ(job.entries[1]["stepLimit"], 90);  // the agent's, higher
+  EXPECT_EQ(WantedStepLimit(job.entries[1]), 0);
+  // At rung 10: 1.0 (t1), 4.0 (t2), 5.0 (t0): t2 is not in the top 1 of 3, and none can still
+  // report there: it stops.
+  ASSERT_EQ(stops.size(), 1u);
+  EXPECT_EQ(stops[0].trial, "t2");
+  EXPECT_EQ(job.entries[2]["stopEarly"], 10);
+  EXPECT_FALSE(job.entries[2].contains("stepLimit") &&
+               job.entries[2]["stepLimit"].get<int64_t>() > 10);
+}
+
+TEST(EarlyStoppingPassTest, ATrialOnNoAgentEndsAtOnceAndMedianKeepsBestAndLatest) {
+  const EarlyStoppingSpec median{EarlyStoppingAlgorithm::kMedian, 10, 3};
+  Job job;
+  for (int i = 0; i < 3; ++i) {
+    job.entries.push_back(Entry("t" + std::to_string(i), i != 2));
+    job.reports.push_back(Report(20, 0, {{10, 1.0 + i}, {20, 0.5 + i}}));
+    job.reported.push_back(i != 2);
+  }
+  // t2 waits for an agent again (its agent was lost); its stored losses are the worst.
+  job.entries[2]["evaluations"] = Json::parse("[[10, 3.0], [20, 2.5]]");
+  auto stops = job.Decide(median);
+  ASSERT_EQ(stops.size(), 1u);
+  EXPECT_EQ(stops[0].trial, "t2");
+  EXPECT_EQ(job.entries[2]["state"], kTrialEarlyStopped);
+  EXPECT_NE(job.entries[2]["message"].get<std::string>().find("median"), std::string::npos);
+  EXPECT_FALSE(job.entries[0].contains("stepLimit"));  // median sets no limits
+  // Best and latest: here the same point.
+  EXPECT_EQ(job.entries[0]["evaluations"], Json::parse("[[20, 0.5]]"));
+
+  // Nothing for algorithm none.
+  Job none;
+  none.entries.push_back(Entry("t0", true));
+  none.reports.push_back(Report(20, 0, {{10, 1.0}}));
+  none.reported.push_back(true);
+  EXPECT_TRUE(none.Decide({}).empty());
+  EXPECT_FALSE(none.entries[0].contains("evaluations"));
+}
+
+}  // namespace
+}  // namespace hydra::controller

@@ -16,6 +16,10 @@ bool IsWaitingAtLimit(const TrialResult& r) {
   return r.state == kTrialRunning && r.step_limit > 0 && r.step >= r.step_limit;
 }
 
+bool IsSuspendedMessage(const std::string& message) {
+  return message.rfind(std::string(kSuspendedReason) + " at step ", 0) == 0;
+}
+
 bool IsFinalTrialState(const std::string& state) {
   return state == kTrialSucceeded || state == kTrialFailed || state == kTrialCancelled ||
          state == kTrialEarlyStopped;

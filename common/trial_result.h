@@ -19,6 +19,11 @@ inline constexpr const char* kTrialInterrupted = "Interrupted";  ///< checkpoint
 inline constexpr const char* kTrialCancelled = "Cancelled";
 /// Stopped by spec.search.earlyStopping before its last step; its checkpoints stay.
 inline constexpr const char* kTrialEarlyStopped = "EarlyStopped";
+/// Why a trial suspended by spec.suspend ends Interrupted: its message is "suspended at step N",
+/// which tells a suspension from a drain.
+inline constexpr const char* kSuspendedReason = "suspended";
+/// Whether an Interrupted trial's message says it was suspended.
+bool IsSuspendedMessage(const std::string& message);
 /// Every state, for metrics that export a series per state from the start.
 inline constexpr const char* kTrialStates[] = {
     kTrialPending,     kTrialRunning,   kTrialSucceeded,   kTrialFailed,

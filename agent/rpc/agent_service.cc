@@ -387,10 +387,16 @@ grpc::Status AgentService::CancelTrial(grpc::ServerContext* context,
   }
   const std::string key = wire::TrialKeyOf(ref);
   Status cancelled =
-      request->checkpoint() ? scheduler_->Suspend(key, "suspended") : scheduler_->Cancel(key);
+      request->checkpoint() ? scheduler_->Suspend(key, kSuspendedReason) : scheduler_->Cancel(key);
   // An ended trial can still have its checkpoints removed.
   const bool ended = cancelled.code() == StatusCode::kFailedPrecondition;
   if (!cancelled.ok() && !(ended && request->delete_checkpoints())) return ToGrpc(cancelled);
+  if (request->checkpoint()) {
+    // A suspension is not waited for: the trial checkpoints after its current step and the
+    // progress stream and GetStatus report it INTERRUPTED (the controller reads it there).
+    if (auto r = scheduler_->Get(key); r.ok()) *response->mutable_trial() = ToStatus(*r);
+    return grpc::Status::OK;
+  }
   // A running trial stops after its current step: wait for that (up to 30 s or the caller's
   // deadline) so that the reply says CANCELLED; otherwise it says RUNNING and the progress
   // stream reports the end.
@@ -424,7 +430,7 @@ grpc::Status AgentService::LimitTrial(grpc::ServerContext* context,
   if (!CallerAllowed(context, &why)) return grpc::Status(grpc::PERMISSION_DENIED, why);
   const auto& ref = request->trial();
   if (Status s = CheckRef(ref, "limited"); !s.ok()) return ToGrpc(s);
-  if (request->step_limit() < 0) {
+  if (!request->stop() && request->step_limit() < 0) {
     return grpc::Status(grpc::INVALID_ARGUMENT,
                         "step_limit: " + std::to_string(request->step_limit()) +
                             " is negative (0: train to the end)");

@@ -198,7 +198,7 @@ Status TrialScheduler::Submit(PreparedTrial trial) {
   slot->step_limit = trial.step_limit;
   slot->p = std::move(trial);
   slot->key = TrialKey(slot->p.trial);
-  slot->published = slot->r;
+  Publish(*slot);  // with its step limit: a queued trial reports the limit it will stop at
   TrialResult snapshot;
   Slot* raw = nullptr;
   {
@@ -274,6 +274,8 @@ Status TrialScheduler::SetStepLimit(const std::string& key, int64_t step) {
     std::lock_guard<std::mutex> lock(mu_);
     ASSIGN_OR_RETURN(Slot * slot, FindUnended(key));
     slot->step_limit = std::max<int64_t>(0, step);
+    // Readers see the new limit at once (the record itself belongs to the worker).
+    slot->published.step_limit = PublishedLimit(*slot);
   }
   cv_.notify_all();
   return OkStatus();
@@ -549,8 +551,12 @@ int64_t TrialScheduler::DeviceBytesInUse(int device) const {
 
 void TrialScheduler::Publish(Slot& slot) {
   slot.published = slot.r;
+  slot.published.step_limit = PublishedLimit(slot);
+}
+
+int64_t TrialScheduler::PublishedLimit(const Slot& slot) const {
   const int64_t limit = LimitOf(slot);
-  slot.published.step_limit = limit < slot.r.trial.training.steps ? limit : 0;
+  return limit < slot.r.trial.training.steps ? limit : 0;
 }
 
 void TrialScheduler::Worker(int device) {

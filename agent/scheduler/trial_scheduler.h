@@ -184,6 +184,7 @@ class TrialScheduler {
   Status SaveCheckpoint(Slot& slot);
   void Worker(int device);
   void Publish(Slot& slot);  // copies the worker's record for readers; needs mu_ held
+  int64_t PublishedLimit(const Slot& slot) const;  // the limit readers see (0: to the end)
   // Ends a trial this thread claimed (running == true): frees its executor, sets `state` and
   // the message "<why> at step N", publishes and reports it. Needs mu_ not held.
   void EndClaimed(Slot& slot, const char* state, const std::string& why);

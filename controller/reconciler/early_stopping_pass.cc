@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 
 #include "common/early_stopper.h"
 #include "common/trial_result.h"
@@ -20,15 +21,10 @@ Phase PhaseOf(const Json& e) {
   return IsFinalTrialState(state) ? Phase::kEnded : Phase::kActive;
 }
 
-/// The stored decision, or the agent's if it is further along (a pass that told the agent but
-/// could not store it).
-int64_t StoredLimit(const EarlyStoppingTrial& t) {
-  int64_t limit = t.entry->value("stepLimit", int64_t{0});
-  const auto* r = t.report;
-  if (r != nullptr && (r->state() == agent::v1::RUNNING || r->state() == agent::v1::PENDING)) {
-    limit = std::max(limit, r->step_limit() == 0 ? t.steps : r->step_limit());
-  }
-  return limit;
+/// Whether a trial's agent holds it (queued or training): where a stop must be asked for.
+/// A suspended trial (Interrupted) is on no agent though its entry names its last one.
+bool OnAgent(const Json& e) {
+  return !e.value("agentEndpoint", "").empty() && e.value("state", "") != kTrialInterrupted;
 }
 
 void RecordEvidence(const EarlyStoppingTrial& t, int index, MetricBoard* board) {
@@ -41,28 +37,42 @@ void RecordEvidence(const EarlyStoppingTrial& t, int index, MetricBoard* board) 
   for (const auto& p : t.report->evaluations()) board->Record(index, p.step(), p.loss());
 }
 
-/// What the entry keeps of the trial's losses: ASHA's rung results (the newest), median
-/// stopping's best and latest evaluation.
+/// ASHA: the trial's results at its rungs (the lowest kMaxStoredEvaluations).
+std::vector<std::pair<int64_t, double>> RungResults(const EarlyStoppingSpec& spec,
+                                                    const std::map<int64_t, double>& history,
+                                                    int64_t steps) {
+  std::vector<std::pair<int64_t, double>> kept;
+  for (int64_t rung : AshaRungs(spec, steps)) {
+    if (kept.size() == kMaxStoredEvaluations) break;
+    if (auto h = history.find(rung); h != history.end()) kept.emplace_back(*h);
+  }
+  return kept;
+}
+
+/// Median stopping: the best loss so far at up to kMaxStoredEvaluations of the trial's
+/// evaluations, spread evenly over them and always the latest. Best-up-to-a-step read from them
+/// is exact at those steps and between them errs towards the trial's earlier, higher best.
+std::vector<std::pair<int64_t, double>> BestSoFar(const std::map<int64_t, double>& history) {
+  std::vector<std::pair<int64_t, double>> best;
+  for (const auto& [step, loss] : history) {
+    best.emplace_back(step, best.empty() ? loss : std::min(best.back().second, loss));
+  }
+  if (best.size() <= kMaxStoredEvaluations) return best;
+  std::vector<std::pair<int64_t, double>> kept;
+  const size_t n = best.size(), k = kMaxStoredEvaluations;
+  for (size_t i = 1; i <= k; ++i) kept.push_back(best[i * (n - 1) / k]);
+  return kept;
+}
+
+/// What the entry keeps of the trial's losses for later passes.
 Json EvidenceToStore(const EarlyStoppingSpec& spec, const MetricBoard& board, int index,
                      int64_t steps) {
   Json out = Json::array();
   auto it = board.losses().find(index);
   if (it == board.losses().end()) return out;
-  const auto& history = it->second;
-  std::vector<std::pair<int64_t, double>> kept;
-  if (spec.algorithm == EarlyStoppingAlgorithm::kAsha) {
-    for (int64_t rung : AshaRungs(spec, steps)) {
-      if (auto h = history.find(rung); h != history.end()) kept.emplace_back(*h);
-    }
-    if (kept.size() > kMaxStoredEvaluations) {
-      kept.erase(kept.begin(), kept.end() - kMaxStoredEvaluations);
-    }
-  } else if (!history.empty()) {
-    auto best = std::min_element(history.begin(), history.end(),
-                                 [](const auto& a, const auto& b) { return a.second < b.second; });
-    kept.emplace_back(*best);
-    if (best->first != history.rbegin()->first) kept.emplace_back(*history.rbegin());
-  }
+  const auto kept = spec.algorithm == EarlyStoppingAlgorithm::kAsha
+                        ? RungResults(spec, it->second, steps)
+                        : BestSoFar(it->second);
   for (const auto& [step, loss] : kept) {
     // 6 significant digits keep the status small (the agents report every digit while they
     // hold the trial); +infinity (a diverged trial) is not JSON: the largest double, still the
@@ -73,6 +83,14 @@ Json EvidenceToStore(const EarlyStoppingSpec& spec, const MetricBoard& board, in
         {step, std::isfinite(loss) ? std::strtod(text, nullptr) : 1.7976931348623157e308}));
   }
   return out;
+}
+
+/// A trial stopped early that is on no agent (any more) has nothing left to stop: it ends.
+void EndIfOnNoAgent(const EarlyStoppingSpec& spec, Json& e) {
+  if (!e.contains("stopEarly") || OnAgent(e) || IsFinalTrialState(e.value("state", ""))) return;
+  e["state"] = kTrialEarlyStopped;
+  e["message"] = EarlyStopReason(spec, e.value("stopEarly", int64_t{0}));
+  e.erase("stopEarly");
 }
 
 }  // namespace
@@ -99,7 +117,7 @@ std::vector<EarlyStop> DecideEarlyStopping(const EarlyStoppingSpec& spec,
   MetricBoard board;
   for (size_t i = 0; i < trials.size(); ++i) {
     steps.push_back(trials[i].steps);
-    limits.push_back(StoredLimit(trials[i]));
+    limits.push_back(trials[i].entry->value("stepLimit", int64_t{0}));
     phases.push_back(PhaseOf(*trials[i].entry));
     RecordEvidence(trials[i], static_cast<int>(i), &board);
   }
@@ -109,15 +127,11 @@ std::vector<EarlyStop> DecideEarlyStopping(const EarlyStoppingSpec& spec,
     if (d.kind == StopDecision::Kind::kLimit) continue;  // stored below with every limit
     const std::string why = EarlyStopReason(spec, d.step);
     out.push_back({e.value("name", ""), why});
-    if (e.value("agentEndpoint", "").empty()) {
-      e["state"] = kTrialEarlyStopped;  // on no agent: nothing to stop
-      e["message"] = why;
-    } else {
-      e["stopEarly"] = d.step;
-    }
+    e["stopEarly"] = d.step;
   }
   for (size_t i = 0; i < trials.size(); ++i) {
     Json& e = *trials[i].entry;
+    EndIfOnNoAgent(spec, e);
     if (spec.algorithm == EarlyStoppingAlgorithm::kAsha && phases[i] == Phase::kActive &&
         !stopper.Stopped(static_cast<int>(i))) {
       e["stepLimit"] = stopper.Limit(static_cast<int>(i));

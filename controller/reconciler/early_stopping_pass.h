@@ -10,9 +10,9 @@
 namespace hydra::controller {
 
 /// Most evaluations a trial's status entry keeps for early stopping (`evaluations`): ASHA's
-/// newest rung results, median stopping's best and latest. The status stays small whatever the
-/// rungs (docs/manifest.md: status size).
-inline constexpr size_t kMaxStoredEvaluations = 4;
+/// results at its lowest rungs, median stopping's best loss so far at evaluations spread over
+/// its run. The status stays small whatever the steps (docs/manifest.md: status size).
+inline constexpr size_t kMaxStoredEvaluations = 8;
 
 /// One trial as a reconcile pass sees it.
 struct EarlyStoppingTrial {
@@ -29,12 +29,13 @@ struct EarlyStop {
 
 /// The controller's early stopping, level-based: the losses stored in the entries
 /// (`evaluations`) and the agents' reports this pass form the board; the stored decisions
-/// (`stepLimit`, only rising, taken as the higher of the entry's and the agent's; `stopEarly`
-/// and the final states) are kept; the decisions common/early_stopper takes from there are
-/// written into the entries: `stepLimit` (ASHA), `stopEarly` (the step; the pass asks the
-/// agent to stop the trial until it reports EarlyStopped) or, for a trial on no agent, state
-/// EarlyStopped at once. Also stores each trial's `evaluations` for the next pass. Nothing for
-/// algorithm none.
+/// (`stepLimit`, only rising; `stopEarly` and the final states) are kept: the controller tells
+/// an agent a decision only after the status holding it is written, so the entries are never
+/// behind the agents. The decisions common/early_stopper takes from there are written into the
+/// entries: `stepLimit` (ASHA) and `stopEarly` (the step; the controller asks the trial's agent
+/// to stop it until it reports EarlyStopped). A trial stopped early that is on no agent (never
+/// placed, lost, suspended) ends EarlyStopped at once. Also stores each trial's `evaluations`
+/// for the next pass. Nothing for algorithm none. Returns the trials stopped in this pass.
 std::vector<EarlyStop> DecideEarlyStopping(const EarlyStoppingSpec& spec,
                                            std::vector<EarlyStoppingTrial>& trials);
 

@@ -392,12 +392,13 @@ StatusOr<ReconcileResult> Reconciler::Reconcile(const std::string& ns, const std
   FollowTrials(pass);
   AdoptOrCancelStale(pass);
   StopEarly(pass);
-  SuspendTrials(pass);
   ASSIGN_OR_RETURN(bool written, PlaceWaiting(pass));
   if (written) {
     Summarize(pass);
     ASSIGN_OR_RETURN(written, WriteStatus(pass));
   }
+  // Decisions reach the agents only once the status holding them is stored.
+  if (written) TellAgents(pass);
   // Restarts count once they are stored, so that a retried pass does not count them again.
   if (pass.wrote) pass.result.restarts_by_reason = std::move(pass.restarts);
   if (!written) {
@@ -478,6 +479,12 @@ void Reconciler::ReadAgents(Pass& pass) {
 
 void Reconciler::Requeue(Pass& pass, const std::string& n, Json& e, const std::string& reason,
                          const std::string& why) {
+  if (e.contains("stopEarly")) {
+    // Stopped early before its agent confirmed: nothing to place again (StopEarly ends it).
+    e.erase("agent");
+    e.erase("agentEndpoint");
+    return;
+  }
   pass.restarts[reason] += 1;
   e["restarts"] = e.value("restarts", 0) + 1;
   e.erase("agent");
@@ -497,7 +504,9 @@ void Reconciler::Requeue(Pass& pass, const std::string& n, Json& e, const std::s
 void Reconciler::FollowTrials(Pass& pass) {
   for (auto& [n, e] : pass.entries) {
     const std::string ep = e.value("agentEndpoint", "");
-    if (ep.empty() || IsFinalTrialState(e.value("state", ""))) continue;
+    // Interrupted with an agent named: suspended, off that agent until placed again.
+    const std::string state = e.value("state", "");
+    if (ep.empty() || IsFinalTrialState(state) || state == kTrialInterrupted) continue;
     auto report = pass.reports.find(ep);
     if (report == pass.reports.end()) {
       const double silent = agents_->SecondsSinceContact(ep);
@@ -541,11 +550,12 @@ void Reconciler::FollowTrials(Pass& pass) {
       report->second = std::move(fresh).value();
       found = find();
     }
-    if (found != nullptr && found->state() == v1::INTERRUPTED && pass.suspend) {
-      // Checkpointed and stopped for spec.suspend: it waits on no agent, not as a restart.
+    if (found != nullptr) pass.found[n] = *found;  // its evaluations, for early stopping
+    if (found != nullptr && found->state() == v1::INTERRUPTED &&
+        (pass.suspend || IsSuspendedMessage(found->message()))) {
+      // Checkpointed and stopped for spec.suspend (even if it is false again by now): it waits,
+      // Interrupted, naming the agent that holds its record, and is not a restart.
       ApplyTrialReport(*found, e);
-      e.erase("agent");
-      e.erase("agentEndpoint");
       pass.suspended.push_back(n + " at step " + std::to_string(found->step()));
       continue;
     }
@@ -567,7 +577,6 @@ void Reconciler::FollowTrials(Pass& pass) {
       continue;
     }
     ApplyTrialReport(*found, e);
-    pass.found[n] = *found;
     if (IsFinalTrialState(e.value("state", ""))) e.erase("stopEarly");
     // The agent's notices (a corrupt checkpoint skipped, a resume) become Events once.
     const int seen = e.value("notices", 0);
@@ -589,11 +598,13 @@ void Reconciler::AdoptOrCancelStale(Pass& pass) {
       if (t.state() != v1::PENDING && t.state() != v1::RUNNING) continue;
       Json& e = pass.entries[t.name()];
       const std::string mine = e.value("agentEndpoint", "");
-      if (mine == ep) continue;
-      if (mine.empty() && !IsFinalTrialState(e.value("state", "")) &&
-          t.attempt() >= e.value("attempt", 0)) {
+      const std::string state = e.value("state", "");
+      const bool unplaced = mine.empty() || state == kTrialInterrupted;
+      if (mine == ep && !unplaced) continue;
+      if (unplaced && !IsFinalTrialState(state) && t.attempt() >= e.value("attempt", 0)) {
         // Assigned by an earlier pass that could not record it (a controller restart between
-        // AssignTrial and the status write, or an answer lost to a timeout).
+        // AssignTrial and the status write, or an answer lost to a timeout); a suspended trial
+        // (Interrupted) still names the agent it left.
         e["agent"] = report.node_name();
         e["agentEndpoint"] = ep;
         e["attempt"] = t.attempt();
@@ -647,15 +658,26 @@ void Reconciler::StopEarly(Pass& pass) {
     trials.push_back(
         {&pass.entries[t.name], t.training.steps, f == pass.found.end() ? nullptr : &f->second});
   }
-  for (const auto& s : DecideEarlyStopping(pass.early_stopping, trials)) {
-    Event(pass.job, "Normal", cond::kEventTrialEarlyStopped, s.trial + ": " + s.why);
-  }
-  // Tell the agents, every pass until their reports agree (a call that fails is repeated).
+  DecideEarlyStopping(pass.early_stopping, trials);  // Events: Summarize, on the transitions
+}
+
+void Reconciler::TellAgents(Pass& pass) {
   for (auto& [n, e] : pass.entries) {
     auto f = pass.found.find(n);
     if (f == pass.found.end() || IsFinalTrialState(e.value("state", ""))) continue;
     const v1::TrialStatus& r = f->second;
     if (r.state() != v1::RUNNING && r.state() != v1::PENDING) continue;
+    const std::string ep = e.value("agentEndpoint", "");
+    const auto log = [&](const char* what, const Status& s) {
+      if (s.ok()) return;
+      std::fprintf(stderr, "%s %s/%s/%s on %s: %s\n", what, pass.ns.c_str(), pass.name.c_str(),
+                   n.c_str(), ep.c_str(), s.ToString().c_str());
+    };
+    if (pass.suspend) {
+      // Checkpointed and stopped after its current step; a later pass reads it Interrupted.
+      log("suspending", agents_->Suspend(ep, pass.Ref(n)));
+      continue;
+    }
     v1::LimitTrialRequest req;
     *req.mutable_trial() = pass.Ref(n);
     if (e.contains("stopEarly")) {
@@ -666,26 +688,8 @@ void Reconciler::StopEarly(Pass& pass) {
     } else {
       continue;
     }
-    const std::string ep = e.value("agentEndpoint", "");
-    if (Status s = agents_->Limit(ep, req); !s.ok()) {
-      std::fprintf(stderr, "early stopping of %s/%s/%s on %s: %s\n", pass.ns.c_str(),
-                   pass.name.c_str(), n.c_str(), ep.c_str(), s.ToString().c_str());
-    }
-  }
-}
-
-void Reconciler::SuspendTrials(Pass& pass) {
-  if (!pass.suspend) return;
-  for (auto& [n, e] : pass.entries) {
-    auto f = pass.found.find(n);
-    if (f == pass.found.end() || IsFinalTrialState(e.value("state", ""))) continue;
-    if (f->second.state() != v1::RUNNING && f->second.state() != v1::PENDING) continue;
-    // Checkpointed and stopped after its current step; the next pass sees it Interrupted.
-    const std::string ep = e.value("agentEndpoint", "");
-    if (Status s = agents_->Suspend(ep, pass.Ref(n)); !s.ok()) {
-      std::fprintf(stderr, "suspending %s/%s/%s on %s: %s\n", pass.ns.c_str(), pass.name.c_str(),
-                   n.c_str(), ep.c_str(), s.ToString().c_str());
-    }
+    // A call that fails is made again by the next pass, which finds the agent still behind.
+    log("early stopping of", agents_->Limit(ep, req));
   }
 }
 
@@ -695,9 +699,10 @@ StatusOr<bool> Reconciler::PlaceWaiting(Pass& pass) {
   for (auto& [n, e] : pass.entries) {
     if (!pass.by_name.count(n)) continue;
     const std::string state = e.value("state", "");
-    // Interrupted on no agent: suspended (spec.suspend), now resumed.
-    if ((state == kTrialPending || state == kTrialInterrupted) &&
-        e.value("agentEndpoint", "").empty()) {
+    // Interrupted: suspended (spec.suspend), now resumed.
+    if (!e.contains("stopEarly") &&
+        ((state == kTrialPending && e.value("agentEndpoint", "").empty()) ||
+         state == kTrialInterrupted)) {
       waiting.push_back(
           {pass.by_name[n], EstimatedRemainingSeconds(pass.by_name[n], e.value("step", 0))});
     }
@@ -743,6 +748,7 @@ StatusOr<bool> Reconciler::PlaceWaiting(Pass& pass) {
       // ALREADY_EXISTS: this very attempt is already there (an earlier call's answer was lost).
       e["agent"] = p.node;
       e["agentEndpoint"] = p.endpoint;
+      e["state"] = kTrialPending;  // queued there (a resumed suspension was Interrupted)
       e["shardPlan"] = PlanJson(*req.mutable_shard_plan());
       e.erase("message");
       ++pass.result.assigned;
@@ -796,7 +802,8 @@ void Reconciler::Summarize(Pass& pass) {
     c.succeeded += state == kTrialSucceeded;
     c.early_stopped += state == kTrialEarlyStopped;
     c.failed += state == kTrialFailed || state == kTrialCancelled;
-    c.unplaced += !IsFinalTrialState(state) && e.value("agentEndpoint", "").empty();
+    c.unplaced += !IsFinalTrialState(state) &&
+                  (e.value("agentEndpoint", "").empty() || state == kTrialInterrupted);
     pass.result.trials_by_state[state] += 1;
     if (state == kTrialSucceeded && e.contains("validationLoss") &&
         e["validationLoss"].get<double>() < best_loss) {
@@ -809,6 +816,9 @@ void Reconciler::Summarize(Pass& pass) {
             t.name + " succeeded; validation loss " +
                 (e.contains("validationLoss") ? std::to_string(e["validationLoss"].get<double>())
                                               : std::string("n/a")));
+    } else if (before != state && state == kTrialEarlyStopped) {
+      Event(pass.job, "Normal", cond::kEventTrialEarlyStopped,
+            t.name + " stopped early: " + e.value("message", ""));
     } else if (before != state && (state == kTrialFailed || state == kTrialCancelled)) {
       Event(pass.job, "Warning", cond::kEventTrialFailed,
             t.name + " " + state + ": " + e.value("message", ""));
@@ -831,7 +841,7 @@ void Reconciler::Summarize(Pass& pass) {
     status["bestValidationLoss"] = ForReading(best_loss);
   }
   if (!status.contains("startTime") &&
-      (c.running + c.succeeded + c.failed > 0 || pass.result.assigned > 0)) {
+      (c.running + c.succeeded + c.early_stopped + c.failed > 0 || pass.result.assigned > 0)) {
     status["startTime"] = kube::TimeNow();
   }
   pass.all_final = c.AllFinal();

@@ -95,11 +95,12 @@ class Reconciler {
   /// Adopts copies an earlier pass assigned but could not record; cancels stale copies.
   void AdoptOrCancelStale(Pass& pass);
   /// Early stopping (spec.search.earlyStopping): decides over the stored evaluations and the
-  /// agents' reports, and tells the agents the step limits and stops they do not have yet.
+  /// agents' reports, into the status entries.
   void StopEarly(Pass& pass);
-  /// spec.suspend: asks the agents to checkpoint and stop the job's running and queued trials
-  /// (FollowTrials then records them Interrupted on no agent; PlaceWaiting places nothing).
-  void SuspendTrials(Pass& pass);
+  /// After the status write: tells each agent what its trials' entries say and its report does
+  /// not yet show: a step limit or a stop (LimitTrial), or with spec.suspend a suspension
+  /// (FollowTrials then records the trial Interrupted; PlaceWaiting places nothing).
+  void TellAgents(Pass& pass);
   /// The inventory's agents whose own GetStatus confirms the node and devices they claim.
   std::vector<AgentInventory> ConfirmedAgents(const Pass& pass);
   /// Places waiting trials, each with a fresh attempt number reserved in the stored status

@@ -96,30 +96,56 @@ TEST(EarlyStoppingPassTest, StoredDecisionsStandAndStoredLossesReplaceSilentAgen
     job.reported.push_back(false);
   }
   // t0 was promoted to 30 by an earlier pass (stored), though its stored rung loss is the
-  // worst; t1's agent already has the limit 90 (= to the end, reported as 0) that a pass could
-  // not store. t2 is waiting at 10, known only from its stored loss: its agent is silent.
+  // worst. t1 is queued on its agent, which reports it PENDING without a limit yet: the stored
+  // limit stands (the agent is told after the status is written, never the other way round).
+  // t2 waits at 10, known only from its stored loss: its agent is silent.
   job.entries[0]["stepLimit"] = 30;
   job.entries[0]["evaluations"] = Json::parse("[[10, 5.0]]");
-  job.entries[1]["stepLimit"] = 30;
-  job.entries[1]["evaluations"] = Json::parse("[[10, 1.0], [30, 1.0]]");
-  job.reports[1] = Report(40, 0, {{10, 1.0}, {30, 1.0}, {40, 0.9}});
+  job.entries[1]["stepLimit"] = 10;
+  job.entries[1]["evaluations"] = Json::parse("[[10, 1.0]]");
+  job.reports[1] = Report(10, 0, {{5, 1.5}, {10, 1.0}});
+  job.reports[1].set_state(v1::PENDING);
   job.reported[1] = true;
   job.entries[2]["stepLimit"] = 10;
   job.entries[2]["evaluations"] = Json::parse("[[10, 4.0]]");
   auto stops = job.Decide();
   EXPECT_EQ(job.entries[0]["stepLimit"], 30);  // not taken back
-  EXPECT_EQ(job.entries[1]["stepLimit"], 90);  // the agent's, higher
-  EXPECT_EQ(WantedStepLimit(job.entries[1]), 0);
-  // At rung 10: 1.0 (t1), 4.0 (t2), 5.0 (t0): t2 is not in the top 1 of 3, and none can still
-  // report there: it stops.
+  // At rung 10: 1.0 (t1), 4.0 (t2), 5.0 (t0); every trial has reported there. t1 goes on,
+  // t2 stops.
+  EXPECT_EQ(job.entries[1]["stepLimit"], 30);
   ASSERT_EQ(stops.size(), 1u);
   EXPECT_EQ(stops[0].trial, "t2");
   EXPECT_EQ(job.entries[2]["stopEarly"], 10);
-  EXPECT_FALSE(job.entries[2].contains("stepLimit") &&
-               job.entries[2]["stepLimit"].get<int64_t>() > 10);
+  EXPECT_EQ(job.entries[2]["stepLimit"], 10);
+
+  // t2's agent is lost before it confirmed the stop (the reconciler drops the agent): it ends
+  // EarlyStopped, not placed again.
+  job.entries[2].erase("agentEndpoint");
+  EXPECT_TRUE(job.Decide().empty());
+  EXPECT_EQ(job.entries[2]["state"], kTrialEarlyStopped);
+  EXPECT_FALSE(job.entries[2].contains("stopEarly"));
+  EXPECT_NE(job.entries[2]["message"].get<std::string>().find("stopped at step 10"),
+            std::string::npos);
 }
 
-TEST(EarlyStoppingPassTest, ATrialOnNoAgentEndsAtOnceAndMedianKeepsBestAndLatest) {
+TEST(EarlyStoppingPassTest, ASuspendedTrialStoppedEarlyEndsAtOnce) {
+  Job job;
+  for (int i = 0; i < 2; ++i) {
+    job.entries.push_back(Entry("t" + std::to_string(i), true));
+    job.reports.push_back(Report(10, 10, {{10, 1.0 + i}}));
+    job.reported.push_back(i == 0);
+  }
+  // t1 was suspended at its rung: Interrupted, still naming the agent it left.
+  job.entries[1]["state"] = kTrialInterrupted;
+  job.entries[1]["stepLimit"] = 10;
+  job.entries[1]["evaluations"] = Json::parse("[[10, 2.0]]");
+  auto stops = job.Decide(EarlyStoppingSpec{EarlyStoppingAlgorithm::kAsha, 10, 2});
+  ASSERT_EQ(stops.size(), 1u);
+  EXPECT_EQ(job.entries[0]["stepLimit"], 20);
+  EXPECT_EQ(job.entries[1]["state"], kTrialEarlyStopped);
+}
+
+TEST(EarlyStoppingPassTest, ATrialOnNoAgentEndsAtOnceAndMedianKeepsItsBestSoFar) {
   const EarlyStoppingSpec median{EarlyStoppingAlgorithm::kMedian, 10, 3};
   Job job;
   for (int i = 0; i < 3; ++i) {
@@ -135,8 +161,8 @@ TEST(EarlyStoppingPassTest, ATrialOnNoAgentEndsAtOnceAndMedianKeepsBestAndLatest
   EXPECT_EQ(job.entries[2]["state"], kTrialEarlyStopped);
   EXPECT_NE(job.entries[2]["message"].get<std::string>().find("median"), std::string::npos);
   EXPECT_FALSE(job.entries[0].contains("stepLimit"));  // median sets no limits
-  // Best and latest: here the same point.
-  EXPECT_EQ(job.entries[0]["evaluations"], Json::parse("[[20, 0.5]]"));
+  // The best loss so far at its evaluations (all of them: fewer than the cap).
+  EXPECT_EQ(job.entries[0]["evaluations"], Json::parse("[[10, 1.0], [20, 0.5]]"));
 
   // Nothing for algorithm none.
   Job none;
@@ -145,6 +171,36 @@ TEST(EarlyStoppingPassTest, ATrialOnNoAgentEndsAtOnceAndMedianKeepsBestAndLatest
   none.reported.push_back(true);
   EXPECT_TRUE(none.Decide({}).empty());
   EXPECT_FALSE(none.entries[0].contains("evaluations"));
+}
+
+TEST(EarlyStoppingPassTest, StoredEvaluationsAreBoundedAndKeepWhatDecisionsRead) {
+  Job job;
+  job.entries.push_back(Entry("t0", true));
+  std::vector<std::pair<int64_t, double>> curve;
+  for (int64_t s = 1; s <= 100; ++s) curve.emplace_back(s, s == 50 ? 0.25 : 1.0 + 1.0 / s);
+  job.reports.push_back(Report(100, 0, curve));
+  job.reported.push_back(true);
+  job.Decide({EarlyStoppingAlgorithm::kMedian, 10, 3});
+  const Json& kept = job.entries[0]["evaluations"];
+  ASSERT_EQ(kept.size(), kMaxStoredEvaluations);
+  EXPECT_EQ(kept.back()[0], 100);  // the latest
+  double previous = 1e9;
+  for (const auto& p : kept) {
+    EXPECT_LE(p[1].get<double>(), previous) << "a best so far never rises";
+    previous = p[1].get<double>();
+  }
+  EXPECT_EQ(kept.back()[1], 0.25);
+
+  // ASHA with 1 and 2: rungs 1, 2, 4, ..., 64 (7 of them); every one is kept.
+  Job asha;
+  asha.entries.push_back(Entry("t0", true));
+  asha.entries[0]["steps"] = 100;
+  asha.reports.push_back(Report(100, 0, curve));
+  asha.reported.push_back(true);
+  asha.Decide({EarlyStoppingAlgorithm::kAsha, 1, 2});
+  ASSERT_EQ(asha.entries[0]["evaluations"].size(), 7u);
+  EXPECT_EQ(asha.entries[0]["evaluations"][0][0], 1);
+  EXPECT_EQ(asha.entries[0]["evaluations"][6][0], 64);
 }
 
 }  // namespace

@@ -586,6 +586,43 @@ TEST_F(AgentServiceTest, StepLimitsHoldATrialAtItsRungAndLimitTrialRaisesOrStops
   ASSERT_TRUE(at("a1", 60, v1::SUCCEEDED));
 }
 
+TEST_F(AgentServiceTest, CancelWithCheckpointSuspendsATrialWhereItIs) {
+  factory_.step_delay = std::chrono::milliseconds(5);
+  StartServer();
+  auto stub = Client();
+  ASSERT_TRUE(Assign(*stub, Request("s1", 100000)).ok());
+  ASSERT_TRUE(WaitFor(*stub, [](const v1::GetStatusResponse& s) {
+    return s.trials_size() == 1 && s.trials(0).step() >= 3;
+  }));
+  auto suspend = [&](const v1::TrialRef& ref, bool delete_files) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::CancelTrialRequest req;
+    *req.mutable_trial() = ref;
+    req.set_checkpoint(true);
+    req.set_delete_checkpoints(delete_files);
+    v1::CancelTrialResponse resp;
+    return stub->CancelTrial(&ctx, req, &resp);
+  };
+  EXPECT_EQ(suspend(Ref("s1"), true).error_code(), grpc::INVALID_ARGUMENT);
+  EXPECT_EQ(suspend(Ref("s1", "other"), false).error_code(), grpc::NOT_FOUND);
+  ASSERT_TRUE(suspend(Ref("s1"), false).ok());
+  ASSERT_TRUE(WaitFor(*stub, [](const v1::GetStatusResponse& s) {
+    return s.trials(0).state() == v1::INTERRUPTED;
+  }));
+  const auto status = StatusOf(*stub);
+  const auto& t = status.trials(0);
+  EXPECT_TRUE(IsSuspendedMessage(t.message())) << t.message();
+  EXPECT_EQ(t.last_checkpoint_step(), t.step());
+  EXPECT_EQ(executor::CheckpointStore(TrialDir("s1").string()).Steps().back(), t.step());
+  // Assigned again, it resumes there.
+  ASSERT_TRUE(Assign(*stub, Request("s1", 100000)).ok());
+  ASSERT_TRUE(WaitFor(*stub, [&](const v1::GetStatusResponse& s) {
+    return s.trials_size() == 1 && s.trials(0).state() == v1::RUNNING &&
+           s.trials(0).resumed_from_step() == t.step() && s.trials(0).step() > t.step();
+  }));
+}
+
 TEST_F(AgentServiceTest, MutualTlsRefusesCallersWithoutTheControllersCertificate) {
   const fs::path certs = dir_ / "certs";
   ASSERT_TRUE(fakes::MakeTestCertificates(certs)) << "openssl failed";

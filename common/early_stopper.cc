@@ -55,10 +55,7 @@ std::vector<StopDecision> EarlyStopper::Report(int trial, int64_t step, double l
   if (std::find(rungs.begin(), rungs.end(), step) != rungs.end() && !waiting_.count(trial)) {
     waiting_[trial] = step;  // decided below with the others
   } else if (step > limit && limit < steps_[trial] && !waiting_.count(trial) &&
-             !board_.At(trial, limit, &seen)) {
-    // Resumed past its rung from a checkpoint without an evaluation there: judged at that rung
-    // by its first evaluation after it.
-    board_.Record(trial, limit, loss);
+             StandInAtLimit(trial)) {
     waiting_[trial] = limit;
   }
   auto more = Review();
@@ -92,21 +89,25 @@ std::vector<StopDecision> EarlyStopper::Decide() {
     }
     if (spec_.algorithm != EarlyStoppingAlgorithm::kAsha || limit_[k] >= steps_[k]) continue;
     double loss = 0;
-    if (!board_.At(i, limit_[k], &loss) && last > limit_[k]) {
-      // Past its limit without an evaluation there (resumed from a later checkpoint): its
-      // first evaluation after the limit stands for the rung, as in Report.
-      for (const auto& [step, l] : board_.losses().at(i)) {
-        if (step > limit_[k]) {
-          board_.Record(i, limit_[k], l);
-          break;
-        }
-      }
-    }
+    StandInAtLimit(i);
     if (board_.At(i, limit_[k], &loss)) waiting_[i] = limit_[k];
   }
   auto more = Review();
   out.insert(out.end(), more.begin(), more.end());
   return out;
+}
+
+bool EarlyStopper::StandInAtLimit(int trial) {
+  const int64_t limit = limit_[trial];
+  double loss = 0;
+  if (board_.At(trial, limit, &loss)) return false;
+  for (const auto& [step, l] : board_.losses().at(trial)) {
+    if (step > limit) {
+      board_.Record(trial, limit, l);
+      return true;
+    }
+  }
+  return false;
 }
 
 std::vector<StopDecision> EarlyStopper::Ended(int trial) {

@@ -66,6 +66,9 @@ class EarlyStopper {
   void Stop(int trial, std::vector<StopDecision>* out);
   void Promote(int trial, int64_t rung, std::vector<StopDecision>* out);
   std::vector<StopDecision> Review();  // waiting trials, again, until nothing changes
+  /// A trial past its limit without an evaluation there (resumed from a later checkpoint) is
+  /// judged at that rung by its first evaluation after it: recorded there. True if it did so.
+  bool StandInAtLimit(int trial);
 
   EarlyStoppingSpec spec_;
   std::vector<int64_t> steps_;

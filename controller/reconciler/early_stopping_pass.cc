@@ -8,6 +8,7 @@
 
 #include "common/early_stopper.h"
 #include "common/trial_result.h"
+#include "controller/reconciler/reconciler.h"
 
 namespace hydra::controller {
 namespace {
@@ -19,12 +20,6 @@ Phase PhaseOf(const Json& e) {
   const std::string state = e.value("state", "");
   if (state == kTrialEarlyStopped || e.contains("stopEarly")) return Phase::kStopped;
   return IsFinalTrialState(state) ? Phase::kEnded : Phase::kActive;
-}
-
-/// Whether a trial's agent holds it (queued or training): where a stop must be asked for.
-/// A suspended trial (Interrupted) is on no agent though its entry names its last one.
-bool OnAgent(const Json& e) {
-  return !e.value("agentEndpoint", "").empty() && e.value("state", "") != kTrialInterrupted;
 }
 
 void RecordEvidence(const EarlyStoppingTrial& t, int index, MetricBoard* board) {

@@ -69,6 +69,10 @@ Json PlanJson(const v1::ShardPlan& plan) {
 
 }  // namespace
 
+bool OnAgent(const Json& e) {
+  return !e.value("agentEndpoint", "").empty() && e.value("state", "") != kTrialInterrupted;
+}
+
 void ApplyTrialReport(const v1::TrialStatus& found, Json& e) {
   const std::string state = wire::TrialStateFromProto(found.state());
   e["state"] = state;
@@ -504,9 +508,7 @@ void Reconciler::Requeue(Pass& pass, const std::string& n, Json& e, const std::s
 void Reconciler::FollowTrials(Pass& pass) {
   for (auto& [n, e] : pass.entries) {
     const std::string ep = e.value("agentEndpoint", "");
-    // Interrupted with an agent named: suspended, off that agent until placed again.
-    const std::string state = e.value("state", "");
-    if (ep.empty() || IsFinalTrialState(state) || state == kTrialInterrupted) continue;
+    if (!OnAgent(e) || IsFinalTrialState(e.value("state", ""))) continue;
     auto report = pass.reports.find(ep);
     if (report == pass.reports.end()) {
       const double silent = agents_->SecondsSinceContact(ep);
@@ -599,9 +601,8 @@ void Reconciler::AdoptOrCancelStale(Pass& pass) {
       Json& e = pass.entries[t.name()];
       const std::string mine = e.value("agentEndpoint", "");
       const std::string state = e.value("state", "");
-      const bool unplaced = mine.empty() || state == kTrialInterrupted;
-      if (mine == ep && !unplaced) continue;
-      if (unplaced && !IsFinalTrialState(state) && t.attempt() >= e.value("attempt", 0)) {
+      if (mine == ep && OnAgent(e)) continue;
+      if (!OnAgent(e) && !IsFinalTrialState(state) && t.attempt() >= e.value("attempt", 0)) {
         // Assigned by an earlier pass that could not record it (a controller restart between
         // AssignTrial and the status write, or an answer lost to a timeout); a suspended trial
         // (Interrupted) still names the agent it left.
@@ -700,9 +701,8 @@ StatusOr<bool> Reconciler::PlaceWaiting(Pass& pass) {
     if (!pass.by_name.count(n)) continue;
     const std::string state = e.value("state", "");
     // Interrupted: suspended (spec.suspend), now resumed.
-    if (!e.contains("stopEarly") &&
-        ((state == kTrialPending && e.value("agentEndpoint", "").empty()) ||
-         state == kTrialInterrupted)) {
+    if (!OnAgent(e) && !e.contains("stopEarly") &&
+        (state == kTrialPending || state == kTrialInterrupted)) {
       waiting.push_back(
           {pass.by_name[n], EstimatedRemainingSeconds(pass.by_name[n], e.value("step", 0))});
     }
@@ -802,8 +802,7 @@ void Reconciler::Summarize(Pass& pass) {
     c.succeeded += state == kTrialSucceeded;
     c.early_stopped += state == kTrialEarlyStopped;
     c.failed += state == kTrialFailed || state == kTrialCancelled;
-    c.unplaced += !IsFinalTrialState(state) &&
-                  (e.value("agentEndpoint", "").empty() || state == kTrialInterrupted);
+    c.unplaced += !IsFinalTrialState(state) && !OnAgent(e);
     pass.result.trials_by_state[state] += 1;
     if (state == kTrialSucceeded && e.contains("validationLoss") &&
         e["validationLoss"].get<double>() < best_loss) {

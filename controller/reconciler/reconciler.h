@@ -129,6 +129,10 @@ class Reconciler {
 bool SetCondition(kube::Json& conditions, const std::string& type, bool status,
                   const std::string& reason, const std::string& message, int64_t generation);
 
+/// Whether a trial's status entry says an agent holds it (queued or training there). A suspended
+/// trial (Interrupted) is on no agent though its entry names the one it left.
+bool OnAgent(const kube::Json& entry);
+
 /// Fills a trial's status entry from its agent's report: state, step, losses, checkpoint, shard
 /// plan (at most kMaxStatusShards shards) and message (at most kMaxStatusMessageBytes).
 void ApplyTrialReport(const v1::TrialStatus& report, kube::Json& entry);

@@ -12,6 +12,10 @@ void AppendBounded(std::vector<CurvePoint>* curve, CurvePoint point, size_t max_
   curve->resize(kept);
 }
 
+double LatestLoss(const std::vector<CurvePoint>& curve) {
+  return curve.empty() ? std::numeric_limits<double>::quiet_NaN() : curve.back().loss;
+}
+
 bool IsWaitingAtLimit(const TrialResult& r) {
   return r.state == kTrialRunning && r.step_limit > 0 && r.step >= r.step_limit;
 }

@@ -69,6 +69,9 @@ bool IsWaitingAtLimit(const TrialResult& r);
 /// many steps a trial takes.
 inline constexpr size_t kMaxCurvePoints = 1024;
 
+/// The newest point's loss (NaN for an empty curve).
+double LatestLoss(const std::vector<CurvePoint>& curve);
+
 /// Appends `point`; past `max_points` the older half of the curve is thinned to every second
 /// point (the newest max_points / 2 stay exact). Deterministic: a resumed trial's curve equals
 /// an uninterrupted run's.

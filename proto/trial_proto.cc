@@ -4,14 +4,6 @@
 #include <filesystem>
 
 namespace hydra::wire {
-namespace {
-
-double LatestLoss(const std::vector<CurvePoint>& curve) {
-  return curve.empty() ? std::nan("") : curve.back().loss;
-}
-
-}  // namespace
-
 void TrialToProto(const Trial& t, v1::TrialSpec* out) {
   out->set_job(t.job);
   out->set_namespace_(t.namespace_);

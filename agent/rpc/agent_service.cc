@@ -524,7 +524,7 @@ grpc::Status AgentService::WatchProgress(grpc::ServerContext* context,
     v1::TrialEvent e;
     e.set_kind(v1::TrialEvent::SNAPSHOT);
     *e.mutable_trial() = ToStatus(r);
-    if (!Wanted(w, e.trial())) continue;
+    if (!Wanted(w, e.trial().namespace_(), e.trial().job())) continue;
     if (!writer->Write(e)) {
       unregister();
       return grpc::Status::OK;  // the client went away
@@ -608,14 +608,20 @@ std::string AgentService::NotReadyReason() const {
   return "";
 }
 
-bool AgentService::Wanted(const Watcher& w, const v1::TrialStatus& trial) {
-  return (w.job.empty() || trial.job() == w.job) && (w.ns.empty() || trial.namespace_() == w.ns);
+bool AgentService::Wanted(const Watcher& w, const std::string& ns, const std::string& job) {
+  return (w.job.empty() || job == w.job) && (w.ns.empty() || ns == w.ns);
+}
+
+bool AgentService::Watched(const Trial& trial) const {
+  // Needs mu_ held.
+  return std::any_of(watchers_.begin(), watchers_.end(),
+                     [&](const Watcher* w) { return Wanted(*w, trial.namespace_, trial.job); });
 }
 
 void AgentService::Broadcast(v1::TrialEvent event) {
   // Needs mu_ held.
   for (Watcher* w : watchers_) {
-    if (!Wanted(*w, event.trial())) continue;
+    if (!Wanted(*w, event.trial().namespace_(), event.trial().job())) continue;
     const std::string& name = event.trial().name();
     auto it = w->pending.find(name);
     if (it == w->pending.end()) {
@@ -633,8 +639,15 @@ void AgentService::Broadcast(v1::TrialEvent event) {
 }
 
 void AgentService::OnTrialUpdate(const TrialResult& snapshot) {
+  // The status message is built only for a progress stream that wants it: a trial of a small
+  // model reports every step, thousands a second.
+  bool watched = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    watched = Watched(snapshot.trial);
+  }
   v1::TrialEvent event;
-  *event.mutable_trial() = ToStatus(snapshot);
+  if (watched) *event.mutable_trial() = ToStatus(snapshot);
   const std::string key = TrialKey(snapshot.trial);
   int64_t read_delta = 0, write_delta = 0;
   {
@@ -651,11 +664,11 @@ void AgentService::OnTrialUpdate(const TrialResult& snapshot) {
     const bool state_changed = it == trials_.end() || it->second.last_state != snapshot.state;
     if (it != trials_.end()) it->second.last_state = snapshot.state;
     event.set_kind(state_changed ? v1::TrialEvent::STATE : v1::TrialEvent::STEP);
-    Broadcast(event);
+    if (watched) Broadcast(event);
   }
   if (metrics_) {
-    metrics_->SetTrialProgress(snapshot.trial, snapshot.step, event.trial().train_loss(),
-                               event.trial().validation_loss(), snapshot.tokens_per_second);
+    metrics_->SetTrialProgress(snapshot.trial, snapshot.step, LatestLoss(snapshot.train_curve),
+                               LatestLoss(snapshot.val_curve), snapshot.tokens_per_second);
     metrics_->AddSpillBytes("disk", "read", read_delta);
     metrics_->AddSpillBytes("disk", "write", write_delta);
   }

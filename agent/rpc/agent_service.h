@@ -126,7 +126,9 @@ class AgentService final : public v1::AgentService::Service, private TrialObserv
   bool CallerAllowed(grpc::ServerContext* context, std::string* why) const;
   v1::TrialStatus ToStatus(const TrialResult& result) const;
   void Broadcast(v1::TrialEvent event);
-  static bool Wanted(const Watcher& w, const v1::TrialStatus& trial);
+  static bool Wanted(const Watcher& w, const std::string& ns, const std::string& job);
+  /// Whether a progress stream wants this trial's events (needs mu_ held).
+  bool Watched(const Trial& trial) const;
 
   AgentConfig config_;
   AgentMetrics* metrics_;

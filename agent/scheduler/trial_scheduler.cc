@@ -561,6 +561,7 @@ int64_t TrialScheduler::PublishedLimit(const Slot& slot) const {
 
 void TrialScheduler::Worker(int device) {
   const int64_t host_limit = host_limit_;
+  TrialResult snapshot;
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
     if (shutdown_) break;
@@ -722,8 +723,9 @@ void TrialScheduler::Worker(int device) {
     on.erase(std::remove(on.begin(), on.end(), &slot), on.end());
     Publish(slot);
     // Report a copy taken while the trial is still ours: once `running` is cleared another
-    // device may step it and grow its curves.
-    const TrialResult snapshot = slot.published;
+    // device may step it and grow its curves. Assigned into the worker's buffer, whose
+    // capacity stays: a small model's trial reports thousands of steps a second.
+    snapshot = slot.published;
     slot.running = false;
     ++reporting_;  // WaitIdle waits for this report too
     cv_.notify_all();

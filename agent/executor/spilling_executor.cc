@@ -16,6 +16,7 @@
 #include "agent/executor/inmemory_executor.h"
 #include "agent/executor/optimizer.h"
 #include "agent/executor/precision.h"
+#include "agent/executor/residency.h"
 #include "agent/executor/tensor_buffers.h"
 #include "agent/executor/tier_ledger.h"
 #include "agent/executor/torchscript.h"
@@ -33,24 +34,28 @@ int64_t Bytes(const NamedTensors& ts) {
   return b;
 }
 
-/// One shard's parameters and optimizer state, and where they are.
+/// A part of a shard's state that moves between the tiers as one: its weights, or its
+/// optimizer state.
+struct Part {
+  const char* key = "";  // its spill file's suffix
+  NamedTensors tensors;
+  std::vector<std::vector<int64_t>> shapes;  // kept while the tensors are empty (on disk)
+  std::optional<PartResidency> at;           // where it is; the ledger follows
+  // Disk tier: the page-aligned memory the tensors live in once read back (O_DIRECT I/O), and
+  // the read in flight while kReading.
+  std::shared_ptr<AlignedSlab> slab;
+  std::future<Status> read;
+};
+
+/// One shard's parameters and optimizer state.
 struct Shard {
   ShardPlan plan;
-  NamedTensors params;  // movable parameters of the shard's layers (tied ones excluded)
+  Part weights;         // movable parameters of the shard's layers (tied ones excluded)
+  Part state;           // the optimizer's state: moves with the shard
   NamedTensors pinned;  // tied parameters the shard's layers lend: resident, stepped here
-  std::unique_ptr<Optimizer> opt;  // over params and pinned; its state moves with the shard
-  NamedTensors opt_state;
-  std::vector<std::vector<int64_t>> param_shapes, opt_shapes;
-  // Disk tier: the page-aligned memory the tensors live in once read back (O_DIRECT I/O).
-  std::shared_ptr<AlignedSlab> weight_slab, opt_slab;
-  int64_t weight_bytes = 0, opt_bytes = 0, grad_bytes = 0;
-  // Disk tier: whether the tensors hold their data in RAM, and I/O in flight.
-  bool weights_in_ram = true, opt_in_ram = true;
-  std::future<Status> weight_read, opt_read, write;
-  bool weight_reading = false, opt_reading = false, writing = false;
-  // Device-tier accounting.
-  bool weights_on_device = false, opt_on_device = false;
-  bool weights_in_host = false;  // disk tier: weights kept in RAM for a stashed graph
+  std::unique_ptr<Optimizer> optimizer;  // over the weights and pinned
+  int64_t grad_bytes = 0;
+  std::future<Status> write;  // disk tier: the write-back of both parts while kWritingBack
 };
 
 class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemoryWhenDone {
@@ -68,9 +73,10 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
 
   ~SpillingExecutor() override {
     for (auto& s : shards_) {
-      if (s.writing) s.write.wait();
-      if (s.weight_reading) s.weight_read.wait();
-      if (s.opt_reading) s.opt_read.wait();
+      if (s.write.valid()) s.write.wait();
+      for (Part* p : {&s.weights, &s.state}) {
+        if (p->read.valid()) p->read.wait();
+      }
     }
   }
 
@@ -107,23 +113,29 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       for (const auto& t : seq.layers[i]->lent_parameters()) lent[t.unsafeGetTensorImpl()] = true;
       for (const auto& p : seq.layers[i]->named_parameters(true)) {
         auto entry = std::make_pair(seq.names[i] + "." + p.key(), p.value());
-        (lent.count(p.value().unsafeGetTensorImpl()) ? s.pinned : s.params).push_back(entry);
+        (lent.count(p.value().unsafeGetTensorImpl()) ? s.pinned : s.weights.tensors)
+            .push_back(entry);
       }
     }
     // Tied gradients are complete only after the last backward, that of shard 0.
     if (!s.pinned.empty() && k != 0) {
       return UnimplementedError("tied parameters are supported only in the first shard");
     }
-    NamedTensors all = s.params;
+    NamedTensors all = s.weights.tensors;
     all.insert(all.end(), s.pinned.begin(), s.pinned.end());
     pinned_.insert(pinned_.end(), s.pinned.begin(), s.pinned.end());
-    s.opt = std::make_unique<Optimizer>(all, trial_.training);
-    s.opt_state = s.opt->NamedState();
-    for (const auto& [n, t] : s.params) s.param_shapes.push_back(t.sizes().vec());
-    for (const auto& [n, t] : s.opt_state) s.opt_shapes.push_back(t.sizes().vec());
-    s.weight_bytes = Bytes(s.params);
-    s.opt_bytes = Bytes(s.opt_state);
-    s.grad_bytes = s.weight_bytes;
+    s.optimizer = std::make_unique<Optimizer>(all, trial_.training);
+    s.state.tensors = s.optimizer->NamedState();
+    const std::string shard = " of shard " + std::to_string(k);
+    const Tier rests_in = disk_ ? Tier::kDisk : Tier::kHost;
+    s.weights.key = "w";
+    s.state.key = "o";
+    for (Part* p : {&s.weights, &s.state}) {
+      for (const auto& [n, t] : p->tensors) p->shapes.push_back(t.sizes().vec());
+      p->at.emplace(&ledger_, (p == &s.weights ? "weights" : "optimizer state") + shard,
+                    Bytes(p->tensors), rests_in);
+    }
+    s.grad_bytes = s.weights.at->bytes();
     shards_.push_back(std::move(s));
     if (disk_) {
       // Set-up frees each shard's freshly built tensors once written; glibc would keep that
@@ -133,12 +145,11 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       // state lives in AlignedSlabs that are unmapped when dropped (a trim after every shard
       // drop cost a fifth of GPT-2 small's throughput from disk; Drop still trims when
       // hostMemoryBudget says RAM is scarce).
-      Status written = WriteBack(k, /*wait=*/true);
+      Status written = Spill(k);
       malloc_trim(0);
       return written;
     }
-    return ledger_.Acquire(Tier::kHost, shards_[k].weight_bytes + shards_[k].opt_bytes,
-                           "state of shard " + std::to_string(k));
+    return OkStatus();
   }
 
   StatusOr<StepMetrics> TrainStep() override {
@@ -225,10 +236,11 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     try {
       for (const auto& [n, t] : pinned_) out.push_back(TensorToBuffer(n, t));
       for (size_t k = 0; k < shards_.size(); ++k) {
-        RETURN_IF_ERROR(Fetch(k, true, /*account=*/false));
+        RETURN_IF_ERROR(Fetch(k, true));
         RETURN_IF_ERROR(Wait(k));
-        for (const auto& [n, t] : shards_[k].params) out.push_back(TensorToBuffer(n, t));
-        for (const auto& [n, t] : shards_[k].opt_state) out.push_back(TensorToBuffer(n, t));
+        for (const Part* p : {&shards_[k].weights, &shards_[k].state}) {
+          for (const auto& [n, t] : p->tensors) out.push_back(TensorToBuffer(n, t));
+        }
         RETURN_IF_ERROR(Evict(k, false));
       }
     } catch (const c10::Error& e) {
@@ -248,7 +260,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
 
   Status Import(int64_t step, const std::vector<NamedBuffer>& state) {
     size_t expected = pinned_.size();
-    for (const auto& s : shards_) expected += s.params.size() + s.opt_state.size();
+    for (const auto& s : shards_) expected += s.weights.tensors.size() + s.state.tensors.size();
     if (expected != state.size()) {
       return InvalidArgumentError("state has " + std::to_string(state.size()) +
                                   " tensors, expected " + std::to_string(expected));
@@ -257,9 +269,9 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     std::map<std::string, const NamedBuffer*> by_name;
     for (const auto& b : state) by_name[b.name] = &b;
     for (const auto& s : shards_) {
-      for (int part = 0; part < 2; ++part) {
-        const NamedTensors& ts = part == 0 ? s.params : s.opt_state;
-        const auto& shapes = part == 0 ? s.param_shapes : s.opt_shapes;
+      for (const Part* part : {&s.weights, &s.state}) {
+        const NamedTensors& ts = part->tensors;
+        const auto& shapes = part->shapes;
         for (size_t i = 0; i < ts.size(); ++i) {
           auto it = by_name.find(ts[i].first);
           if (it == by_name.end())
@@ -276,14 +288,15 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     }
     RETURN_IF_ERROR(CopyBuffersInto(state, pinned_, /*allow_extra=*/true));
     for (size_t k = 0; k < shards_.size(); ++k) {
-      RETURN_IF_ERROR(Fetch(k, true, /*account=*/false));
+      RETURN_IF_ERROR(Fetch(k, true));
       RETURN_IF_ERROR(Wait(k));
-      NamedTensors all = shards_[k].params;
-      for (const auto& e : shards_[k].opt_state) all.push_back(e);
+      NamedTensors all = shards_[k].weights.tensors;
+      for (const auto& e : shards_[k].state.tensors) all.push_back(e);
       RETURN_IF_ERROR(CopyBuffersInto(state, all, /*allow_extra=*/true));
       RETURN_IF_ERROR(Evict(k, /*dirty=*/true));
+      // One shard on the device at a time, as the plan's budget allows between steps.
+      RETURN_IF_ERROR(FinishWrite(k));
     }
-    RETURN_IF_ERROR(FinishWrites());
     step_ = step;
     return OkStatus();
   }
@@ -293,7 +306,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     st.shards = static_cast<int64_t>(shards_.size());
     // From the shapes: a spilled shard's tensors are empty while its state is on disk.
     for (const auto& shard : shards_) {
-      for (const auto& shape : shard.param_shapes) {
+      for (const auto& shape : shard.weights.shapes) {
         int64_t n = 1;
         for (int64_t d : shape) n *= d;
         st.parameters += n;
@@ -311,100 +324,95 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
  private:
   // ---- residency ----------------------------------------------------------------------------
 
-  /// Makes shard k's weights (and optimizer state) available: device accounting at once, disk
-  /// reads started on I/O threads. Wait(k) completes them.
-  Status Fetch(size_t k, bool with_opt, bool account = true) {
-    Shard& s = shards_[k];
-    if (account && !s.weights_on_device) {
-      RETURN_IF_ERROR(
-          ledger_.Acquire(Tier::kDevice, s.weight_bytes, "weights of shard " + std::to_string(k)));
-      s.weights_on_device = true;
-      if (s.weights_in_host) {
-        ledger_.Release(Tier::kHost, s.weight_bytes);
-        s.weights_in_host = false;
-      }
+  /// Starts moving shard k's weights (and optimizer state) to the device: their device memory
+  /// is reserved at once and disk reads start on I/O threads; Wait(k) completes them.
+  Status Fetch(size_t k, bool with_state) {
+    RETURN_IF_ERROR(FetchPart(k, shards_[k].weights));
+    return with_state ? FetchPart(k, shards_[k].state) : OkStatus();
+  }
+
+  Status FetchPart(size_t k, Part& p) {
+    switch (p.at->where()) {
+      case Residency::kReading:
+      case Residency::kOnDevice: return OkStatus();
+      case Residency::kInHost: return p.at->To(Residency::kOnDevice);
+      case Residency::kWritingBack:
+        // Not reached by the step's order of tasks: the write finishes and the part is read
+        // back, so the dropped copy is never the one used.
+        RETURN_IF_ERROR(FinishWrite(k));
+        break;
+      case Residency::kOnDisk: break;
     }
-    if (account && with_opt && !s.opt_on_device) {
-      RETURN_IF_ERROR(ledger_.Acquire(Tier::kDevice, s.opt_bytes,
-                                      "optimizer state of shard " + std::to_string(k)));
-      s.opt_on_device = true;
-    }
-    if (!disk_) return OkStatus();
+    RETURN_IF_ERROR(p.at->To(Residency::kReading));
     // Materialize first: it makes the slab that Read is then handed.
-    if (!s.weights_in_ram && !s.weight_reading) {
-      auto parts = Materialize(s.params, s.param_shapes, &s.weight_slab);
-      s.weight_read = disk_->Read(Key(k, "w"), std::move(parts), s.weight_slab);
-      s.weight_reading = true;
-      s.weights_in_ram = true;
-    }
-    if (with_opt && !s.opt_in_ram && !s.opt_reading) {
-      auto parts = Materialize(s.opt_state, s.opt_shapes, &s.opt_slab);
-      s.opt_read = disk_->Read(Key(k, "o"), std::move(parts), s.opt_slab);
-      s.opt_reading = true;
-      s.opt_in_ram = true;
-    }
+    auto parts = Materialize(p.tensors, p.shapes, &p.slab);
+    p.read = disk_->Read(Key(k, p.key), std::move(parts), p.slab);
     return OkStatus();
   }
 
+  /// Completes shard k's reads: their parts are on the device.
   Status Wait(size_t k) {
-    Shard& s = shards_[k];
-    if (s.weight_reading) {
-      s.weight_reading = false;
-      RETURN_IF_ERROR(s.weight_read.get());
+    Status first;
+    for (Part* p : {&shards_[k].weights, &shards_[k].state}) {
+      if (p->at->where() != Residency::kReading) continue;
+      Status read = p->read.get();
+      RETURN_IF_ERROR(p->at->To(Residency::kOnDevice));
+      if (first.ok()) first = read;
     }
-    if (s.opt_reading) {
-      s.opt_reading = false;
-      RETURN_IF_ERROR(s.opt_read.get());
-    }
-    return OkStatus();
+    return first;
   }
 
   /// Shard k leaves the device. Dirty state (after an optimizer step) is written back on an I/O
-  /// thread and freed by FinishWrite; clean state is dropped at once (its file is current).
+  /// thread and dropped by FinishWrite; clean state is dropped at once (its file is current).
+  /// With the state in the host tier, it goes back there.
   Status Evict(size_t k, bool dirty) {
     Shard& s = shards_[k];
     RETURN_IF_ERROR(Wait(k));
-    if (disk_) {
-      if (dirty) {
-        RETURN_IF_ERROR(WriteBack(k, /*wait=*/false));
-      } else if (!s.writing) {
-        Drop(k);
-      }
-    } else {
-      ReleaseDevice(k);
+    if (!disk_) {
+      RETURN_IF_ERROR(s.weights.at->To(Residency::kInHost));
+      return s.state.at->To(Residency::kInHost);
     }
-    return OkStatus();
+    if (dirty) return WriteBack(k);
+    return s.write.valid() ? OkStatus() : Drop(k);
   }
 
-  void ReleaseDevice(size_t k) {
+  /// Starts writing both parts of shard k to their spill files; they stay on the device until
+  /// FinishWrite.
+  Status WriteBack(size_t k) {
     Shard& s = shards_[k];
-    if (s.weights_on_device) ledger_.Release(Tier::kDevice, s.weight_bytes);
-    if (s.opt_on_device) ledger_.Release(Tier::kDevice, s.opt_bytes);
-    s.weights_on_device = s.opt_on_device = false;
-  }
-
-  Status WriteBack(size_t k, bool wait) {
-    Shard& s = shards_[k];
-    if (s.writing) RETURN_IF_ERROR(FinishWrite(k));
-    auto w = disk_->Write(Key(k, "w"), Spans(s.params), s.weight_slab);
-    auto o = disk_->Write(Key(k, "o"), Spans(s.opt_state), s.opt_slab);
+    if (s.weights.at->where() != Residency::kOnDevice ||
+        s.state.at->where() != Residency::kOnDevice) {
+      return InternalError("shard " + std::to_string(k) + " is written back with its weights " +
+                           ResidencyName(s.weights.at->where()) + " and its optimizer state " +
+                           ResidencyName(s.state.at->where()) + ", not both on the device");
+    }
+    auto w = disk_->Write(Key(k, s.weights.key), Spans(s.weights.tensors), s.weights.slab);
+    auto o = disk_->Write(Key(k, s.state.key), Spans(s.state.tensors), s.state.slab);
     // One future for both files.
     s.write = std::async(std::launch::deferred, [w = std::move(w), o = std::move(o)]() mutable {
       Status a = w.get(), b = o.get();
       return a.ok() ? b : a;
     });
-    s.writing = true;
-    if (wait) return FinishWrite(k);
-    return OkStatus();
+    RETURN_IF_ERROR(s.weights.at->To(Residency::kWritingBack));
+    return s.state.at->To(Residency::kWritingBack);
+  }
+
+  /// Set-up with the disk tier: writes freshly built shard k out and frees it.
+  Status Spill(size_t k) {
+    Shard& s = shards_[k];
+    auto w = disk_->Write(Key(k, s.weights.key), Spans(s.weights.tensors));
+    auto o = disk_->Write(Key(k, s.state.key), Spans(s.state.tensors));
+    Status a = w.get(), b = o.get();
+    Status dropped = Drop(k);
+    return !a.ok() ? a : !b.ok() ? b : dropped;
   }
 
   Status FinishWrite(size_t k) {
     Shard& s = shards_[k];
-    if (!s.writing) return OkStatus();
-    s.writing = false;
+    if (!s.write.valid()) return OkStatus();
     Status st = s.write.get();
-    Drop(k);
-    return st;
+    Status dropped = Drop(k);
+    return st.ok() ? dropped : st;
   }
 
   Status FinishWrites() {
@@ -416,20 +424,21 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     return first;
   }
 
-  /// Frees shard k's tensors (disk tier): the RAM really goes back to the system.
-  void Drop(size_t k) {
-    Shard& s = shards_[k];
+  /// Frees shard k's tensors (disk tier): the RAM really goes back to the system. Its reads
+  /// must have been waited for.
+  Status Drop(size_t k) {
     torch::NoGradGuard g;
-    for (auto& [n, t] : s.params) t.set_data(torch::empty({0}, t.options()));
-    for (auto& [n, t] : s.opt_state) t.set_data(torch::empty({0}, t.options()));
-    s.weight_slab.reset();  // unmapped once no tensor (or stashed graph) uses it
-    s.opt_slab.reset();
-    s.weights_in_ram = s.opt_in_ram = false;
-    ReleaseDevice(k);
+    for (Part* p : {&shards_[k].weights, &shards_[k].state}) {
+      if (p->at->where() == Residency::kOnDisk) continue;
+      for (auto& [n, t] : p->tensors) t.set_data(torch::empty({0}, t.options()));
+      p->slab.reset();  // unmapped once no tensor (or stashed graph) uses it
+      RETURN_IF_ERROR(p->at->To(Residency::kOnDisk));
+    }
     // RAM is scarce (hostMemoryBudget set): give freed activation and gradient memory back
     // now, not at glibc's leisure, so resident memory follows the budget. It costs page faults
     // when the memory is used again, so with RAM to spare the heap keeps it.
     if (trial_.resources.host_memory_budget.has_value()) malloc_trim(0);
+    return OkStatus();
   }
 
   /// Gives the tensors `ts` fresh memory of `shapes` for a disk read: one page-aligned slab
@@ -499,7 +508,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       // The step waits for every shard's gradient norm: the gradients leave the device for the
       // host tier, or for the disk with the rest of the shard's state.
       NamedTensors grads;
-      for (auto& [n, t] : s.params) {
+      for (auto& [n, t] : s.weights.tensors) {
         norms_[global_order_.at(n)] = t.grad().norm();
         grads.emplace_back(n, t.grad());
       }
@@ -507,14 +516,14 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       ledger_.Release(Tier::kDevice, s.grad_bytes);
       if (disk_) {
         RETURN_IF_ERROR(disk_->WriteSync(Key(k, "g"), Spans(grads)));
-        for (auto& [n, t] : s.params) t.mutable_grad() = torch::Tensor();  // pinned ones stay
+        for (auto& [n, t] : s.weights.tensors) t.mutable_grad() = torch::Tensor();  // not pinned
       } else {
         RETURN_IF_ERROR(ledger_.Acquire(Tier::kHost, s.grad_bytes, "gradients"));
       }
       return OkStatus();
     }
-    s.opt->Step(LearningRateAt(trial_.training, step_), step_ + 1);
-    s.opt->ReleaseGrads();
+    s.optimizer->Step(LearningRateAt(trial_.training, step_), step_ + 1);
+    s.optimizer->ReleaseGrads();
     ledger_.Release(Tier::kDevice, s.grad_bytes);
     return OkStatus();
   }
@@ -615,10 +624,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       // The stashed graph holds the weights (GEMMs save them for backward): keep them in the
       // host tier rather than dropping them and reading them again for the backward.
       RETURN_IF_ERROR(Wait(k));
-      ReleaseDevice(k);
-      RETURN_IF_ERROR(ledger_.Acquire(Tier::kHost, shards_[k].weight_bytes, "stashed weights"));
-      shards_[k].weights_in_host = true;
-      return OkStatus();
+      return shards_[k].weights.at->To(Residency::kInHost);
     }
     return Evict(k, /*dirty=*/false);
   }
@@ -696,9 +702,9 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
                                     "gradients of shard " + std::to_string(k)));
     if (disk_) {
       std::vector<MutableBytes> parts;
-      for (size_t i = 0; i < shards_[k].params.size(); ++i) {
-        auto& p = shards_[k].params[i].second;
-        p.mutable_grad() = torch::empty(shards_[k].param_shapes[i], p.options());
+      for (size_t i = 0; i < shards_[k].weights.tensors.size(); ++i) {
+        auto& p = shards_[k].weights.tensors[i].second;
+        p.mutable_grad() = torch::empty(shards_[k].weights.shapes[i], p.options());
         parts.push_back(
             {p.mutable_grad().data_ptr(), static_cast<size_t>(p.numel() * p.element_size())});
       }
@@ -707,9 +713,9 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     } else {
       ledger_.Release(Tier::kHost, shards_[k].grad_bytes);
     }
-    if (c.clip_scale != 1.0) shards_[k].opt->ScaleGrads(c.clip_scale);
-    shards_[k].opt->Step(LearningRateAt(tr, step_), step_ + 1);
-    shards_[k].opt->ReleaseGrads();
+    if (c.clip_scale != 1.0) shards_[k].optimizer->ScaleGrads(c.clip_scale);
+    shards_[k].optimizer->Step(LearningRateAt(tr, step_), step_ + 1);
+    shards_[k].optimizer->ReleaseGrads();
     ledger_.Release(Tier::kDevice, shards_[k].grad_bytes);
     RETURN_IF_ERROR(Evict(k, true));
     return FinishWrite(k);

@@ -37,6 +37,9 @@ struct ShardPlan {
 /// Where shards' state lives when they are not on the device.
 enum class StateTier { kHost, kDisk };
 
+/// The device compute rate assumed until one is measured (the pilot): 100 GFLOP/s.
+inline constexpr double kDefaultFlopsPerSecond = 1.0e11;
+
 struct PartitionOptions {
   int64_t device_budget = 0;             ///< bytes; <= 0: unlimited (one shard)
   std::vector<int> explicit_boundaries;  ///< first layer index of shards 1..n-1; overrides
@@ -44,7 +47,7 @@ struct PartitionOptions {
   /// Bandwidths that decide stash vs recompute: bytes/s between device and host, and the
   /// device's compute rate in FLOP/s. On a CPU device host<->device is free (same RAM).
   double host_link_bytes_per_second = 0;  ///< 0: infinite
-  double flops_per_second = 1.0e11;
+  double flops_per_second = kDefaultFlopsPerSecond;
   int64_t micro_batches = 1;
   /// Host bytes that stashed activations may use (with the state on disk, also the weights
   /// their autograd graphs hold); above it shards recompute instead. < 0: unlimited.

@@ -1,5 +1,7 @@
 #include "agent/executor/executor.h"
 
+#include <utility>
+
 namespace hydra::executor {
 
 Status CheckModelAndData(const Trial& trial, const TokenDataset& data) {
@@ -18,6 +20,16 @@ Status CheckModelAndData(const Trial& trial, const TokenDataset& data) {
         std::to_string(limit) + ")");
   }
   return OkStatus();
+}
+
+Status ExecutorFactoryInterface::Check(const Trial& trial, const TokenDataset& data) {
+  return Admit(trial, data).status();
+}
+
+StatusOr<std::unique_ptr<TrialExecutorInterface>> ExecutorFactoryInterface::Create(
+    const Trial& trial, std::shared_ptr<const TokenDataset> data) {
+  ASSIGN_OR_RETURN(Admission admission, Admit(trial, *data));
+  return Build(trial, std::move(data), admission);
 }
 
 }  // namespace hydra::executor

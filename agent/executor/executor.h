@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "agent/executor/dataset.h"
+#include "common/admission.h"
 #include "common/job.h"
 #include "common/status.h"
 
@@ -84,13 +85,21 @@ Status CheckModelAndData(const Trial& trial, const TokenDataset& data);
 class ExecutorFactoryInterface {
  public:
   virtual ~ExecutorFactoryInterface() = default;
-  /// Cheap admission check, run before any training starts: RESOURCE_EXHAUSTED when the trial
-  /// cannot fit the device budget, INVALID_ARGUMENT when the model family is unsupported or the
-  /// dataset holds tokens outside the model's vocabulary.
-  virtual Status Check(const Trial& trial, const TokenDataset& data) = 0;
-  /// Builds the trial's model and optimizer, initialised from training.seed; fails as Check.
-  virtual StatusOr<std::unique_ptr<TrialExecutorInterface>> Create(
-      const Trial& trial, std::shared_ptr<const TokenDataset> data) = 0;
+  /// Admission, run once per trial before any training starts: the model and data checked, the
+  /// trial planned as this factory will build it, and what it will hold (common/admission.h).
+  /// RESOURCE_EXHAUSTED when the trial cannot fit the device budget (or the spill directory),
+  /// INVALID_ARGUMENT when the model family is unsupported or the dataset holds tokens outside
+  /// the model's vocabulary.
+  virtual StatusOr<Admission> Admit(const Trial& trial, const TokenDataset& data) = 0;
+  /// Builds the trial's model and optimizer, initialised from training.seed, as `admission`
+  /// (this factory's Admit of the same trial) planned them.
+  virtual StatusOr<std::unique_ptr<TrialExecutorInterface>> Build(
+      const Trial& trial, std::shared_ptr<const TokenDataset> data, const Admission& admission) = 0;
+  /// Admit's verdict alone.
+  Status Check(const Trial& trial, const TokenDataset& data);
+  /// Admit, then Build: for callers that keep no admission (benchmarks, tests).
+  StatusOr<std::unique_ptr<TrialExecutorInterface>> Create(
+      const Trial& trial, std::shared_ptr<const TokenDataset> data);
   /// Completes what a model file defines (family torchscript: loads and checks the module and
   /// fills trial->model.layers for the planner); INVALID_ARGUMENT / NOT_FOUND naming the file.
   /// Nothing to do for the built-in families.

@@ -119,7 +119,7 @@ class InMemoryExecutorFactory : public ExecutorFactoryInterface {
     KeepFreedHostMemory();
   }
 
-  Status Check(const Trial& given, const TokenDataset& data) override {
+  StatusOr<Admission> Admit(const Trial& given, const TokenDataset& data) override {
     RETURN_IF_ERROR(CheckModelAndData(given, data));
     Trial trial = given;
     RETURN_IF_ERROR(ResolveModel(&trial));
@@ -135,9 +135,14 @@ class InMemoryExecutorFactory : public ExecutorFactoryInterface {
           FormatBytes(*trial.resources.device_memory_budget) +
           "; the in-memory executor does not spill");
     }
-    return OkStatus();
+    // The plan of what this executor runs: one shard, its state in the host tier.
+    PartitionOptions po = PartitionOptionsFor(trial);
+    po.device_budget = 0;
+    po.explicit_boundaries.clear();
+    po.state_tier = StateTier::kHost;
+    po.flops_per_second = options_.flops_per_second;
+    return PlanAdmission(trial, po);
   }
-
   Status Resolve(Trial* trial) override { return ResolveModel(trial); }
   Status WriteModelFile(const Trial& trial, const std::vector<NamedBuffer>& state,
                         const std::string& path) override {
@@ -145,9 +150,9 @@ class InMemoryExecutorFactory : public ExecutorFactoryInterface {
     return WriteStateDictFromState(trial.model, state, path);
   }
 
-  StatusOr<std::unique_ptr<TrialExecutorInterface>> Create(
-      const Trial& given, std::shared_ptr<const TokenDataset> data) override {
-    RETURN_IF_ERROR(Check(given, *data));
+  StatusOr<std::unique_ptr<TrialExecutorInterface>> Build(const Trial& given,
+                                                          std::shared_ptr<const TokenDataset> data,
+                                                          const Admission&) override {
     Trial trial = given;
     RETURN_IF_ERROR(ResolveModel(&trial));
     try {

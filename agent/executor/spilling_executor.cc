@@ -738,44 +738,45 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
 class ExecutorFactory : public ExecutorFactoryInterface {
  public:
   explicit ExecutorFactory(ExecutorOptions options)
-      : options_(std::move(options)), in_memory_(MakeInMemoryExecutorFactory({})) {
+      : options_(std::move(options)),
+        in_memory_(MakeInMemoryExecutorFactory({0, options_.flops_per_second})) {
     if (options_.threads > 0) ConfigureCpuThreads(options_.threads);
     KeepFreedHostMemory();
   }
 
-  StatusOr<PartitionPlan> Plan(const Trial& trial) const {
-    PartitionOptions po = PartitionOptionsFor(trial);
-    po.flops_per_second = options_.flops_per_second;
-    po.host_link_bytes_per_second = options_.host_link_bytes_per_second;
-    return PlanShards(trial, po);
-  }
-
-  Status Check(const Trial& given, const TokenDataset& data) override {
+  StatusOr<Admission> Admit(const Trial& given, const TokenDataset& data) override {
     RETURN_IF_ERROR(CheckModelAndData(given, data));
     Trial trial = given;
     RETURN_IF_ERROR(ResolveModel(&trial));
-    auto plan = Plan(trial);
-    if (!plan.ok()) return plan.status().WithContext("trial " + trial.name);
-    if (plan->state_tier == StateTier::kDisk) {
-      if (options_.spill_dir.empty()) {
-        return FailedPreconditionError("trial " + trial.name +
-                                       " offloads to disk but no spill directory is configured");
-      }
-      // A full disk is found before training, not in the middle of a step.
-      std::error_code ec;
-      std::filesystem::create_directories(options_.spill_dir, ec);
-      struct statvfs vfs {};
-      if (ec || ::statvfs(options_.spill_dir.c_str(), &vfs) != 0) {
-        return FailedPreconditionError("spill directory " + options_.spill_dir + " is not usable" +
-                                       (ec ? ": " + ec.message() : ""));
-      }
-      const int64_t free_bytes = static_cast<int64_t>(vfs.f_bavail) * vfs.f_frsize;
-      const int64_t needed = SpillDiskBytes(trial, *plan);
-      if (free_bytes < needed) {
-        return ResourceExhaustedError("trial " + trial.name + " spills up to " +
-                                      FormatBytes(needed) + " to " + options_.spill_dir +
-                                      ", which has only " + FormatBytes(free_bytes) + " free");
-      }
+    PartitionOptions po = PartitionOptionsFor(trial);
+    po.flops_per_second = options_.flops_per_second;
+    po.host_link_bytes_per_second = options_.host_link_bytes_per_second;
+    auto admission = PlanAdmission(trial, po);
+    if (!admission.ok()) return admission.status().WithContext("trial " + trial.name);
+    if (admission->plan.state_tier == StateTier::kDisk) {
+      RETURN_IF_ERROR(CheckSpillDirectory(trial, admission->disk_bytes));
+    }
+    return admission;
+  }
+
+  /// A full disk is found before training, not in the middle of a step.
+  Status CheckSpillDirectory(const Trial& trial, int64_t needed) const {
+    if (options_.spill_dir.empty()) {
+      return FailedPreconditionError("trial " + trial.name +
+                                     " offloads to disk but no spill directory is configured");
+    }
+    std::error_code ec;
+    std::filesystem::create_directories(options_.spill_dir, ec);
+    struct statvfs vfs {};
+    if (ec || ::statvfs(options_.spill_dir.c_str(), &vfs) != 0) {
+      return FailedPreconditionError("spill directory " + options_.spill_dir + " is not usable" +
+                                     (ec ? ": " + ec.message() : ""));
+    }
+    const int64_t free_bytes = static_cast<int64_t>(vfs.f_bavail) * vfs.f_frsize;
+    if (free_bytes < needed) {
+      return ResourceExhaustedError("trial " + trial.name + " spills up to " + FormatBytes(needed) +
+                                    " to " + options_.spill_dir + ", which has only " +
+                                    FormatBytes(free_bytes) + " free");
     }
     return OkStatus();
   }
@@ -787,20 +788,17 @@ class ExecutorFactory : public ExecutorFactoryInterface {
     return WriteStateDictFromState(trial.model, state, path);
   }
 
-  StatusOr<std::unique_ptr<TrialExecutorInterface>> Create(
-      const Trial& given, std::shared_ptr<const TokenDataset> data) override {
-    RETURN_IF_ERROR(Check(given, *data));
+  StatusOr<std::unique_ptr<TrialExecutorInterface>> Build(const Trial& given,
+                                                          std::shared_ptr<const TokenDataset> data,
+                                                          const Admission& admission) override {
     Trial trial = given;
     RETURN_IF_ERROR(ResolveModel(&trial));
-    ASSIGN_OR_RETURN(PartitionPlan plan, Plan(trial));
+    const PartitionPlan& plan = admission.plan;
     if (plan.shards.size() == 1 && plan.state_tier == StateTier::kHost) {
-      Trial unbounded = trial;  // the plan already checked the budget
-      unbounded.resources.device_memory_budget.reset();
-      return in_memory_->Create(unbounded, std::move(data));
+      return in_memory_->Build(trial, std::move(data), admission);  // the plan checked the budget
     }
     try {
-      auto exec =
-          std::make_unique<SpillingExecutor>(trial, std::move(data), std::move(plan), options_);
+      auto exec = std::make_unique<SpillingExecutor>(trial, std::move(data), plan, options_);
       RETURN_IF_ERROR(exec->Init().WithContext("setting up " + trial.name));
       return std::unique_ptr<TrialExecutorInterface>(std::move(exec));
     } catch (const c10::Error& e) {

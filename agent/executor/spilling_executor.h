@@ -11,7 +11,7 @@ struct ExecutorOptions {
   int threads = 0;        ///< CPU threads for training; 0 keeps LibTorch's setting
   std::string spill_dir;  ///< where the disk tier keeps shard files (a subfolder per trial)
   /// Device compute rate used to choose between stashing and recomputing activations.
-  double flops_per_second = 1.0e11;
+  double flops_per_second = kDefaultFlopsPerSecond;
   /// Device <-> host bandwidth; 0: the device is the CPU, so host and device share RAM.
   double host_link_bytes_per_second = 0;
 };

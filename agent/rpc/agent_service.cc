@@ -349,9 +349,7 @@ grpc::Status AgentService::AssignTrial(grpc::ServerContext* context,
   TrialInfo info;
   info.checkpoint_dir = ckpt_dir;
   info.attempt = attempt;
-  if (auto plan = PlanShards(trial, PartitionOptionsFor(trial)); plan.ok()) {
-    wire::ShardPlanToProto(*plan, &info.plan);
-  }
+  wire::ShardPlanToProto(prepared->admission.plan, &info.plan);
   std::optional<TrialInfo> previous;
   {
     std::lock_guard<std::mutex> lock(mu_);

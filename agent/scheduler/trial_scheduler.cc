@@ -166,27 +166,15 @@ StatusOr<PreparedTrial> TrialScheduler::Prepare(const Trial& given,
     std::lock_guard<std::mutex> lock(mu_);
     data_.emplace(key, p.data);
   }
-  RETURN_IF_ERROR(factory_->Check(trial, *p.data));
-  // Host memory while admitted: on a CPU device the device tier is host memory too.
-  auto plan = PlanShards(trial, PartitionOptionsFor(trial));
-  const auto fp = EstimateTrialFootprint(trial);
-  p.host_bytes = plan.ok() ? (plan->state_tier == StateTier::kHost
-                                  ? plan->total_state_bytes + plan->peak_device_bytes
-                                  : plan->peak_device_bytes)
-                           : fp.total_bytes();
-  p.disk_bytes = plan.ok() ? SpillDiskBytes(trial, *plan) : 0;
-  if (options_.refuse_over_host_memory && p.host_bytes > host_limit_) {
-    return ResourceExhaustedError("trial " + trial.name + " needs " + FormatBytes(p.host_bytes) +
-                                  " (" + std::to_string(p.host_bytes) +
+  ASSIGN_OR_RETURN(p.admission, factory_->Admit(trial, *p.data));
+  const int64_t host_bytes = p.admission.host_bytes;
+  if (options_.refuse_over_host_memory && host_bytes > host_limit_) {
+    return ResourceExhaustedError("trial " + trial.name + " needs " + FormatBytes(host_bytes) +
+                                  " (" + std::to_string(host_bytes) +
                                   " bytes) of host memory for its state, more than the " +
                                   FormatBytes(host_limit_) + " (" + std::to_string(host_limit_) +
                                   " bytes) this node gives trials");
   }
-  // First estimate of a step: 6 FLOPs per parameter per token at 100 GFLOP/s; replaced by
-  // measured step times as the trial runs.
-  p.est_step_seconds = 6.0 * static_cast<double>(fp.parameters) *
-                       static_cast<double>(trial.training.batch_size * trial.model.context_length) /
-                       1e11;
   p.fingerprint = TrialFingerprint(trial);
   return p;
 }
@@ -194,7 +182,7 @@ StatusOr<PreparedTrial> TrialScheduler::Prepare(const Trial& given,
 Status TrialScheduler::Submit(PreparedTrial trial) {
   auto slot = std::make_unique<Slot>();
   slot->r.trial = trial.trial;
-  slot->est_step_seconds = trial.est_step_seconds;
+  slot->est_step_seconds = trial.admission.est_step_seconds;
   slot->step_limit = trial.step_limit;
   slot->p = std::move(trial);
   slot->key = TrialKey(slot->p.trial);
@@ -580,8 +568,9 @@ void TrialScheduler::Worker(int device) {
     for (auto& s : slots_) {
       if (!s->admitted || s->done) continue;
       any_admitted = true;
-      admitted_bytes += s->p.host_bytes;
-      if (!s->started) unwritten_disk += s->p.disk_bytes;  // not yet taken from the free space
+      admitted_bytes += s->p.admission.host_bytes;
+      if (!s->started)
+        unwritten_disk += s->p.admission.disk_bytes;  // not yet taken from the free space
     }
     int64_t disk_free = -1;  // read once per pass, only when a waiting trial spills to disk
     bool blocked = false;    // a trial waits for admission
@@ -591,19 +580,19 @@ void TrialScheduler::Worker(int device) {
       // The first waiting trial is admitted even alone over a limit: it must run sometime (and
       // fails with the numbers if it cannot).
       blocked = true;
-      if (any_admitted && admitted_bytes + s->p.host_bytes > host_limit) break;
-      if (any_admitted && s->p.disk_bytes > 0 && !options_.spill_dir.empty()) {
+      if (any_admitted && admitted_bytes + s->p.admission.host_bytes > host_limit) break;
+      if (any_admitted && s->p.admission.disk_bytes > 0 && !options_.spill_dir.empty()) {
         if (disk_free < 0) {
           disk_free = options_.free_disk_bytes ? options_.free_disk_bytes(options_.spill_dir)
                                                : FreeDiskBytes(options_.spill_dir);
         }
-        if (unwritten_disk + s->p.disk_bytes > disk_free) break;
+        if (unwritten_disk + s->p.admission.disk_bytes > disk_free) break;
       }
       blocked = false;
       s->admitted = true;
       any_admitted = true;
-      admitted_bytes += s->p.host_bytes;
-      unwritten_disk += s->p.disk_bytes;
+      admitted_bytes += s->p.admission.host_bytes;
+      unwritten_disk += s->p.admission.disk_bytes;
     }
     // Early stopping: stop requested trials; make room by parking trials waiting at their
     // step limit when others wait for admission.
@@ -742,7 +731,7 @@ Status TrialScheduler::Start(Slot& slot) {
   if (slot.p.fence) RETURN_IF_ERROR(slot.p.fence());
   TrialResult* r = &slot.r;
   const Trial& trial = r->trial;
-  auto created = factory_->Create(trial, slot.p.data);
+  auto created = factory_->Build(trial, slot.p.data, slot.p.admission);
   if (!created.ok()) return created.status();
   slot.exec = std::move(created).value();
   const auto stats = slot.exec->stats();

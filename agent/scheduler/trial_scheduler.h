@@ -71,10 +71,10 @@ struct PreparedTrial {
   Trial trial;
   std::string checkpoint_dir;  ///< where its checkpoints are written and resumed from
   std::shared_ptr<const executor::TokenDataset> data;
-  int64_t host_bytes = 0;       ///< host memory its state takes while admitted
-  int64_t disk_bytes = 0;       ///< spill-directory bytes its state takes while admitted
-  double est_step_seconds = 0;  ///< first estimate of an optimizer step
-  std::string fingerprint;      ///< of its configuration; guards resuming
+  /// The factory's admission: the plan the executor is built from, the host and spill bytes
+  /// it takes while admitted, the first estimate of an optimizer step.
+  Admission admission;
+  std::string fingerprint;  ///< of its configuration; guards resuming
   /// Called before every step and checkpoint; ABORTED stops the trial as Cancelled with its
   /// message (another agent took the trial over: fencing). May be empty.
   std::function<Status()> fence;

@@ -64,12 +64,13 @@ class FakeExecutor : public executor::TrialExecutorInterface {
 
 class FakeExecutorFactory : public executor::ExecutorFactoryInterface {
  public:
-  Status Check(const Trial& trial, const executor::TokenDataset&) override {
+  StatusOr<Admission> Admit(const Trial& trial, const executor::TokenDataset&) override {
     if (refuse.count(trial.name)) return ResourceExhaustedError("refused " + trial.name);
-    return OkStatus();
+    return PlanAdmission(trial, PartitionOptionsFor(trial));
   }
-  StatusOr<std::unique_ptr<executor::TrialExecutorInterface>> Create(
-      const Trial& trial, std::shared_ptr<const executor::TokenDataset>) override {
+  StatusOr<std::unique_ptr<executor::TrialExecutorInterface>> Build(
+      const Trial& trial, std::shared_ptr<const executor::TokenDataset>,
+      const Admission&) override {
     ++created;
     auto it = fail_at.find(trial.name);
     return std::unique_ptr<executor::TrialExecutorInterface>(std::make_unique<FakeExecutor>(
@@ -79,7 +80,7 @@ class FakeExecutorFactory : public executor::ExecutorFactoryInterface {
   std::atomic<int> created{0};
   std::chrono::milliseconds step_delay{0};  ///< every TrainStep sleeps this long
   std::map<std::string, int64_t> fail_at;   ///< trial name -> step whose TrainStep fails
-  std::map<std::string, bool> refuse;       ///< trial names Check refuses
+  std::map<std::string, bool> refuse;       ///< trial names Admit refuses
   std::function<void(const std::string&, int64_t)> on_step;  ///< after every step
 };
 

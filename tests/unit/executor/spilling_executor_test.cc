@@ -248,6 +248,34 @@ TEST_F(SpillingExecutorTest, CheckpointsMoveBetweenPlans) {
   EXPECT_EQ((*c)->ImportState(10, missing).code(), StatusCode::kInvalidArgument);
 }
 
+TEST_F(SpillingExecutorTest, TheExecutorRunsThePlanItsAdmissionCarries) {
+  Trial t = Small("adamw");
+  t.resources.device_memory_budget = BudgetFor(t, 3);
+  auto factory = Factory();
+  auto data = TokenDataset::Open(t.dataset, t.model.context_length + 1);
+  ASSERT_TRUE(data.ok());
+  auto admitted = factory->Admit(t, **data);
+  ASSERT_TRUE(admitted.ok()) << admitted.status();
+  EXPECT_GE(admitted->plan.shards.size(), 3u);
+  EXPECT_EQ(admitted->host_bytes,
+            admitted->plan.total_state_bytes + admitted->plan.peak_device_bytes);
+  EXPECT_EQ(admitted->disk_bytes, 0);
+  EXPECT_GT(admitted->est_step_seconds, 0);
+  auto exec = factory->Build(t, *data, *admitted);
+  ASSERT_TRUE(exec.ok()) << exec.status();
+  EXPECT_EQ(static_cast<size_t>((*exec)->stats().shards), admitted->plan.shards.size());
+  // Build plans nothing itself: handed a plan cut per layer, it runs that one.
+  PartitionOptions per_layer = PartitionOptionsFor(t);
+  per_layer.explicit_boundaries = {1, 2, 3, 4, 5};
+  Admission other = *admitted;
+  auto cut = PlanShards(t, per_layer);
+  ASSERT_TRUE(cut.ok()) << cut.status();
+  other.plan = *cut;
+  auto six = factory->Build(t, *data, other);
+  ASSERT_TRUE(six.ok()) << six.status();
+  EXPECT_EQ((*six)->stats().shards, 6);
+}
+
 TEST_F(SpillingExecutorTest, LayerTooBigIsRefusedBeforeTraining) {
   Trial t = Small("adamw");
   t.resources.device_memory_budget = 64 << 10;

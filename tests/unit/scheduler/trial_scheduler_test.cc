@@ -46,20 +46,30 @@ class RecordingObserver : public TrialObserverInterface {
   int checkpoints = 0;
 };
 
-/// Counts the executors alive (a disk-tier trial's spill files exist while it has one).
+/// Counts the executors alive (a disk-tier trial's spill files exist while it has one), and
+/// the admissions made and handed to Build.
 class HoldingFactory : public executor::ExecutorFactoryInterface {
  public:
   explicit HoldingFactory(executor::ExecutorFactoryInterface* inner) : inner_(inner) {}
-  Status Check(const Trial& t, const executor::TokenDataset& d) override {
-    return inner_->Check(t, d);
+  StatusOr<Admission> Admit(const Trial& t, const executor::TokenDataset& d) override {
+    ++admitted;
+    return inner_->Admit(t, d);
   }
-  StatusOr<std::unique_ptr<executor::TrialExecutorInterface>> Create(
-      const Trial& t, std::shared_ptr<const executor::TokenDataset> d) override {
-    auto e = inner_->Create(t, d);
+  StatusOr<std::unique_ptr<executor::TrialExecutorInterface>> Build(
+      const Trial& t, std::shared_ptr<const executor::TokenDataset> d,
+      const Admission& a) override {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      built_with.push_back(a);
+    }
+    auto e = inner_->Build(t, d, a);
     if (!e.ok()) return e.status();
     return std::unique_ptr<executor::TrialExecutorInterface>(new Held(std::move(e).value(), &held));
   }
   std::atomic<int> held{0};
+  std::atomic<int> admitted{0};
+  std::mutex mu;
+  std::vector<Admission> built_with;  // guarded by mu
 
  private:
   class Held : public executor::TrialExecutorInterface {
@@ -492,6 +502,30 @@ TEST_F(TrialSchedulerTest, DiskSpillingTrialsAreAdmittedWhileAllTheirSpillFilesF
     int together = 0;
     for (const auto& [j, b] : span) together += b.first <= a.first && a.first < b.second;
     EXPECT_LE(together, 2) << "trial " << i << " started while two others held the disk";
+  }
+}
+
+TEST_F(TrialSchedulerTest, TheAdmissionIsMadeOnceAndEveryBuildOfTheTrialUsesIt) {
+  HoldingFactory holding(&factory_);
+  TrialScheduler s(&holding, &observer_, {1});
+  auto p = s.Prepare(MakeTrial("once", 12), Ckpt("once"));
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(holding.admitted.load(), 1);
+  EXPECT_GT(p->admission.host_bytes, 0);
+  EXPECT_GT(p->admission.est_step_seconds, 0);
+  ASSERT_EQ(p->admission.plan.shards.size(), 1u);
+  // Marked, so that a Build from a fresh plan would show: the scheduler must carry this one.
+  p->admission.est_step_seconds = 123.0;
+  p->admission.plan.peak_device_bytes = 4242;
+  ASSERT_TRUE(s.Submit(std::move(p).value()).ok());
+  ASSERT_TRUE(s.WaitIdle(std::chrono::seconds(20)));
+  EXPECT_EQ(s.Get("once")->state, kTrialSucceeded);
+  EXPECT_EQ(holding.admitted.load(), 1);
+  std::lock_guard<std::mutex> lock(holding.mu);
+  ASSERT_FALSE(holding.built_with.empty());
+  for (const auto& a : holding.built_with) {
+    EXPECT_EQ(a.est_step_seconds, 123.0);
+    EXPECT_EQ(a.plan.peak_device_bytes, 4242);
   }
 }
 

@@ -1,0 +1,18 @@
+#include "common/admission.h"
+
+#include <utility>
+
+namespace hydra {
+
+StatusOr<Admission> PlanAdmission(const Trial& trial, const PartitionOptions& options) {
+  Admission a;
+  ASSIGN_OR_RETURN(a.plan, PlanShards(trial, options));
+  const PartitionPlan& p = a.plan;
+  a.host_bytes = p.state_tier == StateTier::kHost ? p.total_state_bytes + p.peak_device_bytes
+                                                  : p.peak_device_bytes;
+  a.disk_bytes = SpillDiskBytes(trial, p);
+  for (const auto& s : p.shards) a.est_step_seconds += s.estimated_seconds;
+  return a;
+}
+
+}  // namespace hydra

@@ -11,7 +11,8 @@ namespace {
 
 struct LayerNeed {
   int64_t params = 0;  // movable (not tied)
-  int64_t state = 0;   // weights + optimizer state of movable params
+  int64_t state = 0;   // what moves to the device: weights (+ optimizer state stepped there)
+  int64_t moved = 0;   // what moves between the tiers: weights + optimizer state
   int64_t grad = 0;
   int64_t act = 0;  // autograd activations of one micro-batch
   int64_t out = 0;  // output bytes of one micro-batch
@@ -76,6 +77,23 @@ const char* ActivationPolicyName(ActivationPolicy p) {
   return p == ActivationPolicy::kStash ? "stash" : "recompute";
 }
 
+const char* OptimizerPlacementName(OptimizerPlacement p) {
+  return p == OptimizerPlacement::kDevice ? "device" : "host";
+}
+
+OptimizerPlacement ChooseOptimizerPlacement(const Trial& trial, const PartitionOptions& o) {
+  if (o.state_tier == StateTier::kDisk) return OptimizerPlacement::kDevice;
+  if (o.optimizer_placement) return *o.optimizer_placement;
+  if (o.host_link_bytes_per_second <= 0 || o.host_optimizer_bytes_per_second <= 0) {
+    return OptimizerPlacement::kDevice;
+  }
+  // Per parameter; the weights go up and come down (or their gradients do) either way.
+  const double state = static_cast<double>(OptimizerBytesPerParameter(trial.training));
+  const double on_device = 2.0 * state / o.host_link_bytes_per_second;
+  const double on_host = (3.0 * 4.0 + 2.0 * state) / o.host_optimizer_bytes_per_second;
+  return on_host < on_device ? OptimizerPlacement::kHost : OptimizerPlacement::kDevice;
+}
+
 PartitionOptions PartitionOptionsFor(const Trial& trial) {
   PartitionOptions po;
   po.device_budget = trial.resources.device_memory_budget.value_or(0);
@@ -101,6 +119,12 @@ StatusOr<PartitionPlan> PlanShards(const Trial& trial, const PartitionOptions& o
 
   PartitionPlan plan;
   plan.state_tier = o.state_tier;
+  if (o.state_tier == StateTier::kDisk && o.optimizer_placement == OptimizerPlacement::kHost) {
+    return InvalidArgumentError(
+        "the optimizer steps on the host only with the state in the host tier, not on disk");
+  }
+  const OptimizerPlacement placement = ChooseOptimizerPlacement(trial, o);
+  const int64_t opt_on_device = placement == OptimizerPlacement::kDevice ? opt : 0;
   std::vector<LayerNeed> need(n);
   int64_t tied = 0;
   int64_t whole = 0;
@@ -108,7 +132,8 @@ StatusOr<PartitionPlan> PlanShards(const Trial& trial, const PartitionOptions& o
     tied += costs[i].tied_parameters;
     need[i].params = costs[i].parameters - costs[i].tied_parameters;
     // Tied weights stay on the device, but their optimizer state moves with the shard.
-    need[i].state = need[i].params * (4 + opt) + costs[i].tied_parameters * opt;
+    need[i].moved = need[i].params * (4 + opt) + costs[i].tied_parameters * opt;
+    need[i].state = need[i].params * (4 + opt_on_device) + costs[i].tied_parameters * opt_on_device;
     need[i].grad = need[i].params * 4;
     need[i].act = costs[i].activation_bytes;
     need[i].out = costs[i].output_bytes;
@@ -119,6 +144,7 @@ StatusOr<PartitionPlan> PlanShards(const Trial& trial, const PartitionOptions& o
   const int64_t budget = o.device_budget;
 
   std::vector<int> starts;
+  bool packed = false;  // cut to the budget (possibly into one shard, its optimizer on the host)
   if (!o.explicit_boundaries.empty()) {
     starts.push_back(0);
     for (int b : o.explicit_boundaries) {
@@ -132,6 +158,7 @@ StatusOr<PartitionPlan> PlanShards(const Trial& trial, const PartitionOptions& o
   } else if (budget <= 0 || (whole <= budget && o.state_tier == StateTier::kHost)) {
     starts = {0};  // fits: plain training
   } else {
+    packed = true;
     const int64_t usable = budget - tied_bytes;
     for (int i = 0; i < n; ++i) {
       const int64_t single = ShardNeed(need, i, i, mb_count);
@@ -172,7 +199,7 @@ StatusOr<PartitionPlan> PlanShards(const Trial& trial, const PartitionOptions& o
     }
   }
 
-  const bool sharded = starts.size() > 1 || o.state_tier == StateTier::kDisk;
+  const bool sharded = starts.size() > 1 || packed || o.state_tier == StateTier::kDisk;
   plan.pinned_bytes = sharded ? tied_bytes : 0;
   for (size_t s = 0; s < starts.size(); ++s) {
     ShardPlan sp;
@@ -183,7 +210,7 @@ StatusOr<PartitionPlan> PlanShards(const Trial& trial, const PartitionOptions& o
     for (int i = sp.first_layer; i <= sp.last_layer; ++i) {
       const int64_t p = sharded ? need[i].params : costs[i].parameters;
       sp.parameters += p;
-      sp.state_bytes += sharded ? need[i].state : p * (4 + opt);
+      sp.state_bytes += sharded ? need[i].moved : p * (4 + opt);
       sp.gradient_bytes += p * 4;
       sp.activation_bytes += need[i].act;
       sp.forward_flops += need[i].flops;
@@ -196,6 +223,7 @@ StatusOr<PartitionPlan> PlanShards(const Trial& trial, const PartitionOptions& o
     const bool last = s + 1 == starts.size();
     sp.policy = last || !sharded || stash_cost <= recompute_cost ? ActivationPolicy::kStash
                                                                  : ActivationPolicy::kRecompute;
+    sp.optimizer = sharded ? placement : OptimizerPlacement::kDevice;
     sp.workspace_bytes = ShardNeed(need, sp.first_layer, sp.last_layer, mb_count) -
                          ShardState(need, sp.first_layer, sp.last_layer) - [&] {
                            int64_t g = 0;
@@ -255,18 +283,19 @@ std::string FormatPlan(const Trial& trial, const PartitionPlan& plan) {
     out << " (" << FormatBytes(plan.pinned_bytes) << " pinned tied weights)";
   out << "\n";
   char line[256];
-  std::snprintf(line, sizeof(line), "  %5s  %-19s  %10s  %11s  %11s  %11s  %-9s  %8s\n", "shard",
-                "layers", "params", "state", "grads", "activations", "policy", "est. s");
+  std::snprintf(line, sizeof(line), "  %5s  %-19s  %10s  %11s  %11s  %11s  %-9s  %-9s  %8s\n",
+                "shard", "layers", "params", "state", "grads", "activations", "policy", "optimizer",
+                "est. s");
   out << line;
   for (size_t i = 0; i < plan.shards.size(); ++i) {
     const auto& s = plan.shards[i];
     std::string layers =
         s.first_name == s.last_name ? s.first_name : s.first_name + ".." + s.last_name;
-    std::snprintf(line, sizeof(line), "  %5zu  %-19s  %10lld  %11s  %11s  %11s  %-9s  %8.3f\n", i,
-                  layers.c_str(), static_cast<long long>(s.parameters),
-                  FormatBytes(s.state_bytes).c_str(), FormatBytes(s.gradient_bytes).c_str(),
-                  FormatBytes(s.activation_bytes).c_str(), ActivationPolicyName(s.policy),
-                  s.estimated_seconds);
+    std::snprintf(
+        line, sizeof(line), "  %5zu  %-19s  %10lld  %11s  %11s  %11s  %-9s  %-9s  %8.3f\n", i,
+        layers.c_str(), static_cast<long long>(s.parameters), FormatBytes(s.state_bytes).c_str(),
+        FormatBytes(s.gradient_bytes).c_str(), FormatBytes(s.activation_bytes).c_str(),
+        ActivationPolicyName(s.policy), OptimizerPlacementName(s.optimizer), s.estimated_seconds);
     out << line;
   }
   return out.str();

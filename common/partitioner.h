@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,13 @@ enum class ActivationPolicy {
 };
 const char* ActivationPolicyName(ActivationPolicy p);
 
+/// Where a shard's optimizer steps. kDevice: its state moves to the device with the shard's
+/// weights and back. kHost (ZeRO-Offload, Harmony): the state stays in the host tier, the
+/// gradients go down and the host's fused optimizer updates the host copy of the weights,
+/// which go up at the next fetch; the device never holds the optimizer state.
+enum class OptimizerPlacement { kDevice, kHost };
+const char* OptimizerPlacementName(OptimizerPlacement p);
+
 /// One shard: a contiguous range of layers and what it needs on the device.
 struct ShardPlan {
   int first_layer = 0;  ///< index into ModelLayerCosts
@@ -28,6 +36,7 @@ struct ShardPlan {
   int64_t activation_bytes = 0;  ///< one micro-batch's autograd activations of the shard
   double forward_flops = 0;      ///< per micro-batch
   ActivationPolicy policy = ActivationPolicy::kStash;
+  OptimizerPlacement optimizer = OptimizerPlacement::kDevice;
   double estimated_seconds = 0;  ///< forward + backward (+ recompute) of a whole step
   /// Device bytes of the shard's compute beyond its state and gradients: its activations and
   /// the boundary activations of every micro-batch.
@@ -48,6 +57,11 @@ struct PartitionOptions {
   /// device's compute rate in FLOP/s. On a CPU device host<->device is free (same RAM).
   double host_link_bytes_per_second = 0;  ///< 0: infinite
   double flops_per_second = kDefaultFlopsPerSecond;
+  /// Host memory bandwidth the fused host optimizer streams at (bytes/s); 0: unknown, so the
+  /// optimizer steps on the device.
+  double host_optimizer_bytes_per_second = 0;
+  /// Overrides the cost model's choice of where the optimizer steps (tests; operators).
+  std::optional<OptimizerPlacement> optimizer_placement;
   int64_t micro_batches = 1;
   /// Host bytes that stashed activations may use (with the state on disk, also the weights
   /// their autograd graphs hold); above it shards recompute instead. < 0: unlimited.
@@ -71,6 +85,13 @@ PartitionOptions PartitionOptionsFor(const Trial& trial);
 /// from the cost model. RESOURCE_EXHAUSTED naming the layer and bytes when one layer cannot
 /// fit; INVALID_ARGUMENT for unusable explicit boundaries.
 StatusOr<PartitionPlan> PlanShards(const Trial& trial, const PartitionOptions& options);
+
+/// Where a sharded trial's optimizer steps when `options` leave it to the cost model: on the
+/// host when that takes less time per step than moving the optimizer state to the device and
+/// back (2 x its bytes over the host link); the host streams weights, gradients and state in
+/// and weights and state out. On the device when either rate is unknown (a CPU device: the
+/// link is free) or the state is on disk (host stepping from disk is not built).
+OptimizerPlacement ChooseOptimizerPlacement(const Trial& trial, const PartitionOptions& options);
 
 /// Disk bytes the trial's spill files may take at once: 0 with the state in the host tier;
 /// otherwise the state, the temporary copy of the largest shard while it is rewritten, and the

@@ -155,6 +155,7 @@ void ShardPlanToProto(const PartitionPlan& plan, v1::ShardPlan* out) {
     s->set_activation_bytes(sh.activation_bytes);
     s->set_activations(ActivationPolicyName(sh.policy));
     s->set_estimated_seconds(sh.estimated_seconds);
+    s->set_optimizer(OptimizerPlacementName(sh.optimizer));
   }
   out->set_peak_device_bytes(plan.peak_device_bytes);
   out->set_total_state_bytes(plan.total_state_bytes);

@@ -324,11 +324,14 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
  private:
   // ---- residency ----------------------------------------------------------------------------
 
-  /// Starts moving shard k's weights (and optimizer state) to the device: their device memory
-  /// is reserved at once and disk reads start on I/O threads; Wait(k) completes them.
+  /// Starts moving shard k's weights (and optimizer state, where it steps on the device) to
+  /// the device: their device memory is reserved at once and disk reads start on I/O threads;
+  /// Wait(k) completes them. Optimizer state stepped on the host stays in the host tier: the
+  /// step reads the gradients the backward left and updates the host copy of the weights.
   Status Fetch(size_t k, bool with_state) {
     RETURN_IF_ERROR(FetchPart(k, shards_[k].weights));
-    return with_state ? FetchPart(k, shards_[k].state) : OkStatus();
+    const bool on_device = shards_[k].plan.optimizer == OptimizerPlacement::kDevice;
+    return with_state && on_device ? FetchPart(k, shards_[k].state) : OkStatus();
   }
 
   Status FetchPart(size_t k, Part& p) {
@@ -751,6 +754,10 @@ class ExecutorFactory : public ExecutorFactoryInterface {
     PartitionOptions po = PartitionOptionsFor(trial);
     po.flops_per_second = options_.flops_per_second;
     po.host_link_bytes_per_second = options_.host_link_bytes_per_second;
+    po.host_optimizer_bytes_per_second = options_.host_optimizer_bytes_per_second;
+    if (options_.optimizer_placement && po.state_tier == StateTier::kHost) {
+      po.optimizer_placement = options_.optimizer_placement;
+    }
     auto admission = PlanAdmission(trial, po);
     if (!admission.ok()) return admission.status().WithContext("trial " + trial.name);
     if (admission->plan.state_tier == StateTier::kDisk) {
@@ -794,7 +801,8 @@ class ExecutorFactory : public ExecutorFactoryInterface {
     Trial trial = given;
     RETURN_IF_ERROR(ResolveModel(&trial));
     const PartitionPlan& plan = admission.plan;
-    if (plan.shards.size() == 1 && plan.state_tier == StateTier::kHost) {
+    if (plan.shards.size() == 1 && plan.state_tier == StateTier::kHost &&
+        plan.shards[0].optimizer == OptimizerPlacement::kDevice) {
       return in_memory_->Build(trial, std::move(data), admission);  // the plan checked the budget
     }
     try {

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "agent/executor/executor.h"
@@ -14,6 +15,11 @@ struct ExecutorOptions {
   double flops_per_second = kDefaultFlopsPerSecond;
   /// Device <-> host bandwidth; 0: the device is the CPU, so host and device share RAM.
   double host_link_bytes_per_second = 0;
+  /// Rate of the fused host optimizer (bytes of weights, gradients and state streamed per
+  /// second); 0: unknown, the optimizer steps on the device.
+  double host_optimizer_bytes_per_second = 0;
+  /// Overrides where sharded trials' optimizers step (common/partitioner.h); unset: by cost.
+  std::optional<OptimizerPlacement> optimizer_placement;
 };
 
 /// The executor factory `hydra run` and the agent use. Plans each trial's shards against

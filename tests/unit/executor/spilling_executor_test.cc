@@ -59,7 +59,8 @@ struct Variant {
   size_t min_shards;  // 0: explicit boundaries below
   bool per_layer;     // one layer per shard
   bool disk;
-  double link;  // host link bandwidth; tiny forces recompute
+  double link;                  // host link bandwidth; tiny forces recompute
+  bool host_optimizer = false;  // the optimizer steps on the host (state never on the device)
 };
 
 /// How close a spilled run must stay to the unsharded one.
@@ -78,11 +79,12 @@ class SpillingExecutorTest : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(spill_); }
 
-  std::unique_ptr<ExecutorFactoryInterface> Factory(double link = 0) {
+  std::unique_ptr<ExecutorFactoryInterface> Factory(double link = 0, bool host_optimizer = false) {
     ExecutorOptions o;
     o.threads = 2;
     o.spill_dir = spill_.string();
     o.host_link_bytes_per_second = link;
+    if (host_optimizer) o.optimizer_placement = OptimizerPlacement::kHost;
     return MakeExecutorFactory(o);
   }
 
@@ -131,7 +133,7 @@ void SpillingExecutorTest::ExpectVariantsTrackUnsharded(const Trial& base,
       t.resources.device_memory_budget = BudgetFor(t, v.min_shards);
     }
     if (v.disk) t.resources.offload = "disk";
-    auto factory = Factory(v.link);
+    auto factory = Factory(v.link, v.host_optimizer);
     auto exec = Make(factory.get(), t);
     ASSERT_TRUE(exec.ok()) << exec.status();
     EXPECT_GE(static_cast<size_t>((*exec)->stats().shards), v.per_layer ? 6u : v.min_shards);
@@ -165,6 +167,7 @@ TEST_F(SpillingExecutorTest, SpilledLossesEqualUnshardedTraining) {
       {"one layer per shard, recompute", 0, true, false, 1.0},
       {"2 shards on disk", 2, false, true, 0},
       {"one layer per shard on disk, recompute", 0, true, true, 1.0},
+      {"one layer per shard, optimizer on the host", 0, true, false, 0, true},
   };
   for (const char* opt : {"adamw", "sgd"}) {
     for (int mode = 0; mode < 2; ++mode) {
@@ -274,6 +277,35 @@ TEST_F(SpillingExecutorTest, TheExecutorRunsThePlanItsAdmissionCarries) {
   auto six = factory->Build(t, *data, other);
   ASSERT_TRUE(six.ok()) << six.status();
   EXPECT_EQ((*six)->stats().shards, 6);
+}
+
+TEST_F(SpillingExecutorTest, AnOptimizerOnTheHostKeepsItsStateOffTheDevice) {
+  // AdamW's state is twice the weights: stepped on the host, it never takes device memory, so
+  // the same budget holds larger shards and the device peak drops.
+  Trial t = Small("adamw");
+  t.resources.device_memory_budget = BudgetFor(t, 4);
+  auto on_device = Make(Factory().get(), t);
+  ASSERT_TRUE(on_device.ok()) << on_device.status();
+  auto host_factory = Factory(0, /*host_optimizer=*/true);
+  auto data = TokenDataset::Open(t.dataset, t.model.context_length + 1);
+  ASSERT_TRUE(data.ok());
+  auto admitted = host_factory->Admit(t, **data);
+  ASSERT_TRUE(admitted.ok()) << admitted.status();
+  for (const auto& s : admitted->plan.shards) {
+    EXPECT_EQ(s.optimizer, OptimizerPlacement::kHost);
+  }
+  auto on_host = host_factory->Build(t, *data, *admitted);
+  ASSERT_TRUE(on_host.ok()) << on_host.status();
+  EXPECT_LT((*on_host)->stats().shards, (*on_device)->stats().shards);
+  const auto device_losses = Losses(on_device->get(), 10);
+  const auto host_losses = Losses(on_host->get(), 10);
+  ASSERT_EQ(host_losses.size(), device_losses.size());
+  for (size_t i = 0; i < host_losses.size(); ++i) {
+    EXPECT_NEAR(host_losses[i], device_losses[i], 1e-5 * std::fabs(device_losses[i])) << i;
+  }
+  ASSERT_TRUE((*on_host)->ExportState().ok());
+  EXPECT_LE((*on_host)->stats().peak_device_bytes, *t.resources.device_memory_budget);
+  EXPECT_LE((*on_host)->stats().peak_device_bytes, admitted->plan.peak_device_bytes);
 }
 
 TEST_F(SpillingExecutorTest, LayerTooBigIsRefusedBeforeTraining) {

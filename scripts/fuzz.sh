@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Fuzzes the code that parses bytes from outside (tests/fuzz: the manifest parser and grid
-# expansion, the checkpoint reader, the spill-file trailer check, the TrialSpec decoder) with
+# expansion, the checkpoint reader, the spill-file trailer check, the TrialSpec decoder, the
+# safetensors header parser) with
 # libFuzzer under ASan + UBSan:
 #   scripts/fuzz.sh [seconds-per-target]     (default 30)
 # HYDRA_FUZZ_SEED=N and HYDRA_FUZZ_RUNS=M make a run repeatable: seed N, at most M inputs a
@@ -16,7 +17,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS="${1:-30}"
 BUILD_DIR="${HYDRA_FUZZ_BUILD_DIR:-build-fuzz}"
-TARGETS=(manifest checkpoint spill_trailer trial_proto)
+TARGETS=(manifest checkpoint spill_trailer trial_proto safetensors)
 export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/ccache}"
 
 if [ ! -f "$BUILD_DIR/build.ninja" ]; then

@@ -1,6 +1,6 @@
 // Writes the seed corpora of the fuzz targets with the real writers, from small real inputs:
 //   fuzz_make_seeds <repository root>
-// fills <root>/tests/fuzz/corpus/{manifest,checkpoint,spill_trailer,trial_proto}/.
+// fills <root>/tests/fuzz/corpus/{manifest,checkpoint,spill_trailer,trial_proto,safetensors}/.
 
 #include <cstdio>
 #include <cstring>
@@ -11,6 +11,7 @@
 
 #include "agent/executor/checkpoint.h"
 #include "agent/executor/disk_tier.h"
+#include "agent/executor/safetensors.h"
 #include "common/job.h"
 #include "proto/trial_proto.h"
 
@@ -74,6 +75,26 @@ Status WriteTrialSpecs(const fs::path& root, const fs::path& out) {
   return OkStatus();
 }
 
+/// Safetensors files as `hydra export` writes them: a small GPT-2-like set of F32 and BF16
+/// tensors with metadata, an empty tensor, and no tensors at all.
+Status WriteSafetensors(const fs::path& out) {
+  using executor::SafetensorsDtype;
+  const std::vector<char> wte = Floats(12, -1.0f), ln = Floats(3, 1.0f);
+  const std::vector<char> half(6, '\x3f');
+  ASSIGN_OR_RETURN(
+      std::string model,
+      executor::SerializeSafetensors(
+          {{"transformer.wte.weight", SafetensorsDtype::kF32, {4, 3}, wte.data(), wte.size()},
+           {"transformer.ln_f.weight", SafetensorsDtype::kF32, {3}, ln.data(), ln.size()},
+           {"transformer.ln_f.bias", SafetensorsDtype::kBF16, {3}, half.data(), half.size()},
+           {"empty", SafetensorsDtype::kF16, {0, 3}, nullptr, 0}},
+          {{"format", "pt"}}));
+  ASSIGN_OR_RETURN(std::string none, executor::SerializeSafetensors({}, {}));
+  std::ofstream(out / "model.safetensors", std::ios::binary) << model;
+  std::ofstream(out / "none.safetensors", std::ios::binary) << none;
+  return OkStatus();
+}
+
 /// The example manifests, flattened: examples/images/sweep.yaml -> images-sweep.yaml.
 void CopyManifests(const fs::path& root, const fs::path& out) {
   for (const auto& entry : fs::recursive_directory_iterator(root / "examples")) {
@@ -93,13 +114,14 @@ int main(int argc, char** argv) {
   }
   const fs::path root = argv[1];
   const fs::path corpus = root / "tests/fuzz/corpus";
-  for (const char* target : {"manifest", "checkpoint", "spill_trailer", "trial_proto"}) {
+  for (const char* target :
+       {"manifest", "checkpoint", "spill_trailer", "trial_proto", "safetensors"}) {
     fs::create_directories(corpus / target);
   }
   CopyManifests(root, corpus / "manifest");
   for (const Status& s :
        {WriteCheckpoints(corpus / "checkpoint"), WriteSpillFiles(corpus / "spill_trailer"),
-        WriteTrialSpecs(root, corpus / "trial_proto")}) {
+        WriteTrialSpecs(root, corpus / "trial_proto"), WriteSafetensors(corpus / "safetensors")}) {
     if (!s.ok()) {
       std::fprintf(stderr, "%s\n", s.ToString().c_str());
       return 1;

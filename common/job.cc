@@ -186,7 +186,7 @@ std::string ValueProblem(const FieldDef& f, const ParamValue& v) {
 /// is wrong with a value, empty if nothing.
 namespace rules {
 
-const std::vector<std::string> kFormats = {"text", "tokens-u16", "images-u8"};
+const std::vector<std::string> kFormats = {"text", "tokens-u16", "tokens-u32", "images-u8"};
 const std::vector<std::string> kOffloads = {"host", "disk"};
 
 std::string OneOf(const std::vector<std::string>& allowed, const std::string& v) {

@@ -45,8 +45,9 @@ struct ModelSpec {
 
 /// spec.dataset: where the tokens come from.
 struct DatasetSpec {
-  /// text (bytes are tokens) | tokens-u16 (little-endian uint16) | images-u8 (records of one
-  /// label byte and imageShape pixel bytes, channel-planar: CIFAR-10's binary layout)
+  /// text (bytes are tokens) | tokens-u16 | tokens-u32 (little-endian uint16 / uint32) |
+  /// images-u8 (records of one label byte and imageShape pixel bytes, channel-planar:
+  /// CIFAR-10's binary layout)
   std::string format = "text";
   std::string path;                   ///< as written in the manifest
   std::string resolved_path;          ///< absolute, resolved against the manifest's directory

@@ -39,7 +39,7 @@ StatusOr<std::shared_ptr<const TokenDataset>> TokenDataset::Open(const DatasetSp
   }
   auto ds = std::shared_ptr<TokenDataset>(new TokenDataset());
   ds->path_ = path;
-  ds->bytes_per_token_ = spec.format == "tokens-u16" ? 2 : 1;
+  ds->bytes_per_token_ = spec.format == "tokens-u16" ? 2 : spec.format == "tokens-u32" ? 4 : 1;
   if (st.st_size == 0) {
     ::close(fd);
     return InvalidArgumentError(where + ": file is empty");
@@ -47,7 +47,8 @@ StatusOr<std::shared_ptr<const TokenDataset>> TokenDataset::Open(const DatasetSp
   if (st.st_size % ds->bytes_per_token_ != 0) {
     ::close(fd);
     return InvalidArgumentError(where + ": size " + std::to_string(st.st_size) +
-                                " is not a multiple of 2 bytes, so it is not a tokens-u16 file");
+                                " is not a multiple of " + std::to_string(ds->bytes_per_token_) +
+                                " bytes, so it is not a " + spec.format + " file");
   }
   void* p = ::mmap(nullptr, st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
   int e = errno;
@@ -93,9 +94,7 @@ StatusOr<std::shared_ptr<const TokenDataset>> TokenDataset::Open(const DatasetSp
     ds->max_token_ = *std::max_element(ds->data_, ds->data_ + ds->mapped_bytes_);
   } else {
     int64_t mx = 0;
-    for (int64_t i = 0; i < ds->num_tokens_; ++i) {
-      mx = std::max<int64_t>(mx, ds->data_[2 * i] | (ds->data_[2 * i + 1] << 8));
-    }
+    for (int64_t i = 0; i < ds->num_tokens_; ++i) mx = std::max(mx, ds->TokenAt(i));
     ds->max_token_ = mx;
   }
   return std::shared_ptr<const TokenDataset>(std::move(ds));
@@ -105,12 +104,18 @@ TokenDataset::~TokenDataset() {
   if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), mapped_bytes_);
 }
 
+int64_t TokenDataset::TokenAt(int64_t i) const {
+  const uint8_t* p = data_ + i * bytes_per_token_;
+  int64_t token = 0;
+  for (int b = bytes_per_token_ - 1; b >= 0; --b) token = (token << 8) | p[b];  // little-endian
+  return token;
+}
+
 void TokenDataset::Read(int64_t offset, int64_t count, int64_t* out) const {
   if (bytes_per_token_ == 1) {
     for (int64_t i = 0; i < count; ++i) out[i] = data_[offset + i];
   } else {
-    const uint8_t* p = data_ + 2 * offset;
-    for (int64_t i = 0; i < count; ++i) out[i] = p[2 * i] | (p[2 * i + 1] << 8);
+    for (int64_t i = 0; i < count; ++i) out[i] = TokenAt(offset + i);
   }
 }
 

@@ -11,13 +11,15 @@
 namespace hydra::executor {
 
 /// A read-only token stream memory-mapped from a dataset file, split into a training head and
-/// a validation tail. Formats: "text" (each byte is a token, vocabulary 256) and "tokens-u16"
-/// (little-endian uint16 tokens, as GPT-2 BPE corpora are commonly stored).
+/// a validation tail. Formats: "text" (each byte is a token, vocabulary 256), "tokens-u16"
+/// (little-endian uint16 tokens, as GPT-2 BPE corpora are commonly stored) and "tokens-u32"
+/// (little-endian uint32 tokens, for vocabularies past 65,536).
 /// Thread-safe: all methods are const and the mapping is immutable.
 class TokenDataset {
  public:
   /// Maps `spec.resolved_path`. Fails with NOT_FOUND for a missing file and INVALID_ARGUMENT
-  /// for an empty file, a tokens-u16 file of odd size, or a split too small for `window`
+  /// for an empty file, a tokens-u16 / -u32 file whose size is not a whole number of tokens,
+  /// or a split too small for `window`
   /// tokens (contextLength + 1) on either side. For images-u8, `window` is the record size
   /// (SampleWindow): the file must hold whole records and each split at least one.
   static StatusOr<std::shared_ptr<const TokenDataset>> Open(const DatasetSpec& spec,
@@ -42,6 +44,7 @@ class TokenDataset {
 
  private:
   TokenDataset() = default;
+  int64_t TokenAt(int64_t i) const;  ///< token i of a tokens-u16 / -u32 file
   std::string path_;
   const uint8_t* data_ = nullptr;
   size_t mapped_bytes_ = 0;

@@ -73,6 +73,22 @@ TEST(JobTest, SuspendDefaultsToFalse) {
   EXPECT_TRUE(suspended->spec.suspend);
 }
 
+TEST(JobTest, TokenFormatsBoundTheVocabulary) {
+  auto with = [](const std::string& format, const std::string& vocab) {
+    std::string yaml = kGood;
+    yaml.replace(yaml.find("format: text"), 12, "format: " + format);
+    yaml.replace(yaml.find("vocabSize: 256"), 14, "vocabSize: " + vocab);
+    return ParseJobYaml(yaml, "/base");
+  };
+  auto big = with("tokens-u32", "100000");
+  ASSERT_TRUE(big.ok()) << big.status().message();
+  EXPECT_EQ(big->spec.dataset.format, "tokens-u32");
+  auto narrow = with("tokens-u16", "100000");
+  EXPECT_THAT(narrow.status().message(), HasSubstr("<= 65536 for the tokens-u16 format"));
+  auto unknown = with("tokens-u64", "256");
+  EXPECT_THAT(unknown.status().message(), HasSubstr("tokens-u32"));  // the formats it knows
+}
+
 TEST(JobTest, AbsoluteDatasetPathIsKept) {
   std::string yaml = kGood;
   yaml.replace(yaml.find("data/corpus.txt"), 15, "/data/x.txt");

@@ -59,6 +59,26 @@ TEST_F(DatasetTest, TokensU16AreLittleEndian) {
   EXPECT_EQ(out[1], 1900);
 }
 
+TEST_F(DatasetTest, TokensU32AreLittleEndianAndPastSixteenBits) {
+  std::string bytes;
+  for (int i = 0; i < 40; ++i) {
+    const uint32_t tok = 70000u + static_cast<uint32_t>(i) * 100000u;
+    for (int b = 0; b < 4; ++b) bytes.push_back(static_cast<char>((tok >> (8 * b)) & 0xff));
+  }
+  auto ds = TokenDataset::Open(Write("a.bin", bytes, "tokens-u32"), 4);
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  EXPECT_EQ((*ds)->num_tokens(), 40);
+  EXPECT_EQ((*ds)->max_token(), 70000 + 39 * 100000);
+  int64_t out[2];
+  (*ds)->Read(2, 2, out);
+  EXPECT_EQ(out[0], 270000);
+  EXPECT_EQ(out[1], 370000);
+  auto cut = TokenDataset::Open(Write("c.bin", bytes.substr(0, 158), "tokens-u32"), 4);
+  EXPECT_NE(cut.status().message().find("not a multiple of 4 bytes, so it is not a tokens-u32"),
+            std::string::npos)
+      << cut.status();
+}
+
 TEST_F(DatasetTest, ClearErrors) {
   DatasetSpec missing;
   missing.resolved_path = (dir_ / "nope.txt").string();

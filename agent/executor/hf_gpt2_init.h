@@ -1,0 +1,17 @@
+#pragma once
+// Torch-facing: include only from executor translation units.
+
+#include "agent/executor/hf_gpt2.h"
+#include "agent/executor/layer_sequence.h"
+
+namespace hydra::executor {
+
+/// Overwrites layer `layer` of a gpt2 model of `spec` (BuildGpt2's sequence) with its tensors
+/// from a Hugging Face checkpoint that CheckHfGpt2 accepted: F32, BF16 and F16 widened to
+/// fp32, Conv1D weights transposed, the first contextLength positions of wpe. The file's pages
+/// are read as each tensor is copied, so a model is loaded layer by layer (a spilled trial's
+/// shard can leave memory before the next layer is read).
+Status LoadHfGpt2Layer(const SafetensorsFile& file, const ModelSpec& spec, const LayerSequence& seq,
+                       size_t layer);
+
+}  // namespace hydra::executor

@@ -1,0 +1,102 @@
+#include "agent/executor/hf_gpt2_init.h"
+
+#include <gtest/gtest.h>
+
+#include <deque>
+
+#include "agent/executor/gpt2.h"
+#include "agent/executor/tensor_buffers.h"
+#include "common/file_util.h"
+#include "tests/fakes/temp_dir_test.h"
+
+namespace hydra::executor {
+namespace {
+
+class HfGpt2InitTest : public fakes::TempDirTest {
+ protected:
+  HfGpt2InitTest() : TempDirTest("hydra_hf_gpt2_init_") {}
+  static ModelSpec Spec() {
+    return {"gpt2",           /*n_layer=*/2, /*n_embd=*/16, /*n_head=*/2, /*context_length=*/8,
+            /*vocab_size=*/40};
+  }
+  static std::vector<NamedBuffer> StateOf(const LayerSequence& seq) {
+    std::vector<NamedBuffer> out;
+    for (const auto& [name, p] : seq.NamedParameters()) out.push_back(TensorToBuffer(name, p));
+    return out;
+  }
+  /// Loads every layer of a fresh model (another seed) from `path`.
+  LayerSequence Loaded(const std::string& path) {
+    auto file = SafetensorsFile::Open(path);
+    EXPECT_TRUE(file.ok()) << file.status();
+    EXPECT_TRUE(CheckHfGpt2(file->header(), Spec(), path).ok());
+    LayerSequence seq = BuildGpt2(Spec(), 2);
+    for (size_t i = 0; i < seq.layers.size(); ++i) {
+      Status s = LoadHfGpt2Layer(*file, Spec(), seq, i);
+      EXPECT_TRUE(s.ok()) << s;
+    }
+    return seq;
+  }
+  static torch::Tensor Logits(const LayerSequence& seq) {
+    torch::NoGradGuard g;
+    torch::Tensor x = torch::arange(16, torch::kLong).remainder(40).view({2, 8});
+    for (const auto& l : seq.layers) x = l->forward(x);
+    return x;
+  }
+};
+
+TEST_F(HfGpt2InitTest, AnExportedModelLoadsBackExactly) {
+  const LayerSequence a = BuildGpt2(Spec(), 1);
+  auto bytes = HfGpt2Safetensors(Spec(), StateOf(a));
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  const std::string path = (dir_ / "model.safetensors").string();
+  ASSERT_TRUE(WriteFileAtomically(path, *bytes).ok());
+  const LayerSequence b = Loaded(path);
+  const auto pa = a.NamedParameters(), pb = b.NamedParameters();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (size_t i = 0; i < pa.size(); ++i) {
+    EXPECT_TRUE(torch::equal(pa[i].second, pb[i].second)) << pa[i].first;
+  }
+  EXPECT_TRUE(torch::equal(Logits(a), Logits(b)));
+}
+
+TEST_F(HfGpt2InitTest, Bf16AndF16CheckpointsWidenToFp32AndExtraPositionsAreCut) {
+  const LayerSequence a = BuildGpt2(Spec(), 1);
+  // The HF layout of `a`, re-typed: wte as BF16, wpe with 20 positions as F16, the rest F32.
+  auto f32 = HfGpt2Safetensors(Spec(), StateOf(a));
+  ASSERT_TRUE(f32.ok());
+  auto header = ParseSafetensors(f32->data(), f32->size(), f32->size(), "f32");
+  ASSERT_TRUE(header.ok());
+  std::deque<torch::Tensor> keep;
+  std::vector<SafetensorsTensor> tensors;
+  for (const auto& e : header->tensors) {
+    auto t = torch::from_blob(const_cast<char*>(f32->data() + header->data_offset + e.begin),
+                              e.shape, torch::kFloat)
+                 .clone();
+    SafetensorsDtype dtype = SafetensorsDtype::kF32;
+    if (e.name == "transformer.wte.weight") {
+      t = t.to(torch::kBFloat16);
+      dtype = SafetensorsDtype::kBF16;
+    } else if (e.name == "transformer.wpe.weight") {
+      t = torch::cat({t, torch::full({12, 16}, 7.0f)}).to(torch::kHalf);
+      dtype = SafetensorsDtype::kF16;
+    }
+    keep.push_back(t.contiguous());
+    tensors.push_back({e.name.substr(12), dtype, keep.back().sizes().vec(), keep.back().data_ptr(),
+                       static_cast<size_t>(keep.back().nbytes())});
+  }
+  auto bytes = SerializeSafetensors(tensors, {});
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  const std::string path = (dir_ / "mixed.safetensors").string();
+  ASSERT_TRUE(WriteFileAtomically(path, *bytes).ok());
+  const LayerSequence b = Loaded(path);
+  const auto pa = a.NamedParameters(), pb = b.NamedParameters();
+  for (size_t i = 0; i < pa.size(); ++i) {
+    torch::Tensor want = pa[i].second;
+    if (pa[i].first == "embed.wte") want = want.to(torch::kBFloat16).to(torch::kFloat);
+    if (pa[i].first == "embed.wpe") want = want.to(torch::kHalf).to(torch::kFloat);
+    EXPECT_TRUE(torch::equal(pb[i].second, want)) << pa[i].first;
+  }
+}
+
+}  // namespace
+}  // namespace hydra::executor

@@ -4,6 +4,12 @@
 
 namespace hydra::executor {
 
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? "," : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
 Status CheckModelAndData(const Trial& trial, const TokenDataset& data) {
   const std::string& f = trial.model.family;
   if (f != "gpt2" && f != "torchscript" && f != "mlp" && f != "resnet") {

@@ -77,6 +77,9 @@ class TrialExecutorInterface {
   virtual ExecutorStats stats() const = 0;
 };
 
+/// A shape as messages show it: "[2,3]".
+std::string ShapeText(const std::vector<int64_t>& shape);
+
 /// The checks every executor factory makes first: a supported model family, and a dataset whose
 /// tokens all fall inside the model's vocabulary. INVALID_ARGUMENT naming the field otherwise.
 Status CheckModelAndData(const Trial& trial, const TokenDataset& data);

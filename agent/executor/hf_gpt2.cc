@@ -11,10 +11,9 @@ namespace {
 
 constexpr const char* kPrefix = "transformer.";
 
-std::string ShapeText(const std::vector<int64_t>& shape) {
-  std::string out = "[";
-  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
-  return out + "]";
+/// A file's name for a tensor without the "transformer." prefix.
+std::string Bare(const std::string& name) {
+  return name.rfind(kPrefix, 0) == 0 ? name.substr(std::strlen(kPrefix)) : name;
 }
 
 /// Names a file may hold that the model does not train: the attention mask buffers of older
@@ -85,8 +84,7 @@ Status CheckHfGpt2(const SafetensorsHeader& header, const ModelSpec& spec,
                    const std::string& what) {
   std::map<std::string, const SafetensorsEntry*> by_name;
   for (const auto& e : header.tensors) {
-    const bool prefixed = e.name.rfind(kPrefix, 0) == 0;
-    const std::string bare = prefixed ? e.name.substr(std::strlen(kPrefix)) : e.name;
+    const std::string bare = Bare(e.name);
     if (!by_name.emplace(bare, &e).second) {
       return InvalidArgumentError(what + ": tensor '" + bare + "' is there with and without " +
                                   "the 'transformer.' prefix");
@@ -120,9 +118,7 @@ Status CheckHfGpt2(const SafetensorsHeader& header, const ModelSpec& spec,
     }
   }
   for (const auto& e : header.tensors) {
-    const bool prefixed = e.name.rfind(kPrefix, 0) == 0;
-    const std::string bare = prefixed ? e.name.substr(std::strlen(kPrefix)) : e.name;
-    if (used.count(bare) || IsIgnoredHfName(e.name, spec)) continue;
+    if (used.count(Bare(e.name)) || IsIgnoredHfName(e.name, spec)) continue;
     return InvalidArgumentError(what + ": tensor '" + e.name +
                                 "' is not part of a gpt2 model with nLayer " +
                                 std::to_string(spec.n_layer));

@@ -389,25 +389,28 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
                            ResidencyName(s.weights.at->where()) + " and its optimizer state " +
                            ResidencyName(s.state.at->where()) + ", not both on the device");
     }
-    auto w = disk_->Write(Key(k, s.weights.key), Spans(s.weights.tensors), s.weights.slab);
-    auto o = disk_->Write(Key(k, s.state.key), Spans(s.state.tensors), s.state.slab);
-    // One future for both files.
-    s.write = std::async(std::launch::deferred, [w = std::move(w), o = std::move(o)]() mutable {
-      Status a = w.get(), b = o.get();
-      return a.ok() ? b : a;
-    });
+    s.write = WriteParts(k);
     RETURN_IF_ERROR(s.weights.at->To(Residency::kWritingBack));
     return s.state.at->To(Residency::kWritingBack);
   }
 
   /// Set-up with the disk tier: writes freshly built shard k out and frees it.
   Status Spill(size_t k) {
-    Shard& s = shards_[k];
-    auto w = disk_->Write(Key(k, s.weights.key), Spans(s.weights.tensors));
-    auto o = disk_->Write(Key(k, s.state.key), Spans(s.state.tensors));
-    Status a = w.get(), b = o.get();
+    Status written = WriteParts(k).get();
     Status dropped = Drop(k);
-    return !a.ok() ? a : !b.ok() ? b : dropped;
+    return written.ok() ? dropped : written;
+  }
+
+  /// Starts writing both parts of shard k to their spill files, on the I/O threads at once
+  /// (from their slabs with O_DIRECT once read back); one future for both.
+  std::future<Status> WriteParts(size_t k) {
+    Shard& s = shards_[k];
+    auto w = disk_->Write(Key(k, s.weights.key), Spans(s.weights.tensors), s.weights.slab);
+    auto o = disk_->Write(Key(k, s.state.key), Spans(s.state.tensors), s.state.slab);
+    return std::async(std::launch::deferred, [w = std::move(w), o = std::move(o)]() mutable {
+      Status a = w.get(), b = o.get();
+      return a.ok() ? b : a;
+    });
   }
 
   Status FinishWrite(size_t k) {

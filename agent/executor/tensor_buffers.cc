@@ -18,12 +18,6 @@ std::string DtypeName(torch::ScalarType t) {
   }
 }
 
-std::string ShapeText(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? "," : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
 }  // namespace
 
 NamedBuffer TensorToBuffer(const std::string& name, const torch::Tensor& tensor) {

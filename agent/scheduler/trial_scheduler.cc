@@ -569,8 +569,8 @@ void TrialScheduler::Worker(int device) {
       if (!s->admitted || s->done) continue;
       any_admitted = true;
       admitted_bytes += s->p.admission.host_bytes;
-      if (!s->started)
-        unwritten_disk += s->p.admission.disk_bytes;  // not yet taken from the free space
+      // Spill files not yet written are not yet taken from the free space.
+      if (!s->started) unwritten_disk += s->p.admission.disk_bytes;
     }
     int64_t disk_free = -1;  // read once per pass, only when a waiting trial spills to disk
     bool blocked = false;    // a trial waits for admission

@@ -14,6 +14,16 @@ namespace {
 
 namespace fs = std::filesystem;
 
+/// 40 tokens first, first + stride, ... as `width`-byte little-endian integers.
+std::string LittleEndianTokens(uint32_t first, uint32_t stride, int width) {
+  std::string bytes;
+  for (uint32_t i = 0; i < 40; ++i) {
+    const uint32_t tok = first + i * stride;
+    for (int b = 0; b < width; ++b) bytes.push_back(static_cast<char>((tok >> (8 * b)) & 0xff));
+  }
+  return bytes;
+}
+
 class DatasetTest : public fakes::TempDirTest {
  protected:
   DatasetTest() : TempDirTest("hydra_dataset_test") {}
@@ -43,13 +53,7 @@ TEST_F(DatasetTest, TextBytesAreTokens) {
 }
 
 TEST_F(DatasetTest, TokensU16AreLittleEndian) {
-  std::string bytes;
-  for (int i = 0; i < 40; ++i) {
-    const int tok = 1000 + i * 300;
-    bytes.push_back(static_cast<char>(tok & 0xff));
-    bytes.push_back(static_cast<char>(tok >> 8));
-  }
-  auto ds = TokenDataset::Open(Write("a.bin", bytes, "tokens-u16"), 4);
+  auto ds = TokenDataset::Open(Write("a.bin", LittleEndianTokens(1000, 300, 2), "tokens-u16"), 4);
   ASSERT_TRUE(ds.ok()) << ds.status();
   EXPECT_EQ((*ds)->num_tokens(), 40);
   EXPECT_EQ((*ds)->max_token(), 1000 + 39 * 300);
@@ -60,11 +64,7 @@ TEST_F(DatasetTest, TokensU16AreLittleEndian) {
 }
 
 TEST_F(DatasetTest, TokensU32AreLittleEndianAndPastSixteenBits) {
-  std::string bytes;
-  for (int i = 0; i < 40; ++i) {
-    const uint32_t tok = 70000u + static_cast<uint32_t>(i) * 100000u;
-    for (int b = 0; b < 4; ++b) bytes.push_back(static_cast<char>((tok >> (8 * b)) & 0xff));
-  }
+  const std::string bytes = LittleEndianTokens(70000, 100000, 4);
   auto ds = TokenDataset::Open(Write("a.bin", bytes, "tokens-u32"), 4);
   ASSERT_TRUE(ds.ok()) << ds.status();
   EXPECT_EQ((*ds)->num_tokens(), 40);

@@ -112,7 +112,7 @@ TEST(HfGpt2Test, TheCheckAcceptsGpt2sOwnLayoutsAndRefusesMismatchesNamingBothSha
   Status s = CheckHfGpt2(wide, spec, "m.safetensors");
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("m.safetensors: tensor 'h.0.attn.c_attn.weight' has "
-                                     "shape [4, 13], but the manifest's model needs [4, 12]"));
+                                     "shape [4,13], but the manifest's model needs [4,12]"));
   auto few_positions = Header(spec);
   few_positions.tensors[1].shape = {5, 4};
   EXPECT_THAT(CheckHfGpt2(few_positions, spec, "m").message(),

@@ -14,6 +14,8 @@
 #include "agent/executor/model_loader.h"
 #include "agent/executor/pilot.h"
 #include "agent/executor/spilling_executor.h"
+#include "cli/eval.h"
+#include "cli/export.h"
 #include "cli/local_runner.h"
 #include "cli/progress.h"
 #include "cli/results.h"
@@ -321,6 +323,20 @@ int Run(const RunArgs& a) {
   return 0;
 }
 
+int Export(const std::string& run_dir, const std::string& trial, const std::string& out) {
+  std::vector<std::string> warnings;
+  auto report = hydra::cli::ExportTrial(run_dir, trial, out, &warnings);
+  for (const auto& w : warnings) std::cerr << "warning: " << w << "\n";
+  if (!report.ok()) {
+    std::cerr << "error: " << report.status().message() << "\n";
+    return 2;
+  }
+  std::cout << "exported " << trial << " at step " << report->step << " (" << report->checkpoint
+            << ") to " << out << ": model.safetensors, config.json\n"
+            << "load it with transformers.GPT2LMHeadModel.from_pretrained(\"" << out << "\")\n";
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -417,6 +433,37 @@ int main(int argc, char** argv) {
       ->required()
       ->check(CLI::ExistingFile);
 
+  std::string export_run, export_trial, export_out;
+  auto* exp = app.add_subcommand(
+      "export",
+      "Write a trained gpt2 trial of a hydra run as a Hugging Face model directory "
+      "(model.safetensors, config.json) that GPT2LMHeadModel.from_pretrained loads");
+  exp->add_option("run_dir", export_run, "The run's output directory (hydra run -o)")
+      ->required()
+      ->check(CLI::ExistingDirectory);
+  exp->add_option("--trial", export_trial, "The trial's name (as in results.json)")->required();
+  exp->add_option("-o,--output", export_out, "Directory to write (created if missing)")->required();
+
+  hydra::cli::EvalArgs ea;
+  ea.threads = ra.threads;
+  auto* eval = app.add_subcommand(
+      "eval",
+      "Print the mean next-token cross-entropy of a pretrained gpt2 checkpoint over a token file, "
+      "cut into non-overlapping windows of contextLength + 1 tokens (the last partial window "
+      "is dropped)");
+  eval->add_option("manifest", ea.manifest,
+                   "MultiModelJob YAML file: its spec.model fields and spec.dataset.format")
+      ->required()
+      ->check(CLI::ExistingFile);
+  eval->add_option("--init", ea.init, "A Hugging Face GPT2LMHeadModel model.safetensors")
+      ->required();
+  eval->add_option("--data", ea.data, "The token file to score, in spec.dataset.format")
+      ->required();
+  eval->add_flag("--json", ea.json, "Print {\"loss\": ..., \"tokens\": ...}");
+  eval->add_option("--threads", ea.threads, "CPU threads")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+
   CLI11_PARSE(app, argc, argv);
   if (run->parsed()) return Run(ra);
   if (plan->parsed()) return Plan(plan_manifest, plan_pilot, ra.threads);
@@ -428,5 +475,7 @@ int main(int argc, char** argv) {
     return Simulate(sim);
   }
   if (validate->parsed()) return Validate(validate_manifest);
+  if (exp->parsed()) return Export(export_run, export_trial, export_out);
+  if (eval->parsed()) return hydra::cli::Eval(ea);
   return 2;
 }

@@ -433,6 +433,13 @@ void ParseMetadata(Checker& c, const YAML::Node& node, JobMetadata* md) {
   }
 }
 
+/// A manifest path resolved against the manifest's directory, normalised.
+std::string ResolveAgainst(const std::string& base_dir, const std::string& path) {
+  fs::path resolved(path);
+  if (resolved.is_relative()) resolved = fs::path(base_dir) / resolved;
+  return resolved.lexically_normal().string();
+}
+
 /// spec.model.path: required by (and only allowed with) family torchscript.
 void ParseModelPath(Checker& c, const YAML::Node& node, const std::string& base_dir, ModelSpec* m) {
   if (!node.IsMap()) return;  // reported by ParseSection
@@ -452,9 +459,35 @@ void ParseModelPath(Checker& c, const YAML::Node& node, const std::string& base_
     return;
   }
   m->path = node["path"].Scalar();
-  fs::path resolved(m->path);
-  if (resolved.is_relative()) resolved = fs::path(base_dir) / resolved;
-  m->resolved_path = resolved.lexically_normal().string();
+  m->resolved_path = ResolveAgainst(base_dir, m->path);
+}
+
+/// spec.model.init: {format: safetensors, path}, only for family gpt2.
+void ParseModelInit(Checker& c, const YAML::Node& node, const std::string& base_dir, ModelSpec* m) {
+  if (!node.IsMap() || !node["init"]) return;
+  const std::string p = "spec.model.init";
+  const YAML::Node& n = node["init"];
+  if (!c.Map(n, p, {"format", "path"})) return;
+  if (m->family != "gpt2") {
+    c.Error(p, n, "only family gpt2 starts from a checkpoint (got family " + m->family + ")");
+    return;
+  }
+  ModelInit init;
+  if (n["format"] && (!n["format"].IsScalar() || n["format"].Scalar() != "safetensors")) {
+    c.Error(p + ".format", n["format"], "must be one of: safetensors");
+    return;
+  }
+  if (!n["path"]) {
+    c.Error(p + ".path", n, "required field is missing");
+    return;
+  }
+  if (!n["path"].IsScalar() || n["path"].Scalar().empty()) {
+    c.Error(p + ".path", n["path"], "must be a non-empty path");
+    return;
+  }
+  init.path = n["path"].Scalar();
+  init.resolved_path = ResolveAgainst(base_dir, init.path);
+  m->init = std::move(init);
 }
 
 void ParseDataset(Checker& c, const YAML::Node& node, const std::string& base_dir,
@@ -493,9 +526,7 @@ void ParseDataset(Checker& c, const YAML::Node& node, const std::string& base_di
     c.Error(p + ".path", node["path"], "must be a non-empty path");
   } else {
     ds->path = node["path"].Scalar();
-    fs::path resolved(ds->path);
-    if (resolved.is_relative()) resolved = fs::path(base_dir) / resolved;
-    ds->resolved_path = resolved.lexically_normal().string();
+    ds->resolved_path = ResolveAgainst(base_dir, ds->path);
   }
   if (node["validationFraction"]) {
     const auto& n = node["validationFraction"];
@@ -859,6 +890,13 @@ std::string TrialSuffix(const std::vector<Hyperparameter>& hps) {
 
 }  // namespace
 
+const char* InitFormatName(InitFormat f) {
+  switch (f) {
+    case InitFormat::kSafetensors: return "safetensors";
+  }
+  return "safetensors";
+}
+
 const char* PrecisionName(Precision p) {
   switch (p) {
     case Precision::kFp32: return "fp32";
@@ -1004,8 +1042,10 @@ StatusOr<MultiModelJob> ParseJobYaml(const std::string& yaml_text, const std::st
           if (!spec["model"]) {
             c.Error("spec.model", spec, "required field is missing");
           } else {
-            ParseSection(c, spec["model"], "model", "spec.model", &base, {"family"}, {"path"});
+            ParseSection(c, spec["model"], "model", "spec.model", &base, {"family"},
+                         {"path", "init"});
             ParseModelPath(c, spec["model"], base_dir, &base.model);
+            ParseModelInit(c, spec["model"], base_dir, &base.model);
           }
           if (!spec["training"]) {
             c.Error("spec.training", spec, "required field is missing");
@@ -1228,6 +1268,14 @@ Status ValidateTrial(const Trial& trial, const std::string& prefix) {
   if (ds.resolved_path.empty()) err("dataset.path", "must be a non-empty path");
   if (trial.model.family == "torchscript" && trial.model.resolved_path.empty()) {
     err("model.path", "family torchscript needs the module's path");
+  }
+  if (trial.model.init) {
+    if (trial.model.family != "gpt2")
+      err("model.init", "only family gpt2 starts from a checkpoint");
+    const std::string& ip = trial.model.init->resolved_path;
+    if (ip.empty() || ip.front() != '/') {
+      err("model.init.path", "must be an absolute path (got '" + ip + "')");
+    }
   }
   err("dataset.validationFraction", rules::ValidationFractionProblem(ds.validation_fraction));
   err("dataset.evalSequences", rules::EvalSequencesProblem(ds.eval_sequences));

@@ -26,6 +26,20 @@ struct ModuleLayer {
   int64_t output_elements = 0;  ///< elements of its output for one sequence
 };
 
+/// spec.model.init.format: how pretrained weights are stored. A closed set: Hugging Face's
+/// safetensors (a GPT2LMHeadModel's model.safetensors) is the one format read.
+enum class InitFormat { kSafetensors };
+
+/// "safetensors".
+const char* InitFormatName(InitFormat f);
+
+/// spec.model.init: pretrained weights a gpt2 trial starts from instead of random ones.
+struct ModelInit {
+  InitFormat format = InitFormat::kSafetensors;
+  std::string path;           ///< as written in the manifest
+  std::string resolved_path;  ///< absolute, resolved against the manifest's directory
+};
+
 struct ModelSpec {
   std::string family = "gpt2";  ///< gpt2 | torchscript | mlp | resnet
   int64_t n_layer = 4;          ///< nLayer: transformer blocks (mlp: hidden layers; resnet: blocks)
@@ -41,6 +55,9 @@ struct ModelSpec {
   /// family torchscript: the module's children, filled when the module is loaded
   /// (executor::ResolveModel); empty until then.
   std::vector<ModuleLayer> layers = {};
+  /// spec.model.init (family gpt2): the checkpoint the weights start from; unset: random
+  /// weights from training.seed.
+  std::optional<ModelInit> init = {};
 };
 
 /// spec.dataset: where the tokens come from.

@@ -28,6 +28,10 @@ nlohmann::json TrialConfigJson(const Trial& t) {
                 {"vocabSize", m.vocab_size}};
   if (m.family == "mlp" || m.family == "resnet") j["model"]["numClasses"] = m.num_classes;
   if (!m.resolved_path.empty()) j["model"]["path"] = m.resolved_path;
+  if (m.init) {
+    j["model"]["init"] = {{"format", InitFormatName(m.init->format)},
+                          {"path", m.init->resolved_path}};
+  }
   j["training"] = {{"optimizer", tr.optimizer},
                    {"learningRate", tr.learning_rate},
                    {"batchSize", tr.batch_size},
@@ -51,6 +55,31 @@ nlohmann::json TrialConfigJson(const Trial& t) {
                   {"evalSequences", t.dataset.eval_sequences}};
   if (t.dataset.format == "images-u8") j["dataset"]["imageShape"] = t.dataset.image_shape;
   return j;
+}
+
+StatusOr<ModelSpec> ModelSpecFromJson(const nlohmann::json& model) {
+  ModelSpec m;
+  const auto integer = [&](const char* key, int64_t* out) -> Status {
+    if (!model.contains(key) || !model[key].is_number_integer()) {
+      return InvalidArgumentError(std::string("model.") + key + ": missing or not an integer");
+    }
+    *out = model[key].get<int64_t>();
+    return OkStatus();
+  };
+  if (!model.is_object() || !model.contains("family") || !model["family"].is_string()) {
+    return InvalidArgumentError("model.family: missing or not a string");
+  }
+  m.family = model["family"].get<std::string>();
+  RETURN_IF_ERROR(integer("nLayer", &m.n_layer));
+  RETURN_IF_ERROR(integer("nEmbd", &m.n_embd));
+  RETURN_IF_ERROR(integer("nHead", &m.n_head));
+  RETURN_IF_ERROR(integer("contextLength", &m.context_length));
+  RETURN_IF_ERROR(integer("vocabSize", &m.vocab_size));
+  if (model.contains("numClasses")) RETURN_IF_ERROR(integer("numClasses", &m.num_classes));
+  if (model.contains("path") && model["path"].is_string()) {
+    m.path = m.resolved_path = model["path"].get<std::string>();
+  }
+  return m;
 }
 
 std::string TrialFingerprint(const Trial& trial) {

@@ -13,6 +13,11 @@ nlohmann::ordered_json HyperparametersJson(const Trial& trial);
 /// A trial's full effective configuration (model, training, dataset) with manifest names.
 nlohmann::json TrialConfigJson(const Trial& trial);
 
+/// The model part of TrialConfigJson back as a ModelSpec (what a checkpoint records of its
+/// model): family and the sizes; INVALID_ARGUMENT naming the key that is missing or of the
+/// wrong type.
+StatusOr<ModelSpec> ModelSpecFromJson(const nlohmann::json& model);
+
 /// Stable 16-hex-digit fingerprint of TrialConfigJson: a checkpoint made for one configuration
 /// is never resumed under another.
 std::string TrialFingerprint(const Trial& trial);

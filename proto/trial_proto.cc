@@ -29,6 +29,10 @@ void TrialToProto(const Trial& t, v1::TrialSpec* out) {
   m->set_vocab_size(t.model.vocab_size);
   m->set_path(t.model.resolved_path);
   m->set_num_classes(t.model.num_classes);
+  if (t.model.init) {
+    m->mutable_init()->set_format(v1::INIT_FORMAT_SAFETENSORS);
+    m->mutable_init()->set_path(t.model.init->resolved_path);
+  }
   auto* d = out->mutable_dataset();
   d->set_format(t.dataset.format);
   d->set_path(t.dataset.resolved_path);
@@ -87,6 +91,16 @@ StatusOr<Trial> TrialFromProto(const v1::TrialSpec& s) {
   t.model.vocab_size = m.vocab_size();
   t.model.path = t.model.resolved_path = m.path();
   if (m.num_classes() > 0) t.model.num_classes = m.num_classes();
+  if (m.has_init()) {
+    if (m.init().format() != v1::INIT_FORMAT_SAFETENSORS) {
+      return InvalidArgumentError("trial.model.init.format: unknown value " +
+                                  std::to_string(m.init().format()) +
+                                  " (0 is unset; a newer controller?)");
+    }
+    ModelInit init;
+    init.path = init.resolved_path = m.init().path();
+    t.model.init = std::move(init);
+  }
   const auto& d = s.dataset();
   t.dataset.format = d.format();
   t.dataset.path = d.path();

@@ -110,12 +110,18 @@ class ExecutorFactoryInterface {
     (void)trial;
     return OkStatus();
   }
-  /// Writes a finished trial's weights (an executor's ExportState) where its users read them:
-  /// for family torchscript a state dict for Python's torch.load at `path`. Nothing for the
-  /// built-in families.
-  virtual Status WriteModelFile(const Trial& trial, const std::vector<NamedBuffer>& state,
-                                const std::string& path) {
-    (void)trial, (void)state, (void)path;
+  /// Whether WriteModelFiles writes anything for `trial` (so the caller exports its state).
+  virtual bool WritesModelFiles(const Trial& trial) const {
+    (void)trial;
+    return false;
+  }
+  /// Writes a finished trial's weights (an executor's ExportState) where its users read them,
+  /// into `dir`, the trial's checkpoint directory: family torchscript a state dict for Python's
+  /// torch.load (model.pt); gpt2 model.safetensors and config.json for Hugging Face
+  /// transformers. Nothing by default.
+  virtual Status WriteModelFiles(const Trial& trial, const std::vector<NamedBuffer>& state,
+                                 const std::string& dir) {
+    (void)trial, (void)state, (void)dir;
     return OkStatus();
   }
 };

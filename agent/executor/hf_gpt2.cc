@@ -2,9 +2,12 @@
 
 #include <cstring>
 #include <deque>
+#include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+
+#include "common/file_util.h"
 
 namespace hydra::executor {
 namespace {
@@ -126,6 +129,17 @@ Status CheckHfGpt2(const SafetensorsHeader& header, const ModelSpec& spec,
   return OkStatus();
 }
 
+StatusOr<SafetensorsFile> OpenHfGpt2(const ModelSpec& spec) {
+  if (!spec.init) return FailedPreconditionError("spec.model.init: not set");
+  const std::string what = "spec.model.init.path: " + spec.init->resolved_path;
+  auto file = SafetensorsFile::Open(spec.init->resolved_path);
+  if (!file.ok()) {
+    return Status(file.status().code(), "spec.model.init.path: " + file.status().message());
+  }
+  RETURN_IF_ERROR(CheckHfGpt2(file->header(), spec, what));
+  return file;
+}
+
 const SafetensorsEntry* FindHfGpt2(const SafetensorsFile& file, const HfGpt2Tensor& t) {
   if (const auto* e = file.Find(t.hf)) return e;
   return file.Find(kPrefix + t.hf);
@@ -173,6 +187,17 @@ std::string HfGpt2Config(const ModelSpec& spec) {
                                  {"tie_word_embeddings", true},
                                  {"torch_dtype", "float32"}};
   return config.dump(2) + "\n";
+}
+
+Status WriteHfGpt2(const ModelSpec& spec, const std::vector<NamedBuffer>& state,
+                   const std::string& dir) {
+  ASSIGN_OR_RETURN(std::string model, HfGpt2Safetensors(spec, state));
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return FailedPreconditionError(dir + ": cannot create the directory: " + ec.message());
+  const std::filesystem::path d(dir);
+  RETURN_IF_ERROR(WriteFileAtomically((d / "model.safetensors").string(), model));
+  return WriteFileAtomically((d / "config.json").string(), HfGpt2Config(spec));
 }
 
 }  // namespace hydra::executor

@@ -32,6 +32,12 @@ std::vector<HfGpt2Tensor> HfGpt2Tensors(const ModelSpec& spec);
 /// naming the tensor and both shapes.
 Status CheckHfGpt2(const SafetensorsHeader& header, const ModelSpec& spec, const std::string& what);
 
+/// Maps spec.init's checkpoint and checks it against the model (CheckHfGpt2): what Admit runs
+/// before anything trains and what the executors load from. Errors name
+/// "spec.model.init.path: <file>"; NOT_FOUND for a missing file. FAILED_PRECONDITION when the
+/// model has no init.
+StatusOr<SafetensorsFile> OpenHfGpt2(const ModelSpec& spec);
+
 /// The file's entry for `t` (with or without the "transformer." prefix), or nullptr.
 const SafetensorsEntry* FindHfGpt2(const SafetensorsFile& file, const HfGpt2Tensor& t);
 
@@ -41,5 +47,11 @@ const SafetensorsEntry* FindHfGpt2(const SafetensorsFile& file, const HfGpt2Tens
 StatusOr<std::string> HfGpt2Safetensors(const ModelSpec& spec,
                                         const std::vector<NamedBuffer>& state);
 std::string HfGpt2Config(const ModelSpec& spec);
+
+/// Writes HfGpt2Safetensors and HfGpt2Config into `dir` (created if missing) as
+/// model.safetensors and config.json, each atomically, the model first: a directory that
+/// `transformers.GPT2LMHeadModel.from_pretrained(dir)` loads.
+Status WriteHfGpt2(const ModelSpec& spec, const std::vector<NamedBuffer>& state,
+                   const std::string& dir);
 
 }  // namespace hydra::executor

@@ -2,6 +2,8 @@
 
 #include <map>
 
+#include "agent/executor/gpt2.h"
+
 namespace hydra::executor {
 namespace {
 
@@ -37,6 +39,21 @@ Status LoadHfGpt2Layer(const SafetensorsFile& file, const ModelSpec& spec, const
     target->second.copy_(source.to(torch::kFloat));
   }
   return OkStatus();
+}
+
+StatusOr<LayerSequence> BuildHfGpt2(
+    const ModelSpec& spec,
+    const std::function<void(const LayerSequence&, size_t)>& on_layer_built) {
+  ASSIGN_OR_RETURN(SafetensorsFile file, OpenHfGpt2(spec));
+  Status status;
+  // The seed only fills each layer before its tensors overwrite it.
+  LayerSequence seq = BuildGpt2(spec, /*seed=*/0, [&](const LayerSequence& s, size_t layer) {
+    if (!status.ok()) return;
+    status = LoadHfGpt2Layer(file, spec, s, layer);
+    if (status.ok() && on_layer_built) on_layer_built(s, layer);
+  });
+  RETURN_IF_ERROR(status);
+  return seq;
 }
 
 }  // namespace hydra::executor

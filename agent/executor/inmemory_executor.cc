@@ -144,10 +144,10 @@ class InMemoryExecutorFactory : public ExecutorFactoryInterface {
     return PlanAdmission(trial, po);
   }
   Status Resolve(Trial* trial) override { return ResolveModel(trial); }
-  Status WriteModelFile(const Trial& trial, const std::vector<NamedBuffer>& state,
-                        const std::string& path) override {
-    if (trial.model.family != "torchscript") return OkStatus();
-    return WriteStateDictFromState(trial.model, state, path);
+  bool WritesModelFiles(const Trial& trial) const override { return HasModelFiles(trial); }
+  Status WriteModelFiles(const Trial& trial, const std::vector<NamedBuffer>& state,
+                         const std::string& dir) override {
+    return executor::WriteModelFiles(trial, state, dir);
   }
 
   StatusOr<std::unique_ptr<TrialExecutorInterface>> Build(const Trial& given,

@@ -12,12 +12,23 @@
 namespace hydra::executor {
 
 /// Fills trial->model.layers from the module (parameters and output size of each child) so the
-/// cost model and the partitioner can plan it; a no-op for the built-in families.
+/// cost model and the partitioner can plan it; for a gpt2 model with spec.model.init, checks
+/// the checkpoint against the model (OpenHfGpt2); a no-op for the other built-in families.
 Status ResolveModel(Trial* trial);
 
 /// Loads the module of `spec`, puts the weights of an executor's ExportState (a checkpoint's
 /// buffers) into it and writes them as SaveStateDictForPython does.
 Status WriteStateDictFromState(const ModelSpec& spec, const std::vector<NamedBuffer>& state,
                                const std::string& path);
+
+/// Whether WriteModelFiles writes anything for the trial's family.
+bool HasModelFiles(const Trial& trial);
+
+/// A finished trial's weights (an executor's ExportState) where their users read them, in
+/// `dir` (the trial's checkpoint directory): family torchscript, a state dict for Python's
+/// torch.load as model.pt; gpt2, model.safetensors and config.json that Hugging Face
+/// transformers loads (WriteHfGpt2); nothing for the image classifiers.
+Status WriteModelFiles(const Trial& trial, const std::vector<NamedBuffer>& state,
+                       const std::string& dir);
 
 }  // namespace hydra::executor

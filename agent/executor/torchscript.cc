@@ -9,6 +9,7 @@
 #include <set>
 
 #include "agent/executor/gpt2.h"
+#include "agent/executor/hf_gpt2_init.h"
 #include "agent/executor/tensor_buffers.h"
 #include "agent/executor/vision.h"
 #include "common/file_util.h"
@@ -120,6 +121,7 @@ StatusOr<LayerSequence> BuildModel(
     return BuildResNet(trial.model, trial.dataset.image_shape, seed, on_layer_built);
   }
   if (trial.model.family != "torchscript") {
+    if (trial.model.init) return BuildHfGpt2(trial.model, on_layer_built);
     return BuildGpt2(trial.model, seed, on_layer_built);
   }
   ASSIGN_OR_RETURN(LayerSequence seq, LoadTorchScript(trial.model));
@@ -220,7 +222,22 @@ StatusOr<LayerSequence> LoadTorchScript(const ModelSpec& spec) {
   }
 }
 
+bool HasModelFiles(const Trial& trial) {
+  return trial.model.family == "torchscript" || trial.model.family == "gpt2";
+}
+
+Status WriteModelFiles(const Trial& trial, const std::vector<NamedBuffer>& state,
+                       const std::string& dir) {
+  if (trial.model.family == "torchscript") {
+    return WriteStateDictFromState(trial.model, state,
+                                   (std::filesystem::path(dir) / "model.pt").string());
+  }
+  if (trial.model.family == "gpt2") return WriteHfGpt2(trial.model, state, dir);
+  return OkStatus();
+}
+
 Status ResolveModel(Trial* trial) {
+  if (trial->model.init) return OpenHfGpt2(trial->model).status();
   if (trial->model.family != "torchscript" || !trial->model.layers.empty()) return OkStatus();
   ASSIGN_OR_RETURN(LayerSequence seq, LoadTorchScript(trial->model));
   try {

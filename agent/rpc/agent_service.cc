@@ -195,6 +195,7 @@ Status AgentService::CheckAssignment(const v1::AssignTrialRequest& request, Tria
   for (const auto& [field, value] :
        {std::pair<const char*, const std::string*>{"trial.dataset.path", &spec.dataset().path()},
         {"trial.model.path", &spec.model().path()},
+        {"trial.model.init.path", &spec.model().init().path()},
         {"checkpoint_dir", &request.checkpoint_dir()}}) {
     if (value->size() > kMaxPathBytes) {
       return InvalidArgumentError(std::string(field) + ": longer than " +
@@ -216,6 +217,10 @@ Status AgentService::CheckAssignment(const v1::AssignTrialRequest& request, Tria
   RETURN_IF_ERROR(Confine("trial.dataset.path", trial.dataset.resolved_path, config_.data_roots));
   if (!trial.model.resolved_path.empty()) {
     RETURN_IF_ERROR(Confine("trial.model.path", trial.model.resolved_path, config_.data_roots));
+  }
+  if (trial.model.init) {
+    RETURN_IF_ERROR(
+        Confine("trial.model.init.path", trial.model.init->resolved_path, config_.data_roots));
   }
   RETURN_IF_ERROR(Confine("checkpoint_dir", request.checkpoint_dir(), config_.checkpoint_roots));
   ASSIGN_OR_RETURN(*checkpoint_dir, ResolvePath(request.checkpoint_dir()));

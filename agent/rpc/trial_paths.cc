@@ -16,7 +16,8 @@ namespace fs = std::filesystem;
 
 /// The files a trial writes into its checkpoint directory start with one of these (their
 /// temporary copies add a suffix, or a leading dot).
-constexpr const char* kTrialFilePrefixes[] = {"ckpt-", "ATTEMPT", "model.pt"};
+constexpr const char* kTrialFilePrefixes[] = {"ckpt-", "ATTEMPT", "model.pt", "model.safetensors",
+                                              "config.json"};
 
 bool IsTrialFile(const std::string& name) {
   const std::string bare = !name.empty() && name[0] == '.' ? name.substr(1) : name;

@@ -57,7 +57,9 @@ nlohmann::json ProgressMeta(const TrialResult& r, const std::string& fingerprint
           {"trainSeconds", r.train_seconds},
           {"trainedTokens", r.trained_tokens},
           {"trainCurve", CurveJson(r.train_curve)},
-          {"valCurve", CurveJson(r.val_curve)}};
+          {"valCurve", CurveJson(r.val_curve)},
+          // What the weights are, so a checkpoint can be exported on its own (hydra export).
+          {"model", TrialConfigJson(r.trial)["model"]}};
 }
 
 void RestoreProgress(const nlohmann::json& meta, TrialResult* r) {
@@ -853,12 +855,12 @@ Status TrialScheduler::Finish(Slot& slot) {
   RETURN_IF_ERROR(EvaluateAtStep(slot));
   CloseRecord(r);
   if (slot.saved_step != r->step) RETURN_IF_ERROR(SaveCheckpoint(slot));
-  if (r->trial.model.family == "torchscript") {
-    // The trained weights where Python reads them: torch.load(<checkpoint dir>/model.pt).
+  if (factory_->WritesModelFiles(r->trial)) {
+    // The trained weights where Python reads them, next to the checkpoints:
+    // torch.load(<dir>/model.pt), GPT2LMHeadModel.from_pretrained(<dir>).
     auto state = slot.exec->ExportState();
     if (!state.ok()) return state.status();
-    RETURN_IF_ERROR(factory_->WriteModelFile(
-        r->trial, *state, (std::filesystem::path(slot.p.checkpoint_dir) / "model.pt").string()));
+    RETURN_IF_ERROR(factory_->WriteModelFiles(r->trial, *state, slot.p.checkpoint_dir));
   }
   r->wall_seconds += Seconds(Clock::now() - start);
   r->peak_device_bytes = slot.exec->stats().peak_device_bytes;

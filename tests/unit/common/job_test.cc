@@ -277,6 +277,18 @@ INSTANTIATE_TEST_SUITE_P(
                 "[channels, height, width]"},
         BadCase{"one class", "    vocabSize: 256\n", "    vocabSize: 256\n    numClasses: 1\n",
                 "spec.model.numClasses", "must be >= 2"},
+        BadCase{"init in an unknown format", "    vocabSize: 256\n",
+                "    vocabSize: 256\n    init: {format: onnx, path: m.safetensors}\n",
+                "spec.model.init.format", "must be one of: safetensors"},
+        BadCase{"init without a path", "    vocabSize: 256\n",
+                "    vocabSize: 256\n    init: {format: safetensors}\n", "spec.model.init.path",
+                "required field is missing"},
+        BadCase{"init with an unknown field", "    vocabSize: 256\n",
+                "    vocabSize: 256\n    init: {path: m.safetensors, dtype: f16}\n",
+                "spec.model.init.dtype", "unknown field"},
+        BadCase{"init of a torchscript model", "    family: gpt2\n",
+                "    family: torchscript\n    path: m.pt\n    init: {path: m.safetensors}\n",
+                "spec.model.init", "only family gpt2 starts from a checkpoint"},
         BadCase{"missing steps", "    steps: 200\n", "", "spec.training.steps", "required"},
         BadCase{"malformed YAML", "  search:\n", "  search: [\n", "", "malformed YAML"}),
     [](const ::testing::TestParamInfo<BadCase>& info) {
@@ -286,6 +298,56 @@ INSTANTIATE_TEST_SUITE_P(
       }
       return name;
     });
+
+TEST(JobTest, ModelInitResolvesAndIsPartOfTheFingerprint) {
+  std::string yaml = kGood;
+  yaml.replace(
+      yaml.find("    vocabSize: 256\n"), 19,
+      "    vocabSize: 256\n    init: {format: safetensors, path: gpt2/model.safetensors}\n");
+  auto job = ParseJobYaml(yaml, "/base");
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(job->spec.model.init.has_value());
+  EXPECT_EQ(job->spec.model.init->format, InitFormat::kSafetensors);
+  EXPECT_EQ(job->spec.model.init->path, "gpt2/model.safetensors");
+  EXPECT_EQ(job->spec.model.init->resolved_path, "/base/gpt2/model.safetensors");
+  auto trials = ExpandTrials(*job);
+  ASSERT_TRUE(trials.ok()) << trials.status();
+  const Trial& t = trials->front();
+  ASSERT_TRUE(t.model.init.has_value()) << "every trial starts from the checkpoint";
+  EXPECT_EQ(TrialConfigJson(t)["model"]["init"]["path"], "/base/gpt2/model.safetensors");
+  Trial random = t;
+  random.model.init.reset();
+  EXPECT_NE(TrialFingerprint(t), TrialFingerprint(random));
+  // Format is optional (safetensors is the one there is); absolute paths are kept.
+  std::string abs = kGood;
+  abs.replace(abs.find("    vocabSize: 256\n"), 19,
+              "    vocabSize: 256\n    init: {path: /m.st}\n");
+  auto absolute = ParseJobYaml(abs, "/base");
+  ASSERT_TRUE(absolute.ok()) << absolute.status();
+  EXPECT_EQ(absolute->spec.model.init->resolved_path, "/m.st");
+}
+
+TEST(JobTest, ModelSpecComesBackFromItsJson) {
+  Trial t;
+  t.model.n_layer = 3;
+  t.model.n_embd = 48;
+  t.model.n_head = 6;
+  t.model.context_length = 20;
+  t.model.vocab_size = 1000;
+  auto back = ModelSpecFromJson(TrialConfigJson(t)["model"]);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->family, "gpt2");
+  EXPECT_EQ(back->n_layer, 3);
+  EXPECT_EQ(back->n_embd, 48);
+  EXPECT_EQ(back->n_head, 6);
+  EXPECT_EQ(back->context_length, 20);
+  EXPECT_EQ(back->vocab_size, 1000);
+  auto broken = TrialConfigJson(t)["model"];
+  broken["nEmbd"] = "wide";
+  EXPECT_THAT(ModelSpecFromJson(broken).status().message(), HasSubstr("model.nEmbd"));
+  EXPECT_THAT(ModelSpecFromJson(nlohmann::json::object()).status().message(),
+              HasSubstr("model.family"));
+}
 
 TEST(JobTest, ImageClassifiersParse) {
   std::string yaml = kGood;

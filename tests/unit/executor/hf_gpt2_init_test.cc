@@ -1,11 +1,15 @@
 #include "agent/executor/hf_gpt2_init.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <deque>
+#include <fstream>
 
 #include "agent/executor/gpt2.h"
+#include "agent/executor/model_loader.h"
 #include "agent/executor/tensor_buffers.h"
+#include "agent/executor/torchscript.h"
 #include "common/file_util.h"
 #include "tests/fakes/temp_dir_test.h"
 
@@ -96,6 +100,49 @@ TEST_F(HfGpt2InitTest, Bf16AndF16CheckpointsWidenToFp32AndExtraPositionsAreCut) 
     if (pa[i].first == "embed.wpe") want = want.to(torch::kHalf).to(torch::kFloat);
     EXPECT_TRUE(torch::equal(pb[i].second, want)) << pa[i].first;
   }
+}
+
+/// spec.model.init: the trial's model and its checkpoint.
+Trial InitTrial(const std::string& path, int64_t n_embd = 16) {
+  Trial t;
+  t.name = "t";
+  t.model = {"gpt2",           /*n_layer=*/2, n_embd, /*n_head=*/2, /*context_length=*/8,
+             /*vocab_size=*/40};
+  ModelInit init;
+  init.path = init.resolved_path = path;
+  t.model.init = init;
+  return t;
+}
+
+TEST_F(HfGpt2InitTest, ATrialWithInitStartsFromTheWrittenModel) {
+  const LayerSequence a = BuildGpt2(Spec(), 1);
+  ASSERT_TRUE(WriteHfGpt2(Spec(), StateOf(a), (dir_ / "hf").string()).ok());
+  Trial t = InitTrial((dir_ / "hf" / "model.safetensors").string());
+  t.training.seed = 99;  // another seed: the weights come from the file
+  ASSERT_TRUE(ResolveModel(&t).ok());
+  std::vector<size_t> seen;
+  auto b = BuildModel(t, [&](const LayerSequence&, size_t layer) { seen.push_back(layer); });
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(seen, (std::vector<size_t>{0, 1, 2, 3})) << "layer by layer, in order";
+  EXPECT_TRUE(torch::equal(Logits(a), Logits(*b)));
+}
+
+TEST_F(HfGpt2InitTest, ACheckpointThatDoesNotFitTheManifestIsRefusedBeforeTraining) {
+  const LayerSequence a = BuildGpt2(Spec(), 1);
+  ASSERT_TRUE(WriteHfGpt2(Spec(), StateOf(a), (dir_ / "hf").string()).ok());
+  const std::string path = (dir_ / "hf" / "model.safetensors").string();
+  Trial wider = InitTrial(path, /*n_embd=*/32);
+  Status s = ResolveModel(&wider);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), ::testing::HasSubstr("spec.model.init.path: " + path));
+  EXPECT_THAT(s.message(), ::testing::HasSubstr("'transformer.wte.weight' has shape [40,16]"));
+  Trial missing = InitTrial((dir_ / "nope.safetensors").string());
+  s = ResolveModel(&missing);
+  EXPECT_EQ(s.code(), StatusCode::kNotFound);
+  EXPECT_THAT(s.message(), ::testing::HasSubstr("spec.model.init.path: "));
+  std::ofstream(dir_ / "cut.safetensors") << std::string("\x10\0\0\0\0\0\0\0{\"a\":", 13);
+  Trial cut = InitTrial((dir_ / "cut.safetensors").string());
+  EXPECT_EQ(ResolveModel(&cut).code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace

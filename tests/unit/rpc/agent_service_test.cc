@@ -237,6 +237,20 @@ TEST_F(AgentServiceTest, BadRequestsGetTheRightCodeAndChangeNothing) {
          r->mutable_trial()->mutable_dataset()->set_path((d / "data/escape/secret.txt").string());
        },
        grpc::PERMISSION_DENIED, "outside the allowed roots"},
+      {"model init outside the roots by a symlink",
+       [](auto* r, const fs::path& d) {
+         auto* init = r->mutable_trial()->mutable_model()->mutable_init();
+         init->set_format(hydra::wire::v1::INIT_FORMAT_SAFETENSORS);
+         init->set_path((d / "data/escape/secret.txt").string());
+       },
+       grpc::PERMISSION_DENIED, "trial.model.init.path"},
+      {"relative model init path",
+       [](auto* r, auto&) {
+         auto* init = r->mutable_trial()->mutable_model()->mutable_init();
+         init->set_format(hydra::wire::v1::INIT_FORMAT_SAFETENSORS);
+         init->set_path("gpt2/model.safetensors");
+       },
+       grpc::INVALID_ARGUMENT, "trial.model.init.path: must be an absolute path"},
       {"checkpoint dir outside the roots",
        [](auto* r, const fs::path& d) {
          r->set_checkpoint_dir((d / "ckpt/x/../../outside").string());

@@ -91,7 +91,7 @@ TEST_F(TrialPathsTest, RemovingATrialsFilesLeavesEverythingElse) {
   const fs::path trial = fs::path(root_) / "ns" / "job" / "t1";
   fs::create_directories(trial / "keep-dir");
   for (const char* f : {"ckpt-0000000004.hck", "ckpt-0000000008.hck.tmp", "ATTEMPT", "ATTEMPT.tmp",
-                        "model.pt", "notes.txt"}) {
+                        "model.pt", "model.safetensors", "config.json", "notes.txt"}) {
     std::ofstream(trial / f) << "x";
   }
   // A planted symlink named like a checkpoint: the link goes, its target stays.
@@ -102,6 +102,8 @@ TEST_F(TrialPathsTest, RemovingATrialsFilesLeavesEverythingElse) {
   EXPECT_TRUE(fs::exists(trial / "keep-dir"));
   EXPECT_FALSE(fs::exists(trial / "ATTEMPT"));
   EXPECT_FALSE(fs::exists(trial / "model.pt"));
+  EXPECT_FALSE(fs::exists(trial / "model.safetensors")) << "a gpt2 trial's Hugging Face export";
+  EXPECT_FALSE(fs::exists(trial / "config.json"));
   EXPECT_FALSE(fs::exists(trial / "ckpt-0000000004.hck"));
   EXPECT_FALSE(fs::is_symlink(trial / "ckpt-0000000012.hck"));
   std::ifstream victim(dir_ / "victim");

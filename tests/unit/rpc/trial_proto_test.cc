@@ -117,6 +117,25 @@ TEST(TrialProtoTest, PrecisionCrossesTheWireAndAnUnknownOneIsRefused) {
   EXPECT_THAT(t.status().message(), HasSubstr("trial.training.precision: unknown value 9"));
 }
 
+TEST(TrialProtoTest, ModelInitCrossesTheWireAndAnUnknownFormatIsRefused) {
+  std::string yaml = kGpt2;
+  yaml.replace(yaml.find("contextLength: 16}"), 18,
+               "contextLength: 16, init: {path: /data/gpt2/model.safetensors}}");
+  const Trial t = Sample(yaml);
+  v1::TrialSpec spec;
+  TrialToProto(t, &spec);
+  EXPECT_EQ(spec.model().init().format(), v1::INIT_FORMAT_SAFETENSORS);
+  EXPECT_EQ(spec.model().init().path(), "/data/gpt2/model.safetensors");
+  auto back = TrialFromProto(spec);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_TRUE(back->model.init.has_value());
+  EXPECT_EQ(back->model.init->resolved_path, "/data/gpt2/model.safetensors");
+  EXPECT_EQ(TrialFingerprint(*back), TrialFingerprint(t));
+  spec.mutable_model()->mutable_init()->set_format(v1::INIT_FORMAT_UNSPECIFIED);
+  EXPECT_THAT(TrialFromProto(spec).status().message(),
+              HasSubstr("trial.model.init.format: unknown value 0"));
+}
+
 TEST(TrialProtoTest, HostMemoryBudgetZeroIsNotUnlimited) {
   // 0 means "no RAM for stashed activations" (recompute, trim), unset means unlimited.
   for (std::optional<int64_t> budget :

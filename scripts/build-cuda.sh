@@ -13,6 +13,8 @@
 # --setup-only stops after step 1 and prints the venv's site-packages directory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/venv.sh
+source scripts/venv.sh
 
 VENV="${HYDRA_CUDA_VENV:-$HOME/.cache/hydra/cuda-venv}"
 BUILD_DIR="${HYDRA_CUDA_BUILD_DIR:-build-cuda}"
@@ -28,38 +30,12 @@ REQUIREMENTS=(
 )
 
 setup_venv() {
-  local stamp="$VENV/.hydra-cuda-stamp" want
-  want="$(printf '%s\n' "${REQUIREMENTS[@]}")"
-  mkdir -p "$(dirname "$VENV")"
-  exec 9>"$VENV.lock"
-  flock 9  # one set-up at a time
-  if [ ! -x "$VENV/bin/pip" ]; then  # pip is the last thing venv installs: none, or a cut-off one
-    if [ -e "$VENV" ] && [ ! -f "$VENV/pyvenv.cfg" ]; then
-      echo "build-cuda: $VENV exists and is not a venv" >&2
-      exit 1
-    fi
-    rm -rf "$VENV"
-    local py="${HYDRA_CUDA_PYTHON:-}"
-    if [ -z "$py" ]; then
-      if [ -x /usr/bin/python3 ]; then py=/usr/bin/python3; else py="$(command -v python3)"; fi
-    fi
-    echo "build-cuda: creating the venv $VENV" >&2
-    "$py" -m venv "$VENV" || {
-      echo "build-cuda: '$py -m venv' failed (Debian: apt-get install python3-venv)" >&2
-      rm -rf "$VENV"
-      exit 1
-    }
+  local py="${HYDRA_CUDA_PYTHON:-}"
+  if [ -z "$py" ]; then
+    if [ -x /usr/bin/python3 ]; then py=/usr/bin/python3; else py="$(command -v python3)"; fi
   fi
-  if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-    echo "build-cuda: installing ${REQUIREMENTS[*]} (about 3 GB of downloads, 5 GB on disk)" >&2
-    local start=$SECONDS
-    rm -f "$stamp"
-    # No pip cache: the venv is the cache, and a second copy of the wheels would double the disk.
-    "$VENV/bin/python" -m pip install --no-cache-dir --disable-pip-version-check --progress-bar off \
-      -q "${REQUIREMENTS[@]}"
-    printf '%s\n' "$want" >"$stamp"
-    echo "build-cuda: installed in $((SECONDS - start)) s" >&2
-  fi
+  # About 3 GB of downloads and 5 GB on disk the first time.
+  pinned_venv build-cuda "$VENV" "$py" .hydra-cuda-stamp "" "${REQUIREMENTS[@]}"
   SP="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
   CU="$SP/nvidia/cu13"
   [ -x "$CU/bin/nvcc" ] || { echo "build-cuda: no nvcc at $CU/bin/nvcc" >&2; exit 1; }

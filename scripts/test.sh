@@ -3,7 +3,8 @@
 #   1. every unit and integration test (ctest) in build/, the Kubernetes ones against a real
 #      kube-apiserver + etcd built from Go modules (tests/envtest), the Helm chart rendered by
 #      helm (built from its Go module) and applied server-side, the dashboards' PromQL parsed
-#      by Prometheus's parser against the metrics real processes export,
+#      by Prometheus's parser against the metrics real processes export, the GPT-2 checkpoint
+#      tests against Hugging Face transformers (scripts/hf-venv.sh: a venv from PyPI, cached),
 #   2. the torch-free libraries and their tests under ASan + UBSan in build-asan/,
 #   3. libFuzzer on every fuzz target (tests/fuzz) under ASan + UBSan in build-fuzz/, repeatably:
 #      seed HYDRA_FUZZ_SEED (default 1), HYDRA_FUZZ_RUNS inputs (default 200000), at most
@@ -21,6 +22,10 @@ tests/envtest/build >/dev/null
 echo "== test tools from Go modules (helm, Prometheus's PromQL parser; cached)"
 tests/helm/build >/dev/null
 tests/promql/build >/dev/null
+
+echo "== the Hugging Face venv (transformers, tokenizers from PyPI; cached)"
+HYDRA_HF_PYTHON="$(bash scripts/hf-venv.sh)"
+export HYDRA_HF_PYTHON  # hf_transformers_test fails, not skips, if it does not work
 
 echo "== tests"
 (cd build && ctest --output-on-failure --timeout 900 -j1)

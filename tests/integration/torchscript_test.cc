@@ -12,9 +12,9 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "agent/executor/dataset.h"
 #include "common/job.h"
 #include "tests/fakes/control_plane.h"
+#include "tests/fakes/reference_training.h"
 #include "tests/fakes/subprocess.h"
 
 namespace hydra {
@@ -29,7 +29,6 @@ const std::string kSource = HYDRA_SOURCE_DIR;
 const std::string kHydra = std::string(HYDRA_BINARY_DIR) + "/cli/hydra";
 const std::string kPython = "/usr/bin/python3";  // Debian's, with python3-torch
 constexpr int kSteps = 20;
-constexpr int kContext = 32;
 
 class TorchScriptTest : public ::testing::Test {
  protected:
@@ -65,29 +64,12 @@ TEST_F(TorchScriptTest, TrainsWithThePythonLossesUnshardedAndSpilledAndItsWeight
          (dir_ / "gpt.pt").string() + " --layers 2 --width 64 --heads 2 --context 32 --seed 5");
   ASSERT_EQ(erc, 0) << eout;
 
-  // The windows every step trains on, from Hydra's own batch function.
+  // The windows every step trains on, from Hydra's own batch function, and its AdamW settings.
   std::ofstream(dir_ / "plain.yaml") << Manifest("gpt.pt", "");
-  auto job = LoadJobFile((dir_ / "plain.yaml").string());
-  ASSERT_TRUE(job.ok()) << job.status();
-  auto trials = ExpandTrials(*job);
-  ASSERT_TRUE(trials.ok());
-  const Trial& trial = trials->front();
-  auto data = executor::TokenDataset::Open(trial.dataset, kContext + 1);
-  ASSERT_TRUE(data.ok()) << data.status();
-  Json offsets = Json::array();
-  for (int s = 0; s < kSteps; ++s) {
-    offsets.push_back(executor::TrainWindowOffsets(**data, trial.training.seed, s,
-                                                   trial.training.batch_size, kContext + 1));
-  }
-  const Json config = {{"model", (dir_ / "gpt.pt").string()},
-                       {"data", (dir_ / "data" / "corpus.txt").string()},
-                       {"offsets", offsets},
-                       {"context", kContext},
-                       {"lr", 1e-3},
-                       {"weight_decay", 0.1},
-                       {"beta1", 0.9},
-                       {"beta2", 0.95},
-                       {"eps", 1e-8}};
+  Json config = fakes::ReferenceTraining((dir_ / "plain.yaml").string(), kSteps);
+  ASSERT_FALSE(config.is_null());
+  config["model"] = (dir_ / "gpt.pt").string();
+  config["data"] = (dir_ / "data" / "corpus.txt").string();
   std::ofstream(dir_ / "reference.json") << config.dump();
   auto [prc, pout] = Sh(kPython + " " + kSource + "/tests/python/train_reference.py " +
                         (dir_ / "reference.json").string());

@@ -568,6 +568,114 @@ std::optional<int64_t> ByteField(Checker& c, const YAML::Node& n, const std::str
   return *bytes;
 }
 
+/// The child `key` of a mapping, or an undefined node (never throws on a missing parent).
+YAML::Node ChildOf(const YAML::Node& node, const std::string& key) {
+  return node.IsMap() && node[key] ? node[key] : YAML::Node(YAML::NodeType::Undefined);
+}
+
+/// The agent container of spec.agents.template.spec: its image, no command (the controller runs
+/// hydra-agent), and its GPUs (resources.limits["nvidia.com/gpu"]).
+void ParseAgentContainer(Checker& c, const YAML::Node& container, const std::string& p,
+                         AgentsSpec* a) {
+  const YAML::Node image = ChildOf(container, "image");
+  if (!image.IsScalar() || image.Scalar().empty()) {
+    c.Error(p + ".image", image.IsDefined() ? image : container,
+            "required: the hydra image the agent runs from");
+  }
+  if (container["command"]) {
+    c.Error(p + ".command", container["command"],
+            "is set by the controller (hydra-agent); extra agent flags go in args");
+  }
+  const YAML::Node gpus =
+      ChildOf(ChildOf(ChildOf(container, "resources"), "limits"), "nvidia.com/gpu");
+  if (!gpus.IsDefined()) return;
+  const auto v = ScalarInt(gpus);
+  if (!v || *v < 0 || *v > 64) {
+    c.Error(p + ".resources.limits.nvidia.com/gpu", gpus, "must be a whole number of GPUs, 0..64");
+  } else {
+    a->gpus_per_agent = *v;
+  }
+}
+
+/// spec.agents.template: a pod template (metadata labels and annotations, a PodSpec) whose agent
+/// container the controller completes; what would bypass the scheduler is refused.
+void ParseAgentTemplate(Checker& c, const YAML::Node& t, AgentsSpec* a) {
+  const std::string p = "spec.agents.template";
+  if (!c.Map(t, p, {"metadata", "spec"})) return;
+  if (const YAML::Node md = t["metadata"];
+      md && c.Map(md, p + ".metadata", {"labels", "annotations"})) {
+    std::map<std::string, std::string> checked;
+    for (const char* key : {"labels", "annotations"}) {
+      if (md[key]) ParseStringMap(c, md[key], p + ".metadata." + key, &checked);
+    }
+  }
+  const YAML::Node spec = t["spec"];
+  if (!spec || !spec.IsMap()) {
+    c.Error(p + ".spec", spec ? spec : t, "required: a PodSpec (containers, nodeSelector, ...)");
+    return;
+  }
+  if (spec["nodeName"]) {
+    c.Error(p + ".spec.nodeName", spec["nodeName"],
+            "must not be set: the scheduler (and Kueue) place agent pods; use nodeSelector, "
+            "affinity or tolerations");
+  }
+  const YAML::Node cs = spec["containers"];
+  if (!cs || !cs.IsSequence() || cs.size() == 0) {
+    c.Error(p + ".spec.containers", cs ? cs : spec, "must be a non-empty list of containers");
+    return;
+  }
+  int agent = -1;
+  for (size_t i = 0; i < cs.size(); ++i) {
+    const YAML::Node name = ChildOf(cs[i], "name");
+    if (!name.IsScalar() || name.Scalar().empty()) {
+      c.Error(p + ".spec.containers[" + std::to_string(i) + "].name", cs[i],
+              "required field is missing");
+    } else if (name.Scalar() == "agent") {
+      agent = static_cast<int>(i);
+    }
+  }
+  if (agent < 0 && cs.size() == 1) agent = 0;
+  if (agent < 0) {
+    c.Error(p + ".spec.containers", cs,
+            "has no container named agent (the one that runs hydra-agent; with one container, "
+            "that one)");
+    return;
+  }
+  const YAML::Node name = ChildOf(cs[agent], "name");
+  if (name.IsScalar()) a->container = name.Scalar();
+  ParseAgentContainer(c, cs[agent], p + ".spec.containers[" + std::to_string(agent) + "]", a);
+}
+
+/// spec.agents: the job's own agent pods (Kubernetes; `hydra run` ignores it).
+void ParseAgents(Checker& c, const YAML::Node& node, AgentsSpec* a) {
+  const std::string p = "spec.agents";
+  if (!c.Map(node, p, {"minAgents", "maxAgents", "template"})) return;
+  if (!node["maxAgents"]) {
+    c.Error(p + ".maxAgents", node, "required field is missing");
+  } else if (const auto v = ScalarInt(node["maxAgents"]); !v || *v < 1 || *v > kMaxAgentsPerJob) {
+    c.Error(p + ".maxAgents", node["maxAgents"],
+            "must be an integer from 1 to " + std::to_string(kMaxAgentsPerJob));
+  } else {
+    a->max_agents = *v;
+  }
+  if (node["minAgents"]) {
+    const auto v = ScalarInt(node["minAgents"]);
+    if (!v || *v < 0 || *v > kMaxAgentsPerJob) {
+      c.Error(p + ".minAgents", node["minAgents"],
+              "must be an integer from 0 to " + std::to_string(kMaxAgentsPerJob));
+    } else if (*v > a->max_agents) {
+      c.Error(p + ".minAgents", node["minAgents"], "must be <= maxAgents");
+    } else {
+      a->min_agents = *v;
+    }
+  }
+  if (!node["template"]) {
+    c.Error(p + ".template", node, "required field is missing");
+  } else {
+    ParseAgentTemplate(c, node["template"], a);
+  }
+}
+
 void ParseResources(Checker& c, const YAML::Node& node, ResourcesSpec* res) {
   const std::string p = "spec.resources";
   if (!c.Map(node, p, {"deviceMemoryBudget", "hostMemoryBudget", "offload", "shardBoundaries"})) {
@@ -1037,7 +1145,7 @@ StatusOr<MultiModelJob> ParseJobYaml(const std::string& yaml_text, const std::st
           c.Error("spec", root, "required field is missing");
         } else if (c.Map(spec, "spec",
                          {"model", "dataset", "search", "training", "resources",
-                          "checkpointRetention", "maxRestarts", "suspend"})) {
+                          "checkpointRetention", "maxRestarts", "suspend", "agents"})) {
           TrialConfig base;
           if (!spec["model"]) {
             c.Error("spec.model", spec, "required field is missing");
@@ -1061,6 +1169,11 @@ StatusOr<MultiModelJob> ParseJobYaml(const std::string& yaml_text, const std::st
           }
           if (spec["search"]) ParseSearch(c, spec["search"], &job.spec);
           if (spec["resources"]) ParseResources(c, spec["resources"], &job.spec.resources);
+          if (spec["agents"]) {
+            AgentsSpec agents;
+            ParseAgents(c, spec["agents"], &agents);
+            job.spec.agents = agents;
+          }
           if (const auto& r = spec["maxRestarts"]; r) {
             int64_t v = -1;
             try {

@@ -157,6 +157,23 @@ struct RandomSearchSpec {
   std::vector<RandomAxis> space;  ///< in the field table's order
 };
 
+/// spec.agents (Kubernetes only): the job's own agent pods, which the controller creates in
+/// the job's namespace, owned by the job, between minAgents and maxAgents of them as its
+/// runnable trials need; without it the job uses the shared agent pool. The pod template itself
+/// stays in the object (the controller reads it there); the parser checks it and keeps what
+/// scaling needs.
+struct AgentsSpec {
+  int64_t min_agents = 0;  ///< minAgents: pods kept even when idle (0: scale to zero)
+  int64_t max_agents = 1;  ///< maxAgents: the most pods at once
+  /// The template's container that runs hydra-agent: "agent", or its only container.
+  std::string container = "agent";
+  /// That container's resources.limits["nvidia.com/gpu"]: the GPUs of one agent (0: CPU).
+  int64_t gpus_per_agent = 0;
+};
+
+/// Most agent pods one job may have (spec.agents.maxAgents).
+inline constexpr int64_t kMaxAgentsPerJob = 1024;
+
 struct MultiModelJobSpec {
   ModelSpec model;
   DatasetSpec dataset;
@@ -173,6 +190,8 @@ struct MultiModelJobSpec {
   /// In Kubernetes: every trial is checkpointed and stopped while true, and placed again (to
   /// resume where it stopped) once false.
   bool suspend = false;
+  /// In Kubernetes: the job's own agent pods; unset: the shared pool. `hydra run` ignores it.
+  std::optional<AgentsSpec> agents;
 };
 
 struct MultiModelJob {

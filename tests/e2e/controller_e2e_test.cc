@@ -150,6 +150,17 @@ TEST_F(ControllerE2eTest, TheApiServerRejectsInvalidManifestsWithTheRulesMessage
        "search: {grid: {learningRate: [0.001, 0.002]}, earlyStopping: {algorithm: pbt, "
        "minSteps: 2}}",
        "Unsupported value: \"pbt\""},
+      {"init of a torchscript model", "family: gpt2, ",
+       "family: torchscript, path: m.pt, init: {path: m.safetensors}, ",
+       "only family gpt2 starts from a checkpoint"},
+      {"init in another format", "nHead: 2,", "nHead: 2, init: {format: onnx, path: m.onnx},",
+       "Unsupported value: \"onnx\""},
+      {"more agents kept than allowed", "training: {steps: 10, batchSize: 8}",
+       "training: {steps: 10, batchSize: 8}\n  agents: {minAgents: 3, maxAgents: 2, template: "
+       "{spec: {containers: [{name: agent, image: hydra}]}}}",
+       "spec.agents.minAgents must be <= maxAgents"},
+      {"agents without a template", "training: {steps: 10, batchSize: 8}",
+       "training: {steps: 10, batchSize: 8}\n  agents: {maxAgents: 2}", "template: Required value"},
       {"unknown retention", "training: {steps: 10, batchSize: 8}",
        "training: {steps: 10, batchSize: 8}\n  checkpointRetention: Sometimes",
        "Unsupported value: \"Sometimes\""},

@@ -289,6 +289,53 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"init of a torchscript model", "    family: gpt2\n",
                 "    family: torchscript\n    path: m.pt\n    init: {path: m.safetensors}\n",
                 "spec.model.init", "only family gpt2 starts from a checkpoint"},
+        BadCase{
+            "agents without maxAgents", "\n  resources:",
+            "\n  agents: {template: {spec: {containers: [{name: agent, image: h}]}}}\n  resources:",
+            "spec.agents.maxAgents", "required field is missing"},
+        BadCase{"agents maxAgents zero", "\n  resources:",
+                "\n  agents: {maxAgents: 0, template: {spec: {containers: [{name: agent, image: "
+                "h}]}}}\n  resources:",
+                "spec.agents.maxAgents", "from 1 to 1024"},
+        BadCase{"agents minAgents above max", "\n  resources:",
+                "\n  agents: {minAgents: 3, maxAgents: 2, template: {spec: {containers: [{name: "
+                "agent, image: h}]}}}\n  resources:",
+                "spec.agents.minAgents", "must be <= maxAgents"},
+        BadCase{"agents without a template", "\n  resources:",
+                "\n  agents: {maxAgents: 2}\n  resources:", "spec.agents.template",
+                "required field is missing"},
+        BadCase{"agents with no containers", "\n  resources:",
+                "\n  agents: {maxAgents: 2, template: {spec: {containers: []}}}\n  resources:",
+                "spec.agents.template.spec.containers", "non-empty list"},
+        BadCase{"agents with no agent container", "\n  resources:",
+                "\n  agents: {maxAgents: 2, template: {spec: {containers: [{name: a, image: h}, "
+                "{name: b, image: h}]}}}\n  resources:",
+                "spec.agents.template.spec.containers", "no container named agent"},
+        BadCase{"agent container without an image", "\n  resources:",
+                "\n  agents: {maxAgents: 2, template: {spec: {containers: [{name: agent}]}}}\n  "
+                "resources:",
+                "spec.agents.template.spec.containers[0].image", "required"},
+        BadCase{"agent container with a command", "\n  resources:",
+                "\n  agents: {maxAgents: 2, template: {spec: {containers: [{name: agent, image: h, "
+                "command: [sh]}]}}}\n  resources:",
+                "spec.agents.template.spec.containers[0].command", "set by the controller"},
+        BadCase{"agent pods with a nodeName", "\n  resources:",
+                "\n  agents: {maxAgents: 2, template: {spec: {nodeName: n1, containers: [{name: "
+                "agent, image: h}]}}}\n  resources:",
+                "spec.agents.template.spec.nodeName", "must not be set"},
+        BadCase{"agent GPUs not a number", "\n  resources:",
+                "\n  agents: {maxAgents: 2, template: {spec: {containers: [{name: agent, image: h, "
+                "resources: {limits: {nvidia.com/gpu: two}}}]}}}\n  resources:",
+                "spec.agents.template.spec.containers[0].resources.limits.nvidia.com/gpu",
+                "whole number of GPUs"},
+        BadCase{"agent template naming its pods", "\n  resources:",
+                "\n  agents: {maxAgents: 2, template: {metadata: {name: x}, spec: {containers: "
+                "[{name: agent, image: h}]}}}\n  resources:",
+                "spec.agents.template.metadata.name", "unknown field"},
+        BadCase{"agents unknown field", "\n  resources:",
+                "\n  agents: {maxAgents: 2, maxGpus: 3, template: {spec: {containers: [{name: "
+                "agent, image: h}]}}}\n  resources:",
+                "spec.agents.maxGpus", "unknown field"},
         BadCase{"missing steps", "    steps: 200\n", "", "spec.training.steps", "required"},
         BadCase{"malformed YAML", "  search:\n", "  search: [\n", "", "malformed YAML"}),
     [](const ::testing::TestParamInfo<BadCase>& info) {
@@ -347,6 +394,44 @@ TEST(JobTest, ModelSpecComesBackFromItsJson) {
   EXPECT_THAT(ModelSpecFromJson(broken).status().message(), HasSubstr("model.nEmbd"));
   EXPECT_THAT(ModelSpecFromJson(nlohmann::json::object()).status().message(),
               HasSubstr("model.family"));
+}
+
+TEST(JobTest, AgentsSpecKeepsWhatScalingNeeds) {
+  EXPECT_FALSE(ParseJobYaml(kGood, "/base")->spec.agents.has_value()) << "the shared pool";
+  std::string yaml = kGood;
+  yaml.replace(yaml.find("\n  resources:"), 13, R"(
+  agents:
+    minAgents: 1
+    maxAgents: 4
+    template:
+      metadata: {labels: {team: nlp}}
+      spec:
+        nodeSelector: {cloud.google.com/gke-spot: "true"}
+        containers:
+          - name: log-shipper
+            image: busybox
+          - name: agent
+            image: ghcr.io/hydra/hydra:0.9
+            args: [--threads=8]
+            resources: {limits: {nvidia.com/gpu: 2, cpu: 8}}
+  resources:)");
+  auto job = ParseJobYaml(yaml, "/base");
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(job->spec.agents.has_value());
+  EXPECT_EQ(job->spec.agents->min_agents, 1);
+  EXPECT_EQ(job->spec.agents->max_agents, 4);
+  EXPECT_EQ(job->spec.agents->container, "agent");
+  EXPECT_EQ(job->spec.agents->gpus_per_agent, 2);
+  // One container: that one runs the agent, whatever its name; no GPU limit: a CPU agent.
+  std::string one = kGood;
+  one.replace(one.find("\n  resources:"), 13,
+              "\n  agents: {maxAgents: 2, template: {spec: {containers: [{name: main, image: h}]}}}"
+              "\n  resources:");
+  auto single = ParseJobYaml(one, "/base");
+  ASSERT_TRUE(single.ok()) << single.status();
+  EXPECT_EQ(single->spec.agents->container, "main");
+  EXPECT_EQ(single->spec.agents->gpus_per_agent, 0);
+  EXPECT_EQ(single->spec.agents->min_agents, 0) << "scales to zero by default";
 }
 
 TEST(JobTest, ImageClassifiersParse) {

@@ -1,0 +1,78 @@
+#pragma once
+// Job-owned agent pods (spec.agents, issue 20): the pod the controller creates from a job's
+// template, and how many of them a job wants. Pure functions over JSON; the reconciler that
+// creates, watches and deletes the pods is not built yet.
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "common/job.h"
+#include "common/status.h"
+
+namespace hydra::controller {
+
+/// Labels on every job-owned agent pod (and the selector that finds a job's pods).
+inline constexpr char kJobLabel[] = "hydra.dev/job";
+inline constexpr char kJobUidLabel[] = "hydra.dev/job-uid";
+inline constexpr char kAgentIndexLabel[] = "hydra.dev/agent-index";
+/// Kueue's queue label: copied from the job to its pods, which Kueue's plain-pod integration
+/// then admits one by one.
+inline constexpr char kKueueQueueLabel[] = "kueue.x-k8s.io/queue-name";
+
+/// What the controller adds to a job's template: the agent's ports, roots and TLS.
+struct AgentPodOptions {
+  int grpc_port = 9443;
+  int metrics_port = 8080;
+  int health_port = 8081;
+  /// The agent's --data-root and --checkpoint-root: where the template's volumes hold the
+  /// job's data and checkpoints.
+  std::string data_root = "/data";
+  std::string checkpoint_root = "/checkpoints";
+  /// A Secret of the job's namespace with tls.crt, tls.key (and ca.crt for mutual TLS),
+  /// mounted at /etc/hydra/tls; empty: plaintext gRPC (--insecure).
+  std::string tls_secret;
+  /// With TLS: the identity a client certificate must carry (mutual TLS); empty: server TLS
+  /// only.
+  std::string tls_client_identity;
+  /// Seconds a pod has to checkpoint its trials after SIGTERM, unless the template says.
+  int64_t termination_grace_seconds = 120;
+};
+
+/// The name of a job's agent pod `index`: "<job>-agent-<index>".
+std::string AgentPodName(const std::string& job, int index);
+
+/// Agent pod `index` of `job` (the MultiModelJob object as the API server returns it, with
+/// spec.agents checked by the parser): the template's metadata and PodSpec, named
+/// AgentPodName, in the job's namespace, owned by the job (a controller ownerReference, so
+/// deleting the job deletes its pods), labelled with the job, its uid and the index (and
+/// Kueue's queue label when the job has one), its agent container (`agents.container`) running
+/// hydra-agent with the controller's flags before the template's args, the downward-API
+/// environment the flags use, the agent's ports and a readiness probe unless the template has
+/// one; with `options.tls_secret`, the Secret mounted for the agent's TLS flags.
+/// INVALID_ARGUMENT when the job lacks a name, namespace, uid or spec.agents.template.
+StatusOr<nlohmann::json> AgentPod(const nlohmann::json& job, const AgentsSpec& agents, int index,
+                                  const AgentPodOptions& options);
+
+/// How many agent pods a job wants: enough devices for every runnable trial (each trains on
+/// one device at a time; an agent has `gpus_per_agent` devices, or one CPU device), at least
+/// minAgents and at most maxAgents.
+int DesiredAgents(int64_t runnable_trials, const AgentsSpec& agents);
+
+/// One of a job's agent pods as the controller sees it.
+struct AgentPodLoad {
+  std::string name;
+  int index = 0;
+  int trials = 0;  ///< trials it trains now
+};
+
+/// Which pods to drain (checkpoint) and delete to come down to `desired`: idle ones only (a
+/// pod training a trial keeps it until the trial ends or moves), highest index first, so the
+/// names of the pods that stay are the lowest.
+std::vector<std::string> AgentPodsToRemove(std::vector<AgentPodLoad> pods, int desired);
+
+/// The lowest indices not in use, `count` of them: the pods to create.
+std::vector<int> FreeAgentIndices(const std::vector<AgentPodLoad>& pods, int count);
+
+}  // namespace hydra::controller

@@ -149,6 +149,7 @@ require (
 	k8s.io/kms v0.34.4 // indirect
 	k8s.io/kube-aggregator v0.0.0 // indirect
 	k8s.io/kube-openapi v0.0.0-20250710124328-f3f2b991d03b // indirect
+	k8s.io/kube-scheduler v0.0.0 // indirect
 	k8s.io/kubelet v0.34.4 // indirect
 	k8s.io/metrics v0.34.4 // indirect
 	k8s.io/mount-utils v0.0.0 // indirect

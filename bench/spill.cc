@@ -31,7 +31,7 @@ int main(int argc, char** argv) {
   int warmup = 1, threads = 2;
   double fraction = 1.0;
   int64_t budget_bytes = 0, host_budget = -1;
-  std::string offload = "host", spill_dir = "/tmp/hydra-bench-spill";
+  std::string offload = "host", spill_dir = "/tmp/hydra-bench-spill", init;
   app.add_option("--corpus", t.dataset.resolved_path, "text file")->required();
   app.add_option("--layers", t.model.n_layer)->capture_default_str();
   app.add_option("--embd", t.model.n_embd)->capture_default_str();
@@ -55,7 +55,10 @@ int main(int argc, char** argv) {
   app.add_option("--precision", precision, "fp32 | bf16")
       ->check(CLI::IsMember({"fp32", "bf16"}))
       ->capture_default_str();
+  app.add_option("--init", init,
+                 "start from this Hugging Face GPT-2 model.safetensors (spec.model.init)");
   CLI11_PARSE(app, argc, argv);
+  if (!init.empty()) t.model.init = hydra::ModelInit{hydra::InitFormat::kSafetensors, init, init};
   t.training.precision = *hydra::ParsePrecision(precision);
 
   const int64_t footprint = hydra::EstimateTrialFootprint(t).total_bytes();
@@ -127,6 +130,7 @@ int main(int argc, char** argv) {
                                steps * t.training.batch_size * t.model.context_length / seconds},
                               {"secondsPerStep", seconds / steps},
                               {"setupSeconds", setup_seconds},
+                              {"init", init},
                               {"peakDeviceBytes", after.peak_device_bytes},
                               {"baselineResidentBytes", baseline},
                               {"peakResidentBytes", sampler.peak()},

@@ -4,6 +4,7 @@
 # footprint, and 25% with the state on disk; rounds alternate the configurations and the ratios
 # are to the 100% run of the same invocation.
 #   bash bench/spill.sh [--smoke] [--rounds N] [--largest LAYERSxWIDTH] [--precision fp32|bf16]
+#                       [--init model.safetensors]   (--largest only: start from a checkpoint)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=build/bench/spill
@@ -13,12 +14,14 @@ ROUNDS=2
 MODEL="--layers 12 --embd 768 --heads 12 --ctx 256 --batch 8 --steps 3 --warmup 1"
 LARGEST=""
 PRECISION=fp32
+INIT=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --smoke) ROUNDS=1; MODEL="--layers 8 --embd 64 --heads 4 --ctx 64 --batch 4 --steps 2 --warmup 1" ;;
     --rounds) ROUNDS="$2"; shift ;;
     --largest) LARGEST="$2"; shift ;;
     --precision) PRECISION="$2"; shift ;;
+    --init) INIT=(--init "$2"); shift ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -34,7 +37,8 @@ if [ -n "$LARGEST" ]; then
   /usr/bin/time -f "max resident (VmHWM) %M KiB, %e s wall" \
     "$BIN" --corpus "$CORPUS" --layers "$layers" --embd "$width" --heads "$heads" --ctx 256 \
     --vocab 50257 --batch 2 --steps 3 --warmup 0 --offload disk --host-budget 0 \
-    --spill-dir "$SPILL_DIR" --budget-bytes $((2560 * 1024 * 1024)) --precision "$PRECISION"
+    --spill-dir "$SPILL_DIR" --budget-bytes $((2560 * 1024 * 1024)) --precision "$PRECISION" \
+    ${INIT[@]+"${INIT[@]}"}
   exit 0
 fi
 

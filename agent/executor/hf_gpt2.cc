@@ -132,6 +132,14 @@ Status CheckHfGpt2(const SafetensorsHeader& header, const ModelSpec& spec,
 StatusOr<SafetensorsFile> OpenHfGpt2(const ModelSpec& spec) {
   if (!spec.init) return FailedPreconditionError("spec.model.init: not set");
   const std::string what = "spec.model.init.path: " + spec.init->resolved_path;
+  const std::string& path = spec.init->resolved_path;
+  const std::string index = ".index.json";
+  if (path.size() > index.size() &&
+      path.compare(path.size() - index.size(), index.size(), index) == 0) {
+    return InvalidArgumentError(what +
+                                ": a sharded checkpoint's index; one model.safetensors is read "
+                                "(write one with save_pretrained(dir, max_shard_size=\"100GB\"))");
+  }
   auto file = SafetensorsFile::Open(spec.init->resolved_path);
   if (!file.ok()) {
     return Status(file.status().code(), "spec.model.init.path: " + file.status().message());

@@ -37,6 +37,7 @@ Status LoadHfGpt2Layer(const SafetensorsFile& file, const ModelSpec& spec, const
     if (t.transposed) source = source.t();
     if (t.ours == "embed.wpe") source = source.narrow(0, 0, spec.context_length);
     target->second.copy_(source.to(torch::kFloat));
+    file.Release(*e);  // copied: its pages need not stay resident
   }
   return OkStatus();
 }

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -272,6 +273,16 @@ const SafetensorsEntry* SafetensorsFile::Find(const std::string& name) const {
 
 const char* SafetensorsFile::Data(const SafetensorsEntry& e) const {
   return map_ + header_.data_offset + e.begin;
+}
+
+void SafetensorsFile::Release(const SafetensorsEntry& e) const {
+  if (map_ == nullptr) return;
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<uintptr_t>(Data(e));
+  const uintptr_t first = (begin + page - 1) / page * page;
+  const uintptr_t last = (begin + (e.end - e.begin)) / page * page;
+  // A private read-only file mapping: the dropped pages come back from the file on access.
+  if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
 }
 
 StatusOr<std::string> SerializeSafetensors(const std::vector<SafetensorsTensor>& tensors,

@@ -61,6 +61,10 @@ class SafetensorsFile {
   const SafetensorsEntry* Find(const std::string& name) const;
   /// The first byte of `e`'s data (e.end - e.begin bytes).
   const char* Data(const SafetensorsEntry& e) const;
+  /// Drops the pages that lie wholly inside `e`'s data from this process's memory (they are
+  /// read from the file again if touched): a loader that has copied a tensor calls it, so the
+  /// mapping of a checkpoint larger than memory never stays resident as a whole.
+  void Release(const SafetensorsEntry& e) const;
 
  private:
   SafetensorsFile(std::string path, const char* map, size_t size, SafetensorsHeader header)

@@ -140,6 +140,9 @@ TEST_F(HfGpt2InitTest, ACheckpointThatDoesNotFitTheManifestIsRefusedBeforeTraini
   s = ResolveModel(&missing);
   EXPECT_EQ(s.code(), StatusCode::kNotFound);
   EXPECT_THAT(s.message(), ::testing::HasSubstr("spec.model.init.path: "));
+  Trial sharded = InitTrial((dir_ / "model.safetensors.index.json").string());
+  std::ofstream(dir_ / "model.safetensors.index.json") << "{}";
+  EXPECT_THAT(ResolveModel(&sharded).message(), ::testing::HasSubstr("a sharded checkpoint"));
   std::ofstream(dir_ / "cut.safetensors") << std::string("\x10\0\0\0\0\0\0\0{\"a\":", 13);
   Trial cut = InitTrial((dir_ / "cut.safetensors").string());
   EXPECT_EQ(ResolveModel(&cut).code(), StatusCode::kInvalidArgument);

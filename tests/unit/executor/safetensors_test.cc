@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <vector>
 
 #include "common/file_util.h"
 #include "tests/fakes/temp_dir_test.h"
@@ -51,6 +52,28 @@ class SafetensorsFileTest : public fakes::TempDirTest {
  protected:
   SafetensorsFileTest() : TempDirTest("hydra_safetensors_") {}
 };
+
+TEST_F(SafetensorsFileTest, ReleasedPagesReadBackFromTheFile) {
+  std::vector<float> big(5000);  // several pages, not page-aligned in the file
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<float>(i) * 0.25f;
+  const float small[3] = {1, 2, 3};
+  auto bytes = SerializeSafetensors(
+      {{"s", SafetensorsDtype::kF32, {3}, small, sizeof(small)},
+       {"big", SafetensorsDtype::kF32, {5000}, big.data(), big.size() * sizeof(float)}},
+      {});
+  ASSERT_TRUE(bytes.ok());
+  const std::string path = (dir_ / "model.safetensors").string();
+  ASSERT_TRUE(WriteFileAtomically(path, *bytes).ok());
+  auto file = SafetensorsFile::Open(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  const auto* e = file->Find("big");
+  ASSERT_NE(e, nullptr);
+  ASSERT_EQ(std::memcmp(file->Data(*e), big.data(), big.size() * 4), 0);
+  file->Release(*e);
+  file->Release(*file->Find("s"));  // within one page: nothing to drop
+  EXPECT_EQ(std::memcmp(file->Data(*e), big.data(), big.size() * 4), 0);
+  EXPECT_EQ(std::memcmp(file->Data(*file->Find("s")), small, sizeof(small)), 0);
+}
 
 TEST_F(SafetensorsFileTest, AMappedFileGivesEachTensorsBytesInPlace) {
   const float w[4] = {0.5f, -1.5f, 2.0f, 8.0f};

@@ -45,7 +45,8 @@ StatusOr<ExportReport> ExportTrial(const std::string& run_dir, const std::string
   if (!latest.ok()) {
     return Status(latest.status().code(), "trial " + trial + ": " + latest.status().message());
   }
-  const std::string path = store.PathFor(latest->meta.value("step", int64_t{0}));
+  const int64_t step = latest->meta.value("step", int64_t{0});
+  const std::string path = store.PathFor(step);
   if (!latest->meta.contains("model")) {
     return FailedPreconditionError(path +
                                    ": the checkpoint does not record its model (written by an "
@@ -63,7 +64,7 @@ StatusOr<ExportReport> ExportTrial(const std::string& run_dir, const std::string
   if (Status s = executor::WriteHfGpt2(*model, latest->buffers, out_dir); !s.ok()) {
     return Status(s.code(), path + ": " + s.message());
   }
-  return ExportReport{path, latest->meta.value("step", int64_t{0}), out_dir};
+  return ExportReport{path, step, out_dir};
 }
 
 }  // namespace hydra::cli

@@ -433,11 +433,20 @@ void ParseMetadata(Checker& c, const YAML::Node& node, JobMetadata* md) {
   }
 }
 
-/// A manifest path resolved against the manifest's directory, normalised.
-std::string ResolveAgainst(const std::string& base_dir, const std::string& path) {
-  fs::path resolved(path);
-  if (resolved.is_relative()) resolved = fs::path(base_dir) / resolved;
-  return resolved.lexically_normal().string();
+/// A path field `n` (at `path`): a non-empty scalar, kept as written and resolved against the
+/// manifest's directory, normalised. False, with the error, otherwise; the caller reports a
+/// missing field itself.
+bool ParsePath(Checker& c, const YAML::Node& n, const std::string& path,
+               const std::string& base_dir, std::string* as_written, std::string* resolved) {
+  if (!n.IsScalar() || n.Scalar().empty()) {
+    c.Error(path, n, "must be a non-empty path");
+    return false;
+  }
+  *as_written = n.Scalar();
+  fs::path r(*as_written);
+  if (r.is_relative()) r = fs::path(base_dir) / r;
+  *resolved = r.lexically_normal().string();
+  return true;
 }
 
 /// spec.model.path: required by (and only allowed with) family torchscript.
@@ -454,12 +463,7 @@ void ParseModelPath(Checker& c, const YAML::Node& node, const std::string& base_
     c.Error(p, node["path"], "only family torchscript reads a model file");
     return;
   }
-  if (!node["path"].IsScalar() || node["path"].Scalar().empty()) {
-    c.Error(p, node["path"], "must be a non-empty path");
-    return;
-  }
-  m->path = node["path"].Scalar();
-  m->resolved_path = ResolveAgainst(base_dir, m->path);
+  ParsePath(c, node["path"], p, base_dir, &m->path, &m->resolved_path);
 }
 
 /// spec.model.init: {format: safetensors, path}, only for family gpt2.
@@ -472,7 +476,6 @@ void ParseModelInit(Checker& c, const YAML::Node& node, const std::string& base_
     c.Error(p, n, "only family gpt2 starts from a checkpoint (got family " + m->family + ")");
     return;
   }
-  ModelInit init;
   if (n["format"] && (!n["format"].IsScalar() || n["format"].Scalar() != "safetensors")) {
     c.Error(p + ".format", n["format"], "must be one of: safetensors");
     return;
@@ -481,13 +484,10 @@ void ParseModelInit(Checker& c, const YAML::Node& node, const std::string& base_
     c.Error(p + ".path", n, "required field is missing");
     return;
   }
-  if (!n["path"].IsScalar() || n["path"].Scalar().empty()) {
-    c.Error(p + ".path", n["path"], "must be a non-empty path");
-    return;
+  ModelInit init;
+  if (ParsePath(c, n["path"], p + ".path", base_dir, &init.path, &init.resolved_path)) {
+    m->init = std::move(init);
   }
-  init.path = n["path"].Scalar();
-  init.resolved_path = ResolveAgainst(base_dir, init.path);
-  m->init = std::move(init);
 }
 
 void ParseDataset(Checker& c, const YAML::Node& node, const std::string& base_dir,
@@ -522,11 +522,8 @@ void ParseDataset(Checker& c, const YAML::Node& node, const std::string& base_di
   }
   if (!node["path"]) {
     c.Error(p + ".path", node, "required field is missing");
-  } else if (!node["path"].IsScalar() || node["path"].Scalar().empty()) {
-    c.Error(p + ".path", node["path"], "must be a non-empty path");
   } else {
-    ds->path = node["path"].Scalar();
-    ds->resolved_path = ResolveAgainst(base_dir, ds->path);
+    ParsePath(c, node["path"], p + ".path", base_dir, &ds->path, &ds->resolved_path);
   }
   if (node["validationFraction"]) {
     const auto& n = node["validationFraction"];

@@ -19,15 +19,17 @@ std::string Bare(const std::string& name) {
   return name.rfind(kPrefix, 0) == 0 ? name.substr(std::strlen(kPrefix)) : name;
 }
 
+/// Whether `text` ends with `suffix` and holds more than it.
+bool EndsWith(const std::string& text, const std::string& suffix) {
+  return text.size() > suffix.size() &&
+         text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
 /// Names a file may hold that the model does not train: the attention mask buffers of older
 /// transformers versions and the LM head, tied to wte.
 bool IsIgnoredHfName(const std::string& name, const ModelSpec& spec) {
-  const auto ends = [&](const std::string& suffix) {
-    return name.size() > suffix.size() &&
-           name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
-  };
   if (name == "lm_head.weight") return true;
-  if (!ends(".attn.bias") && !ends(".attn.masked_bias")) return false;
+  if (!EndsWith(name, ".attn.bias") && !EndsWith(name, ".attn.masked_bias")) return false;
   for (int64_t i = 0; i < spec.n_layer; ++i) {
     const std::string block = "h." + std::to_string(i) + ".attn.";
     for (const std::string& b : {block + "bias", block + "masked_bias"}) {
@@ -131,16 +133,14 @@ Status CheckHfGpt2(const SafetensorsHeader& header, const ModelSpec& spec,
 
 StatusOr<SafetensorsFile> OpenHfGpt2(const ModelSpec& spec) {
   if (!spec.init) return FailedPreconditionError("spec.model.init: not set");
-  const std::string what = "spec.model.init.path: " + spec.init->resolved_path;
   const std::string& path = spec.init->resolved_path;
-  const std::string index = ".index.json";
-  if (path.size() > index.size() &&
-      path.compare(path.size() - index.size(), index.size(), index) == 0) {
+  const std::string what = "spec.model.init.path: " + path;
+  if (EndsWith(path, ".index.json")) {
     return InvalidArgumentError(what +
                                 ": a sharded checkpoint's index; one model.safetensors is read "
                                 "(write one with save_pretrained(dir, max_shard_size=\"100GB\"))");
   }
-  auto file = SafetensorsFile::Open(spec.init->resolved_path);
+  auto file = SafetensorsFile::Open(path);
   if (!file.ok()) {
     return Status(file.status().code(), "spec.model.init.path: " + file.status().message());
   }

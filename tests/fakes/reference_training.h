@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -38,6 +39,18 @@ inline nlohmann::json ReferenceTraining(const std::string& manifest_path, int st
           {"lr", tr.learning_rate}, {"weight_decay", tr.weight_decay},
           {"beta1", tr.beta1},      {"beta2", tr.beta2},
           {"eps", tr.epsilon}};
+}
+
+/// A `hydra run` trial's per-step training losses (its results.json entry's trainLoss) each
+/// within `relative` of the reference's (a JSON list of one loss per step), step for step.
+inline void ExpectLossesTrack(const nlohmann::json& trial, const nlohmann::json& reference,
+                              double relative) {
+  ASSERT_EQ(trial["trainLoss"].size(), reference.size());
+  for (size_t s = 0; s < reference.size(); ++s) {
+    const double ours = trial["trainLoss"][s][1], theirs = reference[s];
+    EXPECT_LE(std::abs(ours - theirs), relative * std::abs(theirs))
+        << "step " << s << ": " << ours << " in hydra, " << theirs << " in the reference";
+  }
 }
 
 }  // namespace hydra::fakes

@@ -197,12 +197,7 @@ TEST_F(HfTransformersTest, FineTuningFollowsAPyTorchLoopAndTheExportLoadsInTrans
     const Json results = Json::parse(fakes::Slurp((out / "results.json").string()));
     const Json& t = results["trials"][0];
     EXPECT_EQ(t["shards"], variant == "plain" ? 1 : 3);
-    ASSERT_EQ(t["trainLoss"].size(), static_cast<size_t>(kSteps));
-    for (int s = 0; s < kSteps; ++s) {
-      const double cpp = t["trainLoss"][s][1], py = python[s];
-      EXPECT_LE(std::abs(cpp - py), 1e-4 * std::abs(py))
-          << "step " << s << ": " << cpp << " in hydra, " << py << " in PyTorch";
-    }
+    fakes::ExpectLossesTrack(t, python, 1e-4);
     EXPECT_LT(python[kSteps - 1].get<double>(), python[0].get<double>()) << "it learns";
 
     // Our final logits: the newest checkpoint's weights in a fresh model.

@@ -95,12 +95,7 @@ TEST_F(TorchScriptTest, TrainsWithThePythonLossesUnshardedAndSpilledAndItsWeight
     const Json& t = results["trials"][0];
     EXPECT_EQ(t["shards"], variant == "plain" ? 1 : 3);
     EXPECT_EQ(t["precision"], variant == "bf16" ? "bf16" : "fp32");
-    ASSERT_EQ(t["trainLoss"].size(), static_cast<size_t>(kSteps));
-    for (int s = 0; s < kSteps; ++s) {
-      const double cpp = t["trainLoss"][s][1], py = python[s];
-      EXPECT_LE(std::abs(cpp - py), tolerance * std::abs(py))
-          << "step " << s << ": " << cpp << " in C++, " << py << " in Python";
-    }
+    fakes::ExpectLossesTrack(t, python, tolerance);
     // The trained weights load back in Python (load_state_dict is strict: every name and
     // shape must match the module).
     const fs::path state =

@@ -51,20 +51,23 @@ TEST(SafetensorsTest, WrittenFilesReadBackTensorByTensor) {
 class SafetensorsFileTest : public fakes::TempDirTest {
  protected:
   SafetensorsFileTest() : TempDirTest("hydra_safetensors_") {}
+  /// `tensors` serialized to model.safetensors in the test's directory, then opened.
+  StatusOr<SafetensorsFile> Written(const std::vector<SafetensorsTensor>& tensors) {
+    auto bytes = SerializeSafetensors(tensors, {});
+    if (!bytes.ok()) return bytes.status();
+    const std::string path = (dir_ / "model.safetensors").string();
+    RETURN_IF_ERROR(WriteFileAtomically(path, *bytes));
+    return SafetensorsFile::Open(path);
+  }
 };
 
 TEST_F(SafetensorsFileTest, ReleasedPagesReadBackFromTheFile) {
   std::vector<float> big(5000);  // several pages, not page-aligned in the file
   for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<float>(i) * 0.25f;
   const float small[3] = {1, 2, 3};
-  auto bytes = SerializeSafetensors(
-      {{"s", SafetensorsDtype::kF32, {3}, small, sizeof(small)},
-       {"big", SafetensorsDtype::kF32, {5000}, big.data(), big.size() * sizeof(float)}},
-      {});
-  ASSERT_TRUE(bytes.ok());
-  const std::string path = (dir_ / "model.safetensors").string();
-  ASSERT_TRUE(WriteFileAtomically(path, *bytes).ok());
-  auto file = SafetensorsFile::Open(path);
+  auto file =
+      Written({{"s", SafetensorsDtype::kF32, {3}, small, sizeof(small)},
+               {"big", SafetensorsDtype::kF32, {5000}, big.data(), big.size() * sizeof(float)}});
   ASSERT_TRUE(file.ok()) << file.status();
   const auto* e = file->Find("big");
   ASSERT_NE(e, nullptr);
@@ -78,13 +81,8 @@ TEST_F(SafetensorsFileTest, ReleasedPagesReadBackFromTheFile) {
 TEST_F(SafetensorsFileTest, AMappedFileGivesEachTensorsBytesInPlace) {
   const float w[4] = {0.5f, -1.5f, 2.0f, 8.0f};
   const int64_t ids[2] = {7, 9};
-  auto bytes = SerializeSafetensors({{"a", SafetensorsDtype::kF32, {4}, w, sizeof(w)},
-                                     {"b", SafetensorsDtype::kI64, {1, 2}, ids, sizeof(ids)}},
-                                    {});
-  ASSERT_TRUE(bytes.ok());
-  const std::string path = (dir_ / "model.safetensors").string();
-  ASSERT_TRUE(WriteFileAtomically(path, *bytes).ok());
-  auto file = SafetensorsFile::Open(path);
+  auto file = Written({{"a", SafetensorsDtype::kF32, {4}, w, sizeof(w)},
+                       {"b", SafetensorsDtype::kI64, {1, 2}, ids, sizeof(ids)}});
   ASSERT_TRUE(file.ok()) << file.status();
   const auto* a = file->Find("a");
   ASSERT_NE(a, nullptr);

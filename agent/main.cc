@@ -11,6 +11,7 @@
 #include <csignal>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <thread>
 
 #include "agent/executor/cpu_threads.h"
@@ -80,6 +81,7 @@ int main(int argc, char** argv) {
               health_bind = ":8081", devices_flag = "cpu:1", spill_dir = "/var/lib/hydra/spill",
               host_memory, advertise, tls_cert, tls_key, tls_client_ca,
               tls_client_identity = "hydra-controller";
+  std::string dedicated_job;
   bool insecure = false;
   std::vector<std::string> data_roots, checkpoint_roots;
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -134,6 +136,10 @@ int main(int argc, char** argv) {
                      "With mutual TLS: the name a client certificate must carry, in its SANs "
                      "(or its CN when it has none); '*' accepts any certificate the CA signed")
           ->capture_default_str();
+  app.add_option("--dedicated-job", dedicated_job,
+                 "NAMESPACE/NAME/UID: serve only this MultiModelJob's trials (the controller sets "
+                 "it on the agent pods it creates for a job's spec.agents); every other trial is "
+                 "refused PERMISSION_DENIED. Default: any job's");
   app.add_flag("--insecure", insecure,
                "Allow plaintext gRPC on an address other than loopback (anyone who reaches the "
                "port can then assign, cancel and read trials)");
@@ -148,6 +154,15 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (tls_client_ca.empty() || tls_client_identity == "*") tls_client_identity.clear();
+  std::optional<hydra::agent::DedicatedJob> dedicated;
+  if (!dedicated_job.empty()) {
+    auto parsed = hydra::agent::ParseDedicatedJob(dedicated_job);
+    if (!parsed.ok()) {
+      std::cerr << "error: " << parsed.status().message() << "\n";
+      return 2;
+    }
+    dedicated = *parsed;
+  }
   if (tls_cert.empty()) {
     const std::string host = hydra::agent::HostOf(grpc_bind);
     if (!hydra::agent::IsLoopbackHost(host) && !insecure) {
@@ -206,6 +221,7 @@ int main(int argc, char** argv) {
   config.max_trials = max_trials;
   config.threads_per_device = per_device_threads;
   config.required_client_identity = tls_client_identity;
+  config.dedicated_job = dedicated;
   hydra::agent::AgentMetrics metrics(node_name, HYDRA_VERSION);
   hydra::agent::AgentService service(config, factory.get(), &metrics);
   grpc::ServerBuilder builder;
@@ -227,7 +243,7 @@ int main(int argc, char** argv) {
   const std::string endpoint =
       advertise.empty() ? hydra::agent::DefaultAdvertiseAddress(grpc_bind, grpc_port, node_name)
                         : advertise;
-  metrics.SetGrpcEndpoint(endpoint);
+  metrics.SetGrpcEndpoint(endpoint, dedicated ? dedicated->uid : "");
   std::cout << "hydra-agent " << HYDRA_VERSION << " on node " << node_name << ": gRPC on "
             << WithPort(grpc_bind, grpc_port) << " ("
             << (tls_cert.empty()        ? "plaintext"

@@ -583,6 +583,19 @@ void ParseAgentContainer(Checker& c, const YAML::Node& container, const std::str
     c.Error(p + ".command", container["command"],
             "is set by the controller (hydra-agent); extra agent flags go in args");
   }
+  if (const YAML::Node args = ChildOf(container, "args"); args.IsSequence()) {
+    for (size_t i = 0; i < args.size(); ++i) {
+      const std::string flag = args[i].IsScalar() ? args[i].Scalar() : "";
+      for (const char* owned : kControllerAgentFlags) {
+        const std::string o = owned;
+        if (flag == o || flag.rfind(o + "=", 0) == 0) {
+          c.Error(p + ".args[" + std::to_string(i) + "]", args[i],
+                  o + " is set by the controller (where the agent listens, its roots, the job it "
+                      "serves and its TLS)");
+        }
+      }
+    }
+  }
   const YAML::Node gpus =
       ChildOf(ChildOf(ChildOf(container, "resources"), "limits"), "nvidia.com/gpu");
   if (!gpus.IsDefined()) return;

@@ -171,6 +171,21 @@ struct AgentsSpec {
   int64_t gpus_per_agent = 0;
 };
 
+/// hydra-agent flags the controller sets on a job's agent pods; the template's args may not.
+inline constexpr const char* kControllerAgentFlags[] = {"--node-name",
+                                                        "--grpc-bind-address",
+                                                        "--grpc-advertise-address",
+                                                        "--metrics-bind-address",
+                                                        "--health-probe-bind-address",
+                                                        "--data-root",
+                                                        "--checkpoint-root",
+                                                        "--dedicated-job",
+                                                        "--tls-cert-file",
+                                                        "--tls-key-file",
+                                                        "--tls-client-ca-file",
+                                                        "--tls-client-identity",
+                                                        "--insecure"};
+
 /// Most agent pods one job may have (spec.agents.maxAgents).
 inline constexpr int64_t kMaxAgentsPerJob = 1024;
 

@@ -127,11 +127,14 @@ AgentMetrics::AgentMetrics(const std::string& node, const std::string& version)
 
 AgentMetrics::~AgentMetrics() = default;
 
-void AgentMetrics::SetGrpcEndpoint(const std::string& grpc_endpoint) {
+void AgentMetrics::SetGrpcEndpoint(const std::string& grpc_endpoint,
+                                   const std::string& dedicated_job_uid) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   if (impl_->info_series) impl_->info.Remove(impl_->info_series);
-  impl_->info_series = &impl_->info.Add(
-      {{"node", impl_->node}, {"grpc_endpoint", grpc_endpoint}, {"version", impl_->version}});
+  prometheus::Labels labels{
+      {"node", impl_->node}, {"grpc_endpoint", grpc_endpoint}, {"version", impl_->version}};
+  if (!dedicated_job_uid.empty()) labels["dedicated_job_uid"] = dedicated_job_uid;
+  impl_->info_series = &impl_->info.Add(labels);
   impl_->info_series->Set(1);
 }
 

@@ -23,8 +23,10 @@ class AgentMetrics {
   /// The text exposition format (version 0.0.4), as a scrape returns it.
   std::string Render() const;
 
-  /// hydra_agent_info{node, grpc_endpoint, version} = 1 for this endpoint (replacing any other).
-  void SetGrpcEndpoint(const std::string& grpc_endpoint);
+  /// hydra_agent_info{node, grpc_endpoint, version} = 1 for this endpoint (replacing any other);
+  /// an agent dedicated to one job (--dedicated-job) also carries dedicated_job_uid, so the
+  /// controller's shared pool leaves it out.
+  void SetGrpcEndpoint(const std::string& grpc_endpoint, const std::string& dedicated_job_uid = "");
 
   /// A device's memory and busy ratio, labelled `device` ("cuda:0"), and for a GPU also `gpu`
   /// (its index) and `UUID`, the labels dcgm-exporter's series carry, so queries join them.

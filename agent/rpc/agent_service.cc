@@ -212,6 +212,8 @@ Status AgentService::CheckAssignment(const v1::AssignTrialRequest& request, Tria
                                   ": required (a trial is namespace, job, job uid and name)");
     }
   }
+  RETURN_IF_ERROR(CheckDedicatedJob(config_.dedicated_job, spec.namespace_(), spec.job(),
+                                    spec.job_uid(), "assigned"));
   ASSIGN_OR_RETURN(Trial trial, wire::TrialFromProto(spec));
   // Paths: the dataset must be readable and the checkpoints writable only inside the roots.
   RETURN_IF_ERROR(Confine("trial.dataset.path", trial.dataset.resolved_path, config_.data_roots));
@@ -383,6 +385,11 @@ grpc::Status AgentService::CancelTrial(grpc::ServerContext* context,
   if (!CallerAllowed(context, &why)) return grpc::Status(grpc::PERMISSION_DENIED, why);
   const auto& ref = request->trial();
   if (Status s = CheckRef(ref, "cancelled"); !s.ok()) return ToGrpc(s);
+  if (Status s = CheckDedicatedJob(config_.dedicated_job, ref.namespace_(), ref.job(),
+                                   ref.job_uid(), "cancelled");
+      !s.ok()) {
+    return ToGrpc(s);
+  }
   if (request->checkpoint() && request->delete_checkpoints()) {
     return grpc::Status(grpc::INVALID_ARGUMENT,
                         "checkpoint and delete_checkpoints: a suspended trial keeps its "
@@ -433,6 +440,11 @@ grpc::Status AgentService::LimitTrial(grpc::ServerContext* context,
   if (!CallerAllowed(context, &why)) return grpc::Status(grpc::PERMISSION_DENIED, why);
   const auto& ref = request->trial();
   if (Status s = CheckRef(ref, "limited"); !s.ok()) return ToGrpc(s);
+  if (Status s = CheckDedicatedJob(config_.dedicated_job, ref.namespace_(), ref.job(),
+                                   ref.job_uid(), "limited");
+      !s.ok()) {
+    return ToGrpc(s);
+  }
   if (!request->stop() && request->step_limit() < 0) {
     return grpc::Status(grpc::INVALID_ARGUMENT,
                         "step_limit: " + std::to_string(request->step_limit()) +
@@ -479,6 +491,12 @@ grpc::Status AgentService::GetStatus(grpc::ServerContext* context, const v1::Get
   response->set_node_name(config_.node_name);
   response->set_version(config_.version);
   response->set_draining(scheduler_->draining());
+  if (config_.dedicated_job) {
+    auto* job = response->mutable_dedicated_job();
+    job->set_namespace_(config_.dedicated_job->namespace_);
+    job->set_name(config_.dedicated_job->name);
+    job->set_uid(config_.dedicated_job->uid);
+  }
   for (auto& d : Devices()) *response->add_devices() = std::move(d);
   for (const auto& r : scheduler_->Snapshot()) *response->add_trials() = ToStatus(r);
   return grpc::Status::OK;

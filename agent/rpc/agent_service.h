@@ -9,12 +9,14 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "agent/executor/executor.h"
 #include "agent/metrics/agent_metrics.h"
+#include "agent/rpc/dedicated_job.h"
 #include "agent/scheduler/trial_scheduler.h"
 #include "common/devices.h"
 #include "hydra/agent/v1/agent.grpc.pb.h"
@@ -41,6 +43,8 @@ struct AgentConfig {
   /// With mutual TLS: the identity callers must present (a certificate's DNS or URI SAN when
   /// it has any, else its CN); empty: any certificate the CA signed.
   std::string required_client_identity;
+  /// Set: the agent serves only this job's trials (--dedicated-job; a job-owned agent pod).
+  std::optional<DedicatedJob> dedicated_job;
   /// CPU threads per device, recorded in checkpoints (a resume under another count is not
   /// bit-exact and says so). 0: unknown.
   int threads_per_device = 0;

@@ -21,16 +21,31 @@ Json AgentEnv() {
                       field("POD_NAMESPACE", "metadata.namespace")});
 }
 
+/// Whether the template's own args name `flag` ("--devices" or "--devices=...").
+bool HasFlag(const Json& args, const std::string& flag) {
+  for (const auto& a : args) {
+    if (!a.is_string()) continue;
+    const std::string s = a.get<std::string>();
+    if (s == flag || s.rfind(flag + "=", 0) == 0) return true;
+  }
+  return false;
+}
+
 /// The flags the controller relies on: where the agent listens and advertises itself, its
-/// roots, and TLS; the devices are the pod's GPUs when it has any.
-Json AgentArgs(const AgentsSpec& agents, const AgentPodOptions& o) {
+/// roots, the one job it serves, and TLS; the devices are the pod's GPUs when it has any and the
+/// template does not name them (`template_args`).
+Json AgentArgs(const std::string& dedicated_job, const AgentsSpec& agents, const AgentPodOptions& o,
+               const Json& template_args) {
   const std::string grpc = std::to_string(o.grpc_port);
   Json args = Json::array({"--node-name=$(NODE_NAME)", "--grpc-bind-address=0.0.0.0:" + grpc,
                            "--grpc-advertise-address=$(POD_IP):" + grpc,
                            "--metrics-bind-address=:" + std::to_string(o.metrics_port),
                            "--health-probe-bind-address=:" + std::to_string(o.health_port),
-                           "--data-root=" + o.data_root, "--checkpoint-root=" + o.checkpoint_root});
-  if (agents.gpus_per_agent > 0) args.push_back("--devices=cuda");
+                           "--data-root=" + o.data_root, "--checkpoint-root=" + o.checkpoint_root,
+                           "--dedicated-job=" + dedicated_job});
+  if (agents.gpus_per_agent > 0 && !HasFlag(template_args, "--devices")) {
+    args.push_back("--devices=cuda");
+  }
   if (o.tls_secret.empty()) {
     args.push_back("--insecure");
     return args;
@@ -57,10 +72,12 @@ Json MergeByName(Json ours, const Json& theirs) {
 }
 
 /// Completes the agent container: command, flags, environment, ports, readiness, TLS mount.
-void CompleteAgentContainer(Json& c, const AgentsSpec& agents, const AgentPodOptions& o) {
+void CompleteAgentContainer(Json& c, const std::string& dedicated_job, const AgentsSpec& agents,
+                            const AgentPodOptions& o) {
   c["command"] = Json::array({"hydra-agent"});
-  Json args = AgentArgs(agents, o);
-  for (const auto& a : c.value("args", Json::array())) args.push_back(a);
+  const Json theirs = c.value("args", Json::array());
+  Json args = AgentArgs(dedicated_job, agents, o, theirs);
+  for (const auto& a : theirs) args.push_back(a);
   c["args"] = args;
   c["env"] = MergeByName(AgentEnv(), c.value("env", Json::array()));
   const auto port = [](const char* name, int number) {
@@ -131,7 +148,7 @@ StatusOr<Json> AgentPod(const Json& job, const AgentsSpec& agents, int index,
   bool found = false;
   for (auto& c : spec["containers"]) {
     if (c.value("name", "") != agents.container) continue;
-    CompleteAgentContainer(c, agents, o);
+    CompleteAgentContainer(c, ns + "/" + name + "/" + uid, agents, o);
     found = true;
   }
   if (!found) {
@@ -156,8 +173,9 @@ int DesiredAgents(int64_t runnable_trials, const AgentsSpec& agents) {
 }
 
 std::vector<std::string> AgentPodsToRemove(std::vector<AgentPodLoad> pods, int desired) {
-  std::sort(pods.begin(), pods.end(),
-            [](const AgentPodLoad& a, const AgentPodLoad& b) { return a.index > b.index; });
+  std::sort(pods.begin(), pods.end(), [](const AgentPodLoad& a, const AgentPodLoad& b) {
+    return a.serving != b.serving ? !a.serving : a.index > b.index;
+  });
   std::vector<std::string> out;
   int excess = static_cast<int>(pods.size()) - desired;
   for (const auto& p : pods) {

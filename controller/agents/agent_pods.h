@@ -64,12 +64,14 @@ int DesiredAgents(int64_t runnable_trials, const AgentsSpec& agents);
 struct AgentPodLoad {
   std::string name;
   int index = 0;
-  int trials = 0;  ///< trials it trains now
+  int trials = 0;       ///< trials it trains now
+  bool serving = true;  ///< its agent is Ready (else it waits: gated, unscheduled, starting)
 };
 
-/// Which pods to drain (checkpoint) and delete to come down to `desired`: idle ones only (a
-/// pod training a trial keeps it until the trial ends or moves), highest index first, so the
-/// names of the pods that stay are the lowest.
+/// Which pods to delete to come down to `desired`: idle ones only (a pod training a trial keeps
+/// it until the trial ends or moves), those still waiting first (they cost nothing yet but keep
+/// an autoscaler adding nodes), then the highest index, so the pods that stay have the lowest
+/// names. A deleted agent checkpoints what it holds before it exits.
 std::vector<std::string> AgentPodsToRemove(std::vector<AgentPodLoad> pods, int desired);
 
 /// The lowest indices not in use, `count` of them: the pods to create.

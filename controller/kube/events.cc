@@ -7,7 +7,7 @@
 
 namespace hydra::kube {
 
-StatusOr<Json> RecordEvent(KubeClient& client, const Json& object, const std::string& type,
+StatusOr<Json> RecordEvent(KubeClientInterface& client, const Json& object, const std::string& type,
                            const std::string& reason, const std::string& message,
                            const std::string& component) {
   if (type != "Normal" && type != "Warning") {

@@ -72,9 +72,6 @@ std::string PatchContentType(PatchType type) {
 
 }  // namespace
 
-bool IsConflict(const Status& s) { return s.code() == StatusCode::kAborted; }
-bool IsGone(const Status& s) { return s.code() == StatusCode::kOutOfRange; }
-
 struct KubeClient::Impl {
   KubeConfig config;
   std::unique_ptr<TokenFile> token_file;  // set when the token comes from a file
@@ -269,21 +266,6 @@ StatusOr<Json> KubeClient::Apply(const ResourceKind& kind, const std::string& ns
   if (force) q += "&force=true";
   // JSON is YAML: the apply content type takes either.
   return impl_->Do("PATCH", q, object, "application/apply-patch+yaml");
-}
-
-StatusOr<Json> KubeClient::UpdateWithRetry(const ResourceKind& kind, const std::string& ns,
-                                           const std::string& name,
-                                           const std::function<bool(Json&)>& mutate, int attempts,
-                                           bool status) {
-  Status last;
-  for (int i = 0; i < attempts; ++i) {
-    ASSIGN_OR_RETURN(Json object, Get(kind, ns, name));
-    if (!mutate(object)) return object;
-    auto updated = status ? UpdateStatus(kind, ns, object) : Update(kind, ns, object);
-    if (updated.ok() || !IsConflict(updated.status())) return updated;
-    last = updated.status();
-  }
-  return last.WithContext("still conflicting after " + std::to_string(attempts) + " attempts");
 }
 
 Status KubeClient::WatchOnce(const ResourceKind& kind, const std::string& ns,

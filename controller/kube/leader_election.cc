@@ -31,7 +31,7 @@ std::string FormatUtc(bool micro) {
 std::string MicroTimeNow() { return FormatUtc(true); }
 std::string TimeNow() { return FormatUtc(false); }
 
-LeaderElector::LeaderElector(KubeClient* client, LeaderElectionConfig config,
+LeaderElector::LeaderElector(KubeClientInterface* client, LeaderElectionConfig config,
                              std::function<void()> on_started_leading,
                              std::function<void()> on_stopped_leading)
     : client_(client),

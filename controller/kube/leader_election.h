@@ -7,7 +7,7 @@
 #include <string>
 #include <thread>
 
-#include "controller/kube/kube_client.h"
+#include "controller/kube/kube_client_interface.h"
 
 namespace hydra::kube {
 
@@ -27,7 +27,7 @@ struct LeaderElectionConfig {
 /// leading when it cannot renew within renew_deadline. Callbacks run on the elector's thread.
 class LeaderElector {
  public:
-  LeaderElector(KubeClient* client, LeaderElectionConfig config,
+  LeaderElector(KubeClientInterface* client, LeaderElectionConfig config,
                 std::function<void()> on_started_leading, std::function<void()> on_stopped_leading);
   ~LeaderElector();
 
@@ -45,7 +45,7 @@ class LeaderElector {
   /// One attempt; true if this candidate holds the Lease afterwards.
   bool TryAcquireOrRenew();
 
-  KubeClient* client_;
+  KubeClientInterface* client_;
   LeaderElectionConfig config_;
   std::function<void()> on_started_, on_stopped_;
   std::atomic<bool> stop_{false}, leader_{false};

@@ -11,7 +11,7 @@ std::string ObjectKey(const Json& object) {
   return ns.empty() ? name : ns + "/" + name;
 }
 
-Watcher::Watcher(KubeClient* client, ResourceKind kind, std::string ns, Handler handler,
+Watcher::Watcher(KubeClientInterface* client, ResourceKind kind, std::string ns, Handler handler,
                  WatcherOptions options)
     : client_(client),
       kind_(std::move(kind)),

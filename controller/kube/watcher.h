@@ -8,7 +8,7 @@
 #include <string>
 #include <thread>
 
-#include "controller/kube/kube_client.h"
+#include "controller/kube/kube_client_interface.h"
 
 namespace hydra::kube {
 
@@ -31,7 +31,7 @@ class Watcher {
   using Handler = std::function<void(const std::string& type, const Json& object)>;
 
   /// `client` is borrowed. `ns` empty: all namespaces.
-  Watcher(KubeClient* client, ResourceKind kind, std::string ns, Handler handler,
+  Watcher(KubeClientInterface* client, ResourceKind kind, std::string ns, Handler handler,
           WatcherOptions options = {});
   ~Watcher();
 
@@ -55,7 +55,7 @@ class Watcher {
   void Run();
   Status Relist();
 
-  KubeClient* client_;
+  KubeClientInterface* client_;
   ResourceKind kind_;
   std::string ns_;
   Handler handler_;

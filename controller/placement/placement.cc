@@ -171,6 +171,8 @@ StatusOr<std::vector<AgentInventory>> FetchInventory(const PrometheusClient& pro
   for (const auto& s : info) {
     const std::string node = Label(s, "node"), endpoint = Label(s, "grpc_endpoint");
     if (node.empty() || endpoint.empty()) continue;
+    // An agent pod of one job's spec.agents serves only that job: not the shared pool.
+    if (!Label(s, "dedicated_job_uid").empty()) continue;
     auto& a = by_node[node];
     a.node = node;
     a.endpoint = endpoint;

@@ -11,6 +11,8 @@ inline constexpr char kProgressing[] = "Progressing";  ///< trials are training 
 inline constexpr char kComplete[] = "Complete";        ///< every trial succeeded
 inline constexpr char kFailed[] = "Failed";            ///< the job cannot finish as asked
 inline constexpr char kDegraded[] = "Degraded";        ///< something needs attention
+/// spec.agents: True while the job has agent pods and Kueue has admitted none of them.
+inline constexpr char kQueued[] = "Queued";
 
 // Reasons.
 inline constexpr char kTrialsPlaced[] = "TrialsPlaced";
@@ -24,6 +26,15 @@ inline constexpr char kAgentUnreachable[] = "AgentUnreachable";
 inline constexpr char kInventoryUnavailable[] = "InventoryUnavailable";
 inline constexpr char kAsExpected[] = "AsExpected";
 inline constexpr char kFinished[] = "Finished";
+/// Queued: every agent pod of the job waits for Kueue's admission (its scheduling gate).
+inline constexpr char kAwaitingAdmission[] = "AwaitingAdmission";
+/// Queued False: some agent pod of the job has been admitted (or needs no admission).
+inline constexpr char kAdmitted[] = "Admitted";
+/// Queued False: the job has no agent pods (none wanted now, or not yet created).
+inline constexpr char kNoAgentPods[] = "NoAgentPods";
+/// Degraded: the job's agent pods cannot be listed or created (RBAC, an invalid template, a
+/// quota), or fail; the message says which and why.
+inline constexpr char kAgentPodsFailing[] = "AgentPodsFailing";
 /// An agent refused a trial for a reason no capacity fixes (a missing dataset, a path outside
 /// the agents' roots, an invalid spec): the message names it.
 inline constexpr char kTrialRejected[] = "TrialRejected";
@@ -42,6 +53,10 @@ inline constexpr char kEventTrialsCancelled[] = "TrialsCancelled";
 inline constexpr char kEventAgentNotice[] = "AgentNotice";
 inline constexpr char kEventStaleTrialCancelled[] = "StaleTrialCancelled";
 inline constexpr char kEventTrialRejected[] = "TrialRejected";
+inline constexpr char kEventAgentPodsCreated[] = "AgentPodsCreated";
+inline constexpr char kEventAgentPodsDeleted[] = "AgentPodsDeleted";
+inline constexpr char kEventAgentPodFailed[] = "AgentPodFailed";
+inline constexpr char kEventAgentPodsNotCreated[] = "AgentPodsNotCreated";
 
 /// The finalizer the controller puts on every MultiModelJob before touching agents.
 inline constexpr char kFinalizer[] = "hydra.dev/trials";

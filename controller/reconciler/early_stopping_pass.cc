@@ -8,26 +8,19 @@
 
 #include "common/early_stopper.h"
 #include "common/trial_result.h"
-#include "controller/reconciler/reconciler.h"
 
 namespace hydra::controller {
 namespace {
 
-using kube::Json;
 using Phase = EarlyStopper::Phase;
 
-Phase PhaseOf(const Json& e) {
-  const std::string state = e.value("state", "");
-  if (state == kTrialEarlyStopped || e.contains("stopEarly")) return Phase::kStopped;
-  return IsFinalTrialState(state) ? Phase::kEnded : Phase::kActive;
+Phase PhaseOf(const TrialEntry& e) {
+  if (e.state == TrialState::kEarlyStopped || e.stop_early) return Phase::kStopped;
+  return e.Final() ? Phase::kEnded : Phase::kActive;
 }
 
 void RecordEvidence(const EarlyStoppingTrial& t, int index, MetricBoard* board) {
-  for (const auto& p : t.entry->value("evaluations", Json::array())) {
-    if (p.is_array() && p.size() == 2 && p[0].is_number_integer() && p[1].is_number()) {
-      board->Record(index, p[0].get<int64_t>(), p[1].get<double>());
-    }
-  }
+  for (const auto& p : t.entry->evaluations) board->Record(index, p.step, p.loss);
   if (t.report == nullptr) return;
   for (const auto& p : t.report->evaluations()) board->Record(index, p.step(), p.loss());
 }
@@ -60,9 +53,9 @@ std::vector<std::pair<int64_t, double>> BestSoFar(const std::map<int64_t, double
 }
 
 /// What the entry keeps of the trial's losses for later passes.
-Json EvidenceToStore(const EarlyStoppingSpec& spec, const MetricBoard& board, int index,
-                     int64_t steps) {
-  Json out = Json::array();
+std::vector<Evaluation> EvidenceToStore(const EarlyStoppingSpec& spec, const MetricBoard& board,
+                                        int index, int64_t steps) {
+  std::vector<Evaluation> out;
   auto it = board.losses().find(index);
   if (it == board.losses().end()) return out;
   const auto kept = spec.algorithm == EarlyStoppingAlgorithm::kAsha
@@ -74,18 +67,18 @@ Json EvidenceToStore(const EarlyStoppingSpec& spec, const MetricBoard& board, in
     // worst.
     char text[32];
     std::snprintf(text, sizeof text, "%.6g", loss);
-    out.push_back(Json::array(
-        {step, std::isfinite(loss) ? std::strtod(text, nullptr) : 1.7976931348623157e308}));
+    out.push_back(
+        {step, std::isfinite(loss) ? std::strtod(text, nullptr) : 1.7976931348623157e308});
   }
   return out;
 }
 
 /// A trial stopped early that is on no agent (any more) has nothing left to stop: it ends.
-void EndIfOnNoAgent(const EarlyStoppingSpec& spec, Json& e) {
-  if (!e.contains("stopEarly") || OnAgent(e) || IsFinalTrialState(e.value("state", ""))) return;
-  e["state"] = kTrialEarlyStopped;
-  e["message"] = EarlyStopReason(spec, e.value("stopEarly", int64_t{0}));
-  e.erase("stopEarly");
+void EndIfOnNoAgent(const EarlyStoppingSpec& spec, TrialEntry& e) {
+  if (!e.stop_early || e.OnAgent() || e.Final()) return;
+  e.state = TrialState::kEarlyStopped;
+  e.message = EarlyStopReason(spec, *e.stop_early);
+  e.stop_early.reset();
 }
 
 }  // namespace
@@ -98,9 +91,9 @@ std::string EarlyStopReason(const EarlyStoppingSpec& spec, int64_t step) {
               : "worse than the median of the other trials'");
 }
 
-int64_t WantedStepLimit(const Json& entry) {
-  const int64_t limit = entry.value("stepLimit", int64_t{0});
-  return limit >= entry.value("steps", int64_t{0}) ? 0 : limit;
+int64_t WantedStepLimit(const TrialEntry& entry) {
+  const int64_t limit = entry.step_limit.value_or(0);
+  return limit >= entry.steps ? 0 : limit;
 }
 
 std::vector<EarlyStop> DecideEarlyStopping(const EarlyStoppingSpec& spec,
@@ -112,31 +105,26 @@ std::vector<EarlyStop> DecideEarlyStopping(const EarlyStoppingSpec& spec,
   MetricBoard board;
   for (size_t i = 0; i < trials.size(); ++i) {
     steps.push_back(trials[i].steps);
-    limits.push_back(trials[i].entry->value("stepLimit", int64_t{0}));
+    limits.push_back(trials[i].entry->step_limit.value_or(0));
     phases.push_back(PhaseOf(*trials[i].entry));
     RecordEvidence(trials[i], static_cast<int>(i), &board);
   }
   auto stopper = EarlyStopper::FromState(spec, steps, board, limits, phases);
   for (const auto& d : stopper.Decide()) {
-    Json& e = *trials[d.trial].entry;
+    TrialEntry& e = *trials[d.trial].entry;
     if (d.kind == StopDecision::Kind::kLimit) continue;  // stored below with every limit
     const std::string why = EarlyStopReason(spec, d.step);
-    out.push_back({e.value("name", ""), why});
-    e["stopEarly"] = d.step;
+    out.push_back({e.name, why});
+    e.stop_early = d.step;
   }
   for (size_t i = 0; i < trials.size(); ++i) {
-    Json& e = *trials[i].entry;
+    TrialEntry& e = *trials[i].entry;
     EndIfOnNoAgent(spec, e);
     if (spec.algorithm == EarlyStoppingAlgorithm::kAsha && phases[i] == Phase::kActive &&
         !stopper.Stopped(static_cast<int>(i))) {
-      e["stepLimit"] = stopper.Limit(static_cast<int>(i));
+      e.step_limit = stopper.Limit(static_cast<int>(i));
     }
-    Json kept = EvidenceToStore(spec, stopper.board(), static_cast<int>(i), steps[i]);
-    if (kept.empty()) {
-      e.erase("evaluations");
-    } else {
-      e["evaluations"] = std::move(kept);
-    }
+    e.evaluations = EvidenceToStore(spec, stopper.board(), static_cast<int>(i), steps[i]);
   }
   return out;
 }

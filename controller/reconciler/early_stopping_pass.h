@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "common/early_stopping.h"
-#include "controller/kube/kube_client.h"
+#include "controller/reconciler/job_status.h"
 #include "hydra/agent/v1/agent.pb.h"
 
 namespace hydra::controller {
@@ -16,7 +16,7 @@ inline constexpr size_t kMaxStoredEvaluations = 8;
 
 /// One trial as a reconcile pass sees it.
 struct EarlyStoppingTrial {
-  kube::Json* entry = nullptr;                     ///< its status entry: read and written
+  TrialEntry* entry = nullptr;                     ///< its status entry: read and written
   int64_t steps = 0;                               ///< its spec.training.steps
   const agent::v1::TrialStatus* report = nullptr;  ///< its agent's report this pass, if any
 };
@@ -43,6 +43,6 @@ std::vector<EarlyStop> DecideEarlyStopping(const EarlyStoppingSpec& spec,
 std::string EarlyStopReason(const EarlyStoppingSpec& spec, int64_t step);
 
 /// The step limit an entry asks its agent for: 0 (to the end) without one or at its steps.
-int64_t WantedStepLimit(const kube::Json& entry);
+int64_t WantedStepLimit(const TrialEntry& entry);
 
 }  // namespace hydra::controller

@@ -4,8 +4,9 @@
 
 namespace hydra::controller {
 
-Manager::Manager(kube::KubeClient* kube, Reconciler* reconciler, ControllerMetrics* metrics,
-                 std::vector<std::string> namespaces, int workers, const std::atomic<bool>* leading)
+Manager::Manager(kube::KubeClientInterface* kube, Reconciler* reconciler,
+                 ControllerMetrics* metrics, std::vector<std::string> namespaces, int workers,
+                 const std::atomic<bool>* leading)
     : kube_(kube),
       reconciler_(reconciler),
       metrics_(metrics),

@@ -19,7 +19,7 @@ namespace hydra::controller {
 class Manager {
  public:
   /// All borrowed; `metrics` may be null.
-  Manager(kube::KubeClient* kube, Reconciler* reconciler, ControllerMetrics* metrics,
+  Manager(kube::KubeClientInterface* kube, Reconciler* reconciler, ControllerMetrics* metrics,
           std::vector<std::string> namespaces, int workers, const std::atomic<bool>* leading);
   ~Manager();
 
@@ -32,7 +32,7 @@ class Manager {
  private:
   void Work();
 
-  kube::KubeClient* kube_;
+  kube::KubeClientInterface* kube_;
   Reconciler* reconciler_;
   ControllerMetrics* metrics_;
   std::vector<std::string> namespaces_;

@@ -319,6 +319,15 @@ INSTANTIATE_TEST_SUITE_P(
                 "\n  agents: {maxAgents: 2, template: {spec: {containers: [{name: agent, image: h, "
                 "command: [sh]}]}}}\n  resources:",
                 "spec.agents.template.spec.containers[0].command", "set by the controller"},
+        BadCase{"agent args overriding a flag the controller sets", "\n  resources:",
+                "\n  agents: {maxAgents: 2, template: {spec: {containers: [{name: agent, image: h, "
+                "args: [--threads=2, --dedicated-job=other/job/uid]}]}}}\n  resources:",
+                "spec.agents.template.spec.containers[0].args[1]",
+                "--dedicated-job is set by the controller"},
+        BadCase{"agent args binding another address", "\n  resources:",
+                "\n  agents: {maxAgents: 2, template: {spec: {containers: [{name: agent, image: h, "
+                "args: [--grpc-bind-address]}]}}}\n  resources:",
+                "spec.agents.template.spec.containers[0].args[0]", "set by the controller"},
         BadCase{"agent pods with a nodeName", "\n  resources:",
                 "\n  agents: {maxAgents: 2, template: {spec: {nodeName: n1, containers: [{name: "
                 "agent, image: h}]}}}\n  resources:",

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 
+#include "controller/agents/pod_state.h"
+
 namespace hydra::controller {
 namespace {
 
@@ -78,9 +80,9 @@ TEST(AgentPodsTest, APodIsTheTemplateOwnedByTheJobWithTheAgentCompleted) {
   const auto args = agent["args"].get<std::vector<std::string>>();
   EXPECT_EQ(args.front(), "--node-name=$(NODE_NAME)");
   EXPECT_EQ(args.back(), "--threads=8") << "the template's args come after the controller's";
-  for (const std::string want :
-       {"--grpc-advertise-address=$(POD_IP):9443", "--data-root=/data",
-        "--checkpoint-root=/checkpoints", "--devices=cuda", "--insecure"}) {
+  for (const std::string want : {"--grpc-advertise-address=$(POD_IP):9443", "--data-root=/data",
+                                 "--checkpoint-root=/checkpoints", "--devices=cuda", "--insecure",
+                                 "--dedicated-job=team-a/sweep/u-1"}) {
     EXPECT_NE(std::find(args.begin(), args.end(), want), args.end()) << want;
   }
   const Json* ip = Find(agent["env"], "POD_IP");
@@ -116,6 +118,76 @@ TEST(AgentPodsTest, TlsMountsTheSecretAndPassesItsFiles) {
   EXPECT_NE(Find(agent["volumeMounts"], "data"), nullptr);
 }
 
+TEST(AgentPodsTest, TheTemplatesDevicesFlagReplacesTheDefault) {
+  Json job = Job();
+  job["spec"]["agents"]["template"]["spec"]["containers"][1]["args"] =
+      Json::array({"--devices=cuda:0,budget=20Gi"});
+  auto pod = AgentPod(job, Spec(), 0, {});
+  ASSERT_TRUE(pod.ok()) << pod.status();
+  const auto args =
+      (*Find((*pod)["spec"]["containers"], "agent"))["args"].get<std::vector<std::string>>();
+  EXPECT_EQ(std::count(args.begin(), args.end(), "--devices=cuda"), 0);
+  EXPECT_EQ(args.back(), "--devices=cuda:0,budget=20Gi");
+}
+
+/// A pod in a given state, as the API server returns it.
+Json PodIn(const std::string& phase) {
+  return Json{{"metadata", {{"name", "sweep-agent-2"}, {"labels", {{kAgentIndexLabel, "2"}}}}},
+              {"spec", {{"nodeName", "n1"}}},
+              {"status", {{"phase", phase}, {"podIP", "10.4.0.9"}}}};
+}
+
+TEST(PodStateTest, EachPodIsInOnePhase) {
+  Json p = PodIn("Pending");
+  p["spec"].erase("nodeName");
+  p["status"] = {{"phase", "Pending"},
+                 {"conditions",
+                  {{{"type", "PodScheduled"},
+                    {"status", "False"},
+                    {"reason", "Unschedulable"},
+                    {"message", "0/2 nodes are available: 2 Insufficient nvidia.com/gpu."}}}}};
+  AgentPodView v = ObserveAgentPod(p, 9443);
+  EXPECT_EQ(v.phase, AgentPodPhase::kUnscheduled);
+  EXPECT_EQ(v.index, 2);
+  EXPECT_EQ(v.reason, "Unschedulable: 0/2 nodes are available: 2 Insufficient nvidia.com/gpu.");
+  EXPECT_TRUE(v.endpoint.empty());
+
+  p["spec"]["schedulingGates"] = Json::array({{{"name", kKueueAdmissionGate}}});
+  v = ObserveAgentPod(p, 9443);
+  EXPECT_EQ(v.phase, AgentPodPhase::kGated);
+  EXPECT_TRUE(v.kueue_gated);
+
+  p = PodIn("Running");
+  v = ObserveAgentPod(p, 9443);
+  EXPECT_EQ(v.phase, AgentPodPhase::kStarting) << "running, not Ready yet";
+  EXPECT_EQ(v.endpoint, "10.4.0.9:9443");
+  p["status"]["conditions"] = Json::array({{{"type", "Ready"}, {"status", "True"}}});
+  EXPECT_EQ(ObserveAgentPod(p, 9443).phase, AgentPodPhase::kReady);
+  p["status"]["podIP"] = "fd00::9";
+  EXPECT_EQ(ObserveAgentPod(p, 9443).endpoint, "[fd00::9]:9443");
+
+  p["metadata"]["deletionTimestamp"] = "2026-11-24T00:00:00Z";
+  EXPECT_EQ(ObserveAgentPod(p, 9443).phase, AgentPodPhase::kTerminating);
+
+  p = PodIn("Failed");
+  p["status"]["reason"] = "Evicted";
+  p["status"]["message"] = "The node was low on resource: memory.";
+  v = ObserveAgentPod(p, 9443);
+  EXPECT_EQ(v.phase, AgentPodPhase::kFailed);
+  EXPECT_FALSE(v.Live());
+  EXPECT_EQ(v.reason, "Evicted: The node was low on resource: memory.");
+
+  p = PodIn("Running");
+  p["status"]["containerStatuses"] = Json::array(
+      {{{"name", "agent"}, {"state", {{"waiting", {{"reason", "CrashLoopBackOff"}}}}}}});
+  v = ObserveAgentPod(p, 9443);
+  EXPECT_EQ(v.phase, AgentPodPhase::kStarting);
+  EXPECT_EQ(v.reason, "agent: CrashLoopBackOff");
+
+  p["metadata"]["labels"][kAgentIndexLabel] = "x7";
+  EXPECT_EQ(ObserveAgentPod(p, 9443).index, -1) << "not ours to number";
+}
+
 TEST(AgentPodsTest, AJobWithoutWhatAPodNeedsIsRefused) {
   Json job = Job();
   job["metadata"].erase("uid");
@@ -136,6 +208,14 @@ TEST(AgentPodsTest, DesiredAgentsCoverTheRunnableTrialsWithinTheBounds) {
   EXPECT_EQ(DesiredAgents(4, Spec(2, 0, 4)), 2);
   EXPECT_EQ(DesiredAgents(100, Spec(2, 0, 4)), 4) << "at most maxAgents";
   EXPECT_EQ(DesiredAgents(3, Spec(0, 0, 8)), 3) << "a CPU agent trains one trial at a time";
+}
+
+TEST(AgentPodsTest, WaitingPodsAreRemovedBeforeServingOnes) {
+  const std::vector<AgentPodLoad> pods = {
+      {"j-agent-0", 0, 0, false}, {"j-agent-1", 1, 0, true}, {"j-agent-2", 2, 0, true}};
+  EXPECT_THAT(AgentPodsToRemove(pods, 2), ElementsAre("j-agent-0"))
+      << "a pending pod keeps an autoscaler adding nodes for nothing";
+  EXPECT_THAT(AgentPodsToRemove(pods, 1), ElementsAre("j-agent-0", "j-agent-2"));
 }
 
 TEST(AgentPodsTest, OnlyIdlePodsAreRemovedHighestIndexFirst) {

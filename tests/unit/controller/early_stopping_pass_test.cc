@@ -13,7 +13,7 @@
 namespace hydra::controller {
 namespace {
 
-using kube::Json;
+using Json = nlohmann::json;
 namespace v1 = agent::v1;
 
 const EarlyStoppingSpec kAsha{EarlyStoppingAlgorithm::kAsha, 10, 3};
@@ -44,12 +44,17 @@ struct Job {
   std::vector<Json> entries;
   std::vector<v1::TrialStatus> reports;
   std::vector<bool> reported;
+  /// Decides over the entries as the status stores them (JSON), and stores the result back.
   std::vector<EarlyStop> Decide(const EarlyStoppingSpec& spec = kAsha) {
+    std::vector<TrialEntry> typed;
+    for (const auto& e : entries) typed.push_back(TrialEntryFromJson(e));
     std::vector<EarlyStoppingTrial> trials;
     for (size_t i = 0; i < entries.size(); ++i) {
-      trials.push_back({&entries[i], 90, reported[i] ? &reports[i] : nullptr});
+      trials.push_back({&typed[i], 90, reported[i] ? &reports[i] : nullptr});
     }
-    return DecideEarlyStopping(spec, trials);
+    auto stops = DecideEarlyStopping(spec, trials);
+    for (size_t i = 0; i < entries.size(); ++i) entries[i] = ToJson(typed[i]);
+    return stops;
   }
 };
 
@@ -72,7 +77,7 @@ TEST(EarlyStoppingPassTest, AshaPromotesTheBestAtARungAndStopsTheRest) {
   for (int i : {0, 2, 3}) EXPECT_EQ(job.entries[i]["stepLimit"], 10) << i;
   // Only the rung's result is stored, not the evaluation at step 5.
   EXPECT_EQ(job.entries[1]["evaluations"], Json::parse("[[10, 1.0]]"));
-  EXPECT_EQ(WantedStepLimit(job.entries[1]), 30);
+  EXPECT_EQ(WantedStepLimit(TrialEntryFromJson(job.entries[1])), 30);
 
   // The fourth trial failed without reporting: the rung is complete and the others stop.
   job.entries[3]["state"] = kTrialFailed;

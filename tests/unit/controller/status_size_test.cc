@@ -10,7 +10,8 @@
 #include "common/job_json.h"
 #include "common/trial_result.h"
 #include "controller/reconciler/early_stopping_pass.h"
-#include "controller/reconciler/reconciler.h"
+#include "controller/reconciler/job_status.h"
+#include "controller/reconciler/phases.h"
 
 namespace hydra::controller {
 namespace {
@@ -57,41 +58,41 @@ v1::TrialStatus WorstReport(const Trial& t) {
 }
 
 TEST(StatusSizeTest, AJobAtTheTrialCapLeavesRoomForTheRestOfTheObject) {
-  Json trials = Json::array();
+  JobStatus status;
   size_t entry_bytes = 0;
   for (int i = 0; i < kMaxTrialsPerJob; ++i) {
     const Trial t = LongestTrial(i);
-    Json e = {{"name", t.name},
-              {"state", kTrialPending},
-              {"step", 0},
-              {"restarts", 1000},
-              {"attempt", 1000},
-              {"notices", 10},
-              {"agent", std::string(253, 'a')},
-              {"agentEndpoint", std::string(253, 'a') + ":65535"},
-              {"steps", int64_t{999999999999}},
-              {"hyperparameters", Json::parse(HyperparametersJson(t).dump())}};
+    TrialEntry e;
+    e.name = t.name;
+    e.restarts = 1000;
+    e.attempt = 1000;
+    e.notices = 10;
+    e.agent = std::string(253, 'a');
+    e.agent_endpoint = std::string(253, 'a') + ":65535";
+    e.steps = int64_t{999999999999};
+    e.hyperparameters = Json::parse(HyperparametersJson(t).dump());
     ApplyTrialReport(WorstReport(t), e);
     // Early stopping's fields at their longest: a stop not yet confirmed, a limit, and the
     // stored evaluations, each loss at 6 significant digits with the longest exponent.
-    e["stepLimit"] = int64_t{999999999999};
-    e["stopEarly"] = int64_t{999999999999};
-    e["evaluations"] = Json::array();
+    e.step_limit = int64_t{999999999999};
+    e.stop_early = int64_t{999999999999};
     for (size_t k = 0; k < kMaxStoredEvaluations; ++k) {
-      e["evaluations"].push_back(Json::array({int64_t{999999999999}, -1.23457e+300}));
+      e.evaluations.push_back({int64_t{999999999999}, -1.23457e+300});
     }
-    entry_bytes = std::max(entry_bytes, e.dump().size());
-    trials.push_back(e);
+    status.trials.push_back(e);
+    entry_bytes = std::max(entry_bytes, ToJson(e).dump().size());
   }
+  const Json trials = ToJson(status)["trials"];
   ASSERT_LE(trials[0]["shardPlan"]["shards"].size(), static_cast<size_t>(kMaxStatusShards));
   EXPECT_EQ(trials[0]["shardPlan"]["shardCount"], 1000);
   ASSERT_LE(trials[0]["message"].get<std::string>().size(), kMaxStatusMessageBytes);
-  Json status = {{"trials", trials}, {"conditions", Json::array()}};
-  for (const char* type : {"Ready", "Progressing", "Complete", "Failed", "Degraded"}) {
-    SetCondition(status["conditions"], type, true, "SomeReason",
-                 std::string(kMaxStatusMessageBytes, 'c'), 1);
+  for (const char* type : {"Ready", "Progressing", "Complete", "Failed", "Degraded", "Queued"}) {
+    SetCondition(status.conditions, type, true, "SomeReason",
+                 std::string(kMaxStatusMessageBytes, 'c'), 1, "2026-11-24T00:00:00Z");
   }
-  const size_t bytes = status.dump().size();
+  status.agents =
+      AgentPodsStatus{kMaxAgentsPerJob, kMaxAgentsPerJob, kMaxAgentsPerJob, kMaxAgentsPerJob};
+  const size_t bytes = ToJson(status).dump().size();
   std::printf("worst-case status entry: %zu bytes; %lld trials: %zu bytes (%.0f%% of etcd's %zu)\n",
               entry_bytes, static_cast<long long>(kMaxTrialsPerJob), bytes,
               100.0 * static_cast<double>(bytes) / static_cast<double>(kEtcdLimitBytes),

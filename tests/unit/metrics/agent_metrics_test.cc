@@ -28,5 +28,14 @@ TEST(AgentMetricsTest, GpuSeriesCarryDcgmExportersGpuAndUuidLabels) {
   EXPECT_THAT(text, Not(HasSubstr("gpu=\"0\"")));
 }
 
+TEST(AgentMetricsTest, ADedicatedAgentsInfoNamesItsJobSoTheSharedPoolSkipsIt) {
+  AgentMetrics shared("node-a", "test");
+  shared.SetGrpcEndpoint("10.0.0.1:9443");
+  EXPECT_THAT(shared.Render(), Not(HasSubstr("dedicated_job_uid")));
+  AgentMetrics dedicated("node-b", "test");
+  dedicated.SetGrpcEndpoint("10.0.0.2:9443", "uid-7");
+  EXPECT_THAT(dedicated.Render(), HasSubstr("dedicated_job_uid=\"uid-7\""));
+}
+
 }  // namespace
 }  // namespace hydra::agent

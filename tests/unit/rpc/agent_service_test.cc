@@ -46,8 +46,10 @@ class AgentServiceTest : public ::testing::Test {
   }
 
   void StartServer(std::shared_ptr<grpc::ServerCredentials> creds = nullptr,
-                   const std::string& identity = "") {
+                   const std::string& identity = "",
+                   std::optional<DedicatedJob> dedicated = std::nullopt) {
     AgentConfig config;
+    config.dedicated_job = dedicated;
     config.node_name = "node-a";
     config.version = "test";
     config.devices = {CpuDevice(0, kDeviceBytes), CpuDevice(1, kDeviceBytes)};
@@ -389,6 +391,33 @@ TEST_F(AgentServiceTest, TheSameTrialNameInTwoNamespacesAreTwoTrials) {
       << "team a's checkpoints are intact";
   EXPECT_TRUE(fs::exists(TrialDir("t1", "team-a") / "ATTEMPT") ||
               fs::exists(TrialDir("t1", "team-a")));
+}
+
+TEST_F(AgentServiceTest, AnAgentDedicatedToAJobRefusesEveryOtherJobsTrials) {
+  factory_.step_delay = std::chrono::milliseconds(5);
+  StartServer(nullptr, "", DedicatedJob{"team-a", "job-1", "uid-1"});
+  auto stub = Client();
+  EXPECT_EQ(StatusOf(*stub).dedicated_job().uid(), "uid-1");
+  ASSERT_TRUE(Assign(*stub, Request("t1", 100000, "team-a")).ok());
+  // Another namespace's job of the same name and uid-looking identity: refused, nothing kept.
+  const grpc::Status other = Assign(*stub, Request("t1", 100000, "team-b"));
+  EXPECT_EQ(other.error_code(), grpc::PERMISSION_DENIED);
+  EXPECT_NE(other.error_message().find("serves only MultiModelJob team-a/job-1 (uid uid-1)"),
+            std::string::npos)
+      << other.error_message();
+  EXPECT_FALSE(fs::exists(TrialDir("t1", "team-b")));
+  // Nor can another job cancel or limit this job's trial through it.
+  EXPECT_EQ(Cancel(*stub, Ref("t1", "team-b"), true).error_code(), grpc::PERMISSION_DENIED);
+  grpc::ClientContext ctx;
+  v1::LimitTrialRequest limit;
+  *limit.mutable_trial() = Ref("t1", "team-a", "uid-2");
+  limit.set_stop(true);
+  v1::LimitTrialResponse resp;
+  EXPECT_EQ(stub->LimitTrial(&ctx, limit, &resp).error_code(), grpc::PERMISSION_DENIED);
+  const auto status = StatusOf(*stub);
+  ASSERT_EQ(status.trials_size(), 1);
+  EXPECT_EQ(status.trials(0).namespace_(), "team-a");
+  EXPECT_NE(status.trials(0).state(), v1::CANCELLED);
 }
 
 TEST_F(AgentServiceTest, PlantedSymlinksAreNeverWrittenThrough) {

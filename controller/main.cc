@@ -14,6 +14,7 @@
 
 #include "common/http/http_server.h"
 #include "controller/agentclient/agent_client.h"
+#include "controller/agents/agent_certs.h"
 #include "controller/kube/kube_client.h"
 #include "controller/kube/kube_config.h"
 #include "controller/kube/leader_election.h"
@@ -58,15 +59,16 @@ int main(int argc, char** argv) {
   std::string metrics_bind = ":8080", health_bind = ":8081", tls_ca, tls_cert, tls_key,
               tls_server_name, scrape_job = "hydra-agent";
   std::string lease_ns = "hydra-system", lease_name = "hydra-controller", identity = Hostname();
+  std::string pod_ca_cert, pod_ca_key, pod_client_identity = "hydra-controller";
   bool leader_elect = false;
-  int workers = 2;
+  int workers = 2, agent_pod_grpc_port = 9443;
   double resync_s = 2.0, inventory_s = 2.0, lost_s = 15.0;
   app.add_option("--kubeconfig", kubeconfig,
                  "kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster)");
   app.add_option("--namespaces", namespaces, "Comma-separated namespaces to watch (default: all)");
   app.add_option("--prometheus-url", prometheus_url,
-                 "Prometheus with the agents' metrics, e.g. http://prometheus:9090")
-      ->required();
+                 "Prometheus with the agents' metrics, e.g. http://prometheus:9090: the shared "
+                 "agent pool (the DaemonSet). Without it only jobs with spec.agents run");
   app.add_option("--data-root", data_root,
                  "Relative spec.dataset.path resolves against this (the agents' data root)")
       ->capture_default_str();
@@ -84,6 +86,22 @@ int main(int argc, char** argv) {
                  "The Prometheus job label of the agents' own scrape job: only its "
                  "hydra_agent_info and device series are used (anything else Prometheus scrapes "
                  "could claim to be an agent); \"\" trusts every job")
+      ->capture_default_str();
+  app.add_option("--agent-pod-grpc-port", agent_pod_grpc_port,
+                 "The gRPC port of the agent pods this controller creates for jobs with "
+                 "spec.agents (their data and checkpoint roots are --data-root and "
+                 "--checkpoint-root: the template mounts its volumes there)")
+      ->check(CLI::Range(1, 65535))
+      ->capture_default_str();
+  app.add_option("--agent-pod-ca-cert-file", pod_ca_cert,
+                 "CA certificate (PEM) that signs the certificate each job with spec.agents gets "
+                 "for its agent pods (Secret <job>-agent-tls, name <job>.<namespace>.agents."
+                 "hydra.dev, checked per pod); also their ca.crt for the controller's client "
+                 "certificate. Without it those pods serve plaintext");
+  app.add_option("--agent-pod-ca-key-file", pod_ca_key, "The key of --agent-pod-ca-cert-file");
+  app.add_option("--agent-pod-tls-client-identity", pod_client_identity,
+                 "With --agent-pod-ca-cert-file and a client certificate (--agent-tls-cert-file): "
+                 "the name job agent pods require of the controller's certificate")
       ->capture_default_str();
   app.add_flag("--leader-elect", leader_elect,
                "Run as one of several replicas: only the Lease holder reconciles");
@@ -117,6 +135,20 @@ int main(int argc, char** argv) {
     std::cerr << "error: " << kube.status().message() << "\n";
     return 2;
   }
+  std::shared_ptr<const hydra::controller::CertificateAuthority> pod_ca;
+  if (pod_ca_cert.empty() != pod_ca_key.empty()) {
+    std::cerr << "error: --agent-pod-ca-cert-file and --agent-pod-ca-key-file go together\n";
+    return 2;
+  }
+  if (!pod_ca_cert.empty()) {
+    auto loaded = hydra::controller::LoadCertificateAuthority(pod_ca_cert, pod_ca_key);
+    if (!loaded.ok()) {
+      std::cerr << "error: " << loaded.status().message() << "\n";
+      return 2;
+    }
+    pod_ca = std::make_shared<hydra::controller::CertificateAuthority>(*loaded);
+    if (tls_ca.empty()) tls_ca = pod_ca_cert;  // the job agents' certificates chain to it
+  }
   auto pool =
       hydra::controller::GrpcAgentPool::Create({tls_ca, tls_cert, tls_key, tls_server_name});
   if (!pool.ok()) {
@@ -141,19 +173,39 @@ int main(int argc, char** argv) {
                  "impersonate agents. Use mutual TLS outside a test cluster (the Helm chart "
                  "does by default).\n";
   }
+  if (!pod_ca) {
+    std::cerr << "hydra-controller: WARNING: no --agent-pod-ca-cert-file: the agent pods of jobs "
+                 "with spec.agents serve plaintext gRPC (--insecure); each still serves its own "
+                 "job only\n";
+  }
   if (scrape_job.empty()) {
     std::cerr << "hydra-controller: WARNING: --agent-scrape-job is empty: any scraped target "
                  "that exports hydra_agent_info is taken for an agent\n";
   }
-  hydra::controller::CachedPrometheusInventory inventory(
+  hydra::controller::CachedPrometheusInventory prometheus_inventory(
       prometheus_url, scrape_job,
       std::chrono::milliseconds(static_cast<int64_t>(inventory_s * 1000)));
+  hydra::controller::NoSharedPool no_shared_pool;
+  hydra::controller::InventorySourceInterface* inventory = &prometheus_inventory;
+  if (prometheus_url.empty()) {
+    inventory = &no_shared_pool;
+    std::cerr << "hydra-controller: no --prometheus-url: jobs without spec.agents (the shared "
+                 "agent pool) wait until one is given\n";
+  }
   hydra::controller::ReconcilerOptions ro;
   ro.data_root = data_root;
   ro.checkpoint_root = checkpoint_root;
   ro.progress_resync = std::chrono::milliseconds(static_cast<int64_t>(resync_s * 1000));
   ro.agent_lost_after = std::chrono::milliseconds(static_cast<int64_t>(lost_s * 1000));
-  hydra::controller::Reconciler reconciler(kube->get(), pool->get(), &inventory, ro);
+  // A job's own agent pods see the data and checkpoints at the paths this controller resolves
+  // (their template mounts the volumes there).
+  ro.agent_pods.data_root = data_root;
+  ro.agent_pods.checkpoint_root = checkpoint_root;
+  ro.agent_pods.grpc_port = agent_pod_grpc_port;
+  ro.agent_pod_ca = pod_ca;
+  // Mutual TLS when the controller has a client certificate to show the pods' agents.
+  ro.agent_pods.tls_client_identity = tls_cert.empty() ? "" : pod_client_identity;
+  hydra::controller::Reconciler reconciler(kube->get(), pool->get(), inventory, ro);
 
   std::atomic<bool> leading{!leader_elect}, synced{false};
   hydra::http::ProbeAndMetricsServers endpoints;
@@ -203,8 +255,10 @@ int main(int argc, char** argv) {
                                      &leading);
   manager.Start();
   std::cout << "hydra-controller " << HYDRA_VERSION << ": watching MultiModelJobs in "
-            << (namespaces.empty() ? "all namespaces" : namespaces) << ", inventory from "
-            << prometheus_url << "\n"
+            << (namespaces.empty() ? "all namespaces" : namespaces) << ", shared agent pool "
+            << (prometheus_url.empty() ? std::string("off (no --prometheus-url)")
+                                       : "from " + prometheus_url)
+            << "\n"
             << std::flush;
   while (!g_stop) {
     synced = manager.synced();

@@ -63,7 +63,8 @@ std::shared_ptr<v1::AgentService::Stub> GrpcAgentPool::StubFor(const std::string
   auto& e = entries_[endpoint];
   if (!e.stub) {
     grpc::ChannelArguments args;
-    if (!server_name_.empty()) args.SetSslTargetNameOverride(server_name_);
+    const std::string& name = e.server_name.empty() ? server_name_ : e.server_name;
+    if (!name.empty()) args.SetSslTargetNameOverride(name);
     e.stub = v1::AgentService::NewStub(grpc::CreateCustomChannel(endpoint, creds_, args));
   }
   return e.stub;
@@ -195,6 +196,16 @@ void GrpcAgentPool::Reap(bool all) {
   for (auto& p : done) {
     if (p->thread.joinable()) p->thread.join();
   }
+}
+
+void GrpcAgentPool::SetServerName(const std::string& endpoint, const std::string& server_name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& e = entries_[endpoint];
+  if (e.server_name == server_name) return;
+  e.server_name = server_name;
+  e.stub.reset();  // the next call dials again, checking the new name
+  e.last = {};
+  e.last_ok = false;
 }
 
 double GrpcAgentPool::SecondsSinceContact(const std::string& endpoint) {

@@ -54,6 +54,10 @@ class AgentPoolInterface {
   virtual void Track(const std::vector<std::string>& endpoints) = 0;
   /// Seconds since `endpoint` last answered (since tracking began if it never did).
   virtual double SecondsSinceContact(const std::string& endpoint) = 0;
+  /// With TLS: the name `endpoint`'s certificate must carry from now on (a job's own agent pod:
+  /// a name of the job's), instead of the pool's default. A change drops the endpoint's channel
+  /// and its last report (another agent may hold the address now).
+  virtual void SetServerName(const std::string& endpoint, const std::string& server_name) = 0;
 };
 
 /// gRPC implementation: one channel and one long-lived poller thread per tracked endpoint,
@@ -80,6 +84,7 @@ class GrpcAgentPool : public AgentPoolInterface {
   void Track(const std::vector<std::string>& endpoints) override;
   StatusOr<v1::GetStatusResponse> FreshStatus(const std::string& endpoint) override;
   double SecondsSinceContact(const std::string& endpoint) override;
+  void SetServerName(const std::string& endpoint, const std::string& server_name) override;
 
   /// Pollers running now (one per tracked endpoint; tests check that none leak).
   size_t pollers() const;
@@ -95,6 +100,7 @@ class GrpcAgentPool : public AgentPoolInterface {
   };
   struct Entry {
     std::shared_ptr<v1::AgentService::Stub> stub;
+    std::string server_name;  ///< empty: the pool's
     v1::GetStatusResponse last;
     bool ever_ok = false, last_ok = false;
     std::string last_error;

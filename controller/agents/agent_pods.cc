@@ -103,6 +103,43 @@ std::string AgentPodName(const std::string& job, int index) {
   return job + "-agent-" + std::to_string(index);
 }
 
+namespace {
+
+/// An object of the job's namespace that the job owns (deleting the job deletes it).
+Json OwnedMetadata(const std::string& object_name, const std::string& job, const std::string& ns,
+                   const std::string& uid, const std::string& api_version) {
+  return {{"name", object_name},
+          {"namespace", ns},
+          {"labels", {{kJobLabel, job}, {kJobUidLabel, uid}}},
+          {"ownerReferences", Json::array({{{"apiVersion", api_version},
+                                            {"kind", "MultiModelJob"},
+                                            {"name", job},
+                                            {"uid", uid},
+                                            {"controller", true},
+                                            {"blockOwnerDeletion", true}}})}};
+}
+
+}  // namespace
+
+StatusOr<Json> AgentTlsSecret(const Json& job, const IssuedCertificate& cert,
+                              const std::string& client_ca_pem) {
+  const Json& md = job.value("metadata", Json::object());
+  const std::string name = md.value("name", ""), ns = md.value("namespace", ""),
+                    uid = md.value("uid", "");
+  if (name.empty() || ns.empty() || uid.empty()) {
+    return InvalidArgumentError("the job needs metadata.name, namespace and uid for its Secret");
+  }
+  return Json{{"apiVersion", "v1"},
+              {"kind", "Secret"},
+              {"type", "kubernetes.io/tls"},
+              {"metadata", OwnedMetadata(AgentTlsSecretName(name), name, ns, uid,
+                                         job.value("apiVersion", "hydra.dev/v1alpha1"))},
+              {"data",
+               {{"tls.crt", Base64Encode(cert.cert_pem)},
+                {"tls.key", Base64Encode(cert.key_pem)},
+                {"ca.crt", Base64Encode(client_ca_pem)}}}};
+}
+
 StatusOr<Json> AgentPod(const Json& job, const AgentsSpec& agents, int index,
                         const AgentPodOptions& o) {
   const Json& md = job.value("metadata", Json::object());
@@ -121,7 +158,8 @@ StatusOr<Json> AgentPod(const Json& job, const AgentsSpec& agents, int index,
   }
   Json pod = {{"apiVersion", "v1"}, {"kind", "Pod"}};
   Json& pmd = pod["metadata"];
-  pmd = {{"name", AgentPodName(name, index)}, {"namespace", ns}};
+  pmd = OwnedMetadata(AgentPodName(name, index), name, ns, uid,
+                      job.value("apiVersion", "hydra.dev/v1alpha1"));
   Json labels = tmpl->value("metadata", Json::object()).value("labels", Json::object());
   labels[kJobLabel] = name;
   labels[kJobUidLabel] = uid;
@@ -136,13 +174,6 @@ StatusOr<Json> AgentPod(const Json& job, const AgentsSpec& agents, int index,
       a.is_object()) {
     pmd["annotations"] = a;
   }
-  pmd["ownerReferences"] =
-      Json::array({{{"apiVersion", job.value("apiVersion", "hydra.dev/v1alpha1")},
-                    {"kind", "MultiModelJob"},
-                    {"name", name},
-                    {"uid", uid},
-                    {"controller", true},
-                    {"blockOwnerDeletion", true}}});
   pod["spec"] = (*tmpl)["spec"];
   Json& spec = pod["spec"];
   bool found = false;

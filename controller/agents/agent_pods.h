@@ -10,6 +10,7 @@
 
 #include "common/job.h"
 #include "common/status.h"
+#include "controller/agents/agent_certs.h"
 
 namespace hydra::controller {
 
@@ -54,6 +55,13 @@ std::string AgentPodName(const std::string& job, int index);
 /// INVALID_ARGUMENT when the job lacks a name, namespace, uid or spec.agents.template.
 StatusOr<nlohmann::json> AgentPod(const nlohmann::json& job, const AgentsSpec& agents, int index,
                                   const AgentPodOptions& options);
+
+/// The Secret (kubernetes.io/tls, `AgentTlsSecretName`) of the job's namespace, owned by the job
+/// and labelled with it, holding its agents' certificate and key (tls.crt, tls.key) and the CA
+/// of the controller's client certificates (ca.crt: the agents' --tls-client-ca-file).
+/// INVALID_ARGUMENT when the job lacks a name, namespace or uid.
+StatusOr<nlohmann::json> AgentTlsSecret(const nlohmann::json& job, const IssuedCertificate& cert,
+                                        const std::string& client_ca_pem);
 
 /// How many agent pods a job wants: enough devices for every runnable trial (each trains on
 /// one device at a time; an agent has `gpus_per_agent` devices, or one CPU device), at least

@@ -94,6 +94,11 @@ void ObserveOwnPods(const ReconcileContext& ctx, Pass& pass) {
   for (const auto& p : pass.pods.pods) {
     if (p.phase == AgentPodPhase::kFailed || p.endpoint.empty()) continue;
     pass.in_inventory.insert(p.endpoint);  // its agent may hold trials, even while it ends
+    // With TLS, the job's agents prove the job's own name: another job's agent at this
+    // address (an address reused) fails the handshake.
+    if (ctx.options->agent_pod_ca) {
+      ctx.agents->SetServerName(p.endpoint, AgentServerName(pass.ns, pass.name));
+    }
     Track(pass, seen, p.endpoint);
   }
   ReadReports(ctx, pass, seen);

@@ -51,6 +51,20 @@ Status DeleteAgentPods(const ReconcileContext& ctx, const Pass& pass, int* delet
   return OkStatus();
 }
 
+/// Deletes the job's agents' certificate Secret, if it is the job's (a Secret of that name
+/// someone else made stays).
+Status DeleteAgentTlsSecret(const ReconcileContext& ctx, const Pass& pass) {
+  const std::string name = AgentTlsSecretName(pass.name);
+  auto secret = ctx.kube->Get(kube::kSecrets, pass.ns, name);
+  if (!secret.ok()) {
+    return secret.status().code() == StatusCode::kNotFound ? OkStatus() : secret.status();
+  }
+  const Json labels = (*secret)["metadata"].value("labels", Json::object());
+  if (labels.value(kJobUidLabel, "") != pass.uid) return OkStatus();
+  Status s = ctx.kube->Delete(kube::kSecrets, pass.ns, name);
+  return s.ok() || s.code() == StatusCode::kNotFound ? OkStatus() : s;
+}
+
 }  // namespace
 
 Status ReadJob(const ReconcileContext& ctx, const std::string& ns, const std::string& name,
@@ -87,6 +101,7 @@ Status Finalize(const ReconcileContext& ctx, Pass& pass) {
     // is gone; the job's agents go with the job, whoever runs the cluster.
     int deleted = 0;
     RETURN_IF_ERROR(DeleteAgentPods(ctx, pass, &deleted));
+    RETURN_IF_ERROR(DeleteAgentTlsSecret(ctx, pass));
     if (deleted > 0) {
       ctx.Event(pass.job, "Normal", cond::kEventAgentPodsDeleted,
                 std::to_string(deleted) + " agent pods deleted with the job");

@@ -42,6 +42,17 @@ class CachedPrometheusInventory : public InventorySourceInterface {
   StatusOr<std::vector<AgentInventory>> cached_ = UnavailableError("not fetched yet");
 };
 
+/// The shared pool of a controller started without Prometheus: none (only jobs with their own
+/// agent pods, spec.agents, run).
+class NoSharedPool : public InventorySourceInterface {
+ public:
+  StatusOr<std::vector<AgentInventory>> Inventory() override {
+    return FailedPreconditionError(
+        "the shared agent pool needs hydra-controller --prometheus-url; without it only jobs "
+        "with spec.agents (their own agent pods) run");
+  }
+};
+
 /// What a reconcile pass did, for metrics.
 struct ReconcileResult {
   std::chrono::milliseconds requeue_after{0};  ///< 0: until the next watch event
@@ -64,8 +75,15 @@ struct ReconcilerOptions {
   /// Prometheus no longer lists it (a blip in one of the two is tolerated).
   std::chrono::milliseconds agent_lost_after{15000};
   /// What the controller adds to the agent pods of jobs with spec.agents (ports, the roots
-  /// inside the pod, TLS).
+  /// inside the pod, the identity their agents require of the controller).
   AgentPodOptions agent_pods;
+  /// Set: the agent pods of jobs with spec.agents serve TLS: each job gets a certificate of its
+  /// own (AgentServerName) signed by this CA, in the Secret AgentTlsSecretName of its namespace,
+  /// and each pod's agent is checked against that name. Unset: plaintext (--insecure).
+  std::shared_ptr<const CertificateAuthority> agent_pod_ca;
+  std::chrono::hours agent_cert_validity{24 * 365};
+  /// A job's certificate is issued again for new pods once it has less than this left.
+  std::chrono::hours agent_cert_renew_before{24 * 30};
 };
 
 /// Most shards a trial's status entry lists (the plan's totals are always there): the job's

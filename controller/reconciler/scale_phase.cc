@@ -61,12 +61,63 @@ void DeleteFailedPods(const ReconcileContext& ctx, Pass& pass) {
   }
 }
 
+/// Whether the job's certificate must be issued (again): none yet, unreadable, or expiring.
+bool NeedsNewCertificate(const ReconcileContext& ctx, const kube::Json& secret) {
+  auto pem = Base64Decode(secret.value("data", Json::object()).value("tls.crt", ""));
+  if (!pem.ok()) return true;
+  auto not_after = CertificateNotAfter(*pem);
+  return !not_after.ok() ||
+         *not_after - std::chrono::system_clock::now() < ctx.options->agent_cert_renew_before;
+}
+
+/// With TLS: the Secret holding the job's agents' certificate, created or renewed before new
+/// pods mount it (pods already running keep the one they started with).
+Status EnsureAgentTls(const ReconcileContext& ctx, const Pass& pass) {
+  const CertificateAuthority& ca = *ctx.options->agent_pod_ca;
+  const std::string name = AgentTlsSecretName(pass.name);
+  auto existing = ctx.kube->Get(kube::kSecrets, pass.ns, name);
+  if (!existing.ok() && existing.status().code() != StatusCode::kNotFound) {
+    return existing.status();
+  }
+  if (existing.ok()) {
+    const Json labels = (*existing)["metadata"].value("labels", Json::object());
+    if (labels.value(kJobUidLabel, "") != pass.uid) {
+      return FailedPreconditionError("Secret " + name + " exists and is not this job's (no label " +
+                                     kJobUidLabel + "=" + pass.uid +
+                                     "): the job's agents' certificate goes there; delete or "
+                                     "rename that Secret");
+    }
+    if (!NeedsNewCertificate(ctx, *existing)) return OkStatus();
+  }
+  ASSIGN_OR_RETURN(IssuedCertificate cert,
+                   IssueServerCertificate(ca, AgentServerName(pass.ns, pass.name),
+                                          ctx.options->agent_cert_validity));
+  ASSIGN_OR_RETURN(Json secret, AgentTlsSecret(pass.job, cert, ca.cert_pem));
+  if (!existing.ok()) return ctx.kube->Create(kube::kSecrets, pass.ns, secret).status();
+  secret["metadata"]["resourceVersion"] = (*existing)["metadata"].value("resourceVersion", "");
+  return ctx.kube->Update(kube::kSecrets, pass.ns, secret).status();
+}
+
+/// The pods' options for this job: its TLS Secret when the controller issues certificates.
+AgentPodOptions PodOptions(const ReconcileContext& ctx, const Pass& pass) {
+  AgentPodOptions o = ctx.options->agent_pods;
+  o.tls_secret = ctx.options->agent_pod_ca ? AgentTlsSecretName(pass.name) : "";
+  return o;
+}
+
 void CreatePods(const ReconcileContext& ctx, Pass& pass, int count, int64_t runnable) {
+  if (ctx.options->agent_pod_ca) {
+    if (Status tls = EnsureAgentTls(ctx, pass); !tls.ok()) {
+      PodProblem(ctx, pass, "cannot issue the agents' certificate: " + tls.message());
+      return;
+    }
+  }
   std::vector<AgentPodLoad> all;
   for (const auto& p : pass.pods.pods) all.push_back({p.name, p.index, 0, true});
   std::vector<std::string> created;
+  const AgentPodOptions options = PodOptions(ctx, pass);
   for (int index : FreeAgentIndices(all, count)) {
-    auto pod = AgentPod(pass.job, *pass.own_agents, index, ctx.options->agent_pods);
+    auto pod = AgentPod(pass.job, *pass.own_agents, index, options);
     if (!pod.ok()) {
       PodProblem(ctx, pass,
                  "cannot build agent pod " + std::to_string(index) + ": " + pod.status().message());

@@ -151,6 +151,15 @@ class FakeAgentPool : public controller::AgentPoolInterface,
     auto it = agents_.find(endpoint);
     return it == agents_.end() ? 1e9 : it->second.silent_seconds;
   }
+  void SetServerName(const std::string& endpoint, const std::string& server_name) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    server_names_[endpoint] = server_name;
+  }
+  /// The TLS name each endpoint's certificate must carry, as the reconciler set it.
+  std::map<std::string, std::string> server_names() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return server_names_;
+  }
   StatusOr<std::vector<controller::AgentInventory>> Inventory() override {
     std::lock_guard<std::mutex> lock(mu_);
     std::vector<controller::AgentInventory> out;
@@ -192,6 +201,7 @@ class FakeAgentPool : public controller::AgentPoolInterface,
   std::mutex mu_;
   std::map<std::string, Agent> agents_;
   std::vector<std::string> tracked_, calls_;
+  std::map<std::string, std::string> server_names_;
   std::vector<Status> assign_failures_;
 };
 

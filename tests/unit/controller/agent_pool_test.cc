@@ -11,6 +11,7 @@
 
 #include "common/file_util.h"
 #include "controller/agentclient/agent_client.h"
+#include "controller/agents/agent_certs.h"
 #include "tests/fakes/test_certs.h"
 
 namespace hydra::controller {
@@ -142,6 +143,33 @@ TEST(GrpcAgentPoolTest, TlsChecksEveryAgentAgainstOneFixedNameWhenAsked) {
   EXPECT_FALSE((*wrong)->FreshStatus(agent.endpoint).ok());
   // A name without a CA is a configuration error.
   EXPECT_EQ(GrpcAgentPool::Create({"", "", "", "x"}).status().code(), StatusCode::kInvalidArgument);
+  fs::remove_all(dir);
+}
+
+TEST(GrpcAgentPoolTest, AJobsAgentPodIsCheckedAgainstTheJobsOwnName) {
+  const fs::path dir = fs::temp_directory_path() / ("agent-pool-job-" + std::to_string(::getpid()));
+  ASSERT_TRUE(fakes::MakeTestCertificates(dir));
+  auto ca = LoadCertificateAuthority((dir / "ca.pem").string(), (dir / "ca.key").string());
+  ASSERT_TRUE(ca.ok()) << ca.status().message();
+  auto mine = IssueServerCertificate(*ca, AgentServerName("team-a", "sweep"), 24h);
+  ASSERT_TRUE(mine.ok()) << mine.status().message();
+  grpc::SslServerCredentialsOptions o;
+  o.pem_key_cert_pairs.push_back({mine->key_pem, mine->cert_pem});
+  Server agent("node-a", grpc::SslServerCredentials(o));
+
+  // The pool's default name (none: the host) does not pass; the job's own name does.
+  auto pool = GrpcAgentPool::Create({(dir / "ca.pem").string(), "", "", ""}, 100ms, 2s, 1s);
+  ASSERT_TRUE(pool.ok());
+  EXPECT_FALSE((*pool)->FreshStatus(agent.endpoint).ok());
+  (*pool)->SetServerName(agent.endpoint, "sweep.team-a.agents.hydra.dev");
+  auto answered = (*pool)->FreshStatus(agent.endpoint);
+  ASSERT_TRUE(answered.ok()) << answered.status().message();
+  EXPECT_EQ(answered->node_name(), "node-a");
+  // Another namespace's job of the same name expects its own name: this agent fails it, and
+  // the pool forgets what the address answered before.
+  (*pool)->SetServerName(agent.endpoint, AgentServerName("team-b", "sweep"));
+  EXPECT_FALSE((*pool)->FreshStatus(agent.endpoint).ok());
+  EXPECT_FALSE((*pool)->LastStatus(agent.endpoint).ok());
   fs::remove_all(dir);
 }
 

@@ -5,12 +5,16 @@
 // is suspended, and reported as Queued while Kueue admits none; the shared pool's rules stay.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
 
 #include "controller/reconciler/conditions.h"
 #include "controller/reconciler/pass.h"
 #include "controller/reconciler/phases.h"
 #include "tests/fakes/fake_agent_pool.h"
 #include "tests/fakes/fake_kube_client.h"
+#include "tests/fakes/test_certs.h"
 
 namespace hydra::controller {
 namespace {
@@ -20,6 +24,7 @@ using ::testing::Contains;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
+using ::testing::Not;
 using Json = nlohmann::json;
 
 constexpr char kNs[] = "team";
@@ -377,6 +382,62 @@ TEST_F(PhasesTest, TheSharedPoolIsUsedWithoutSpecAgentsAndLosesAnAgentOnlyOnBoth
   agents_.SetReachable("10.0.0.1:9443", false, 1e6);
   Reconcile();
   for (const auto& [trial, ep] : Placed()) EXPECT_EQ(ep, "10.0.0.1:9443") << trial;
+}
+
+TEST(PhasesTlsTest, EachJobGetsACertificateOfItsOwnAndItsAgentsAreCheckedAgainstIt) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("phases-tls-" + std::to_string(::getpid()));
+  ASSERT_TRUE(fakes::MakeTestCertificates(dir));
+  auto ca = LoadCertificateAuthority((dir / "ca.pem").string(), (dir / "ca.key").string());
+  ASSERT_TRUE(ca.ok());
+  fakes::FakeKubeClient kube;
+  fakes::FakeAgentPool agents;
+  ReconcilerOptions options = Options();
+  options.agent_pod_ca = std::make_shared<CertificateAuthority>(*ca);
+  options.agent_pods.tls_client_identity = "hydra-controller";
+  Reconciler reconciler(&kube, &agents, &agents, options);
+  // Another Secret of the name the job's certificate goes to, not the job's: no pods, Degraded.
+  kube.Put(kube::kSecrets, kNs, Json{{"metadata", {{"name", "sweep-agent-tls"}}}});
+  kube.Put(kMultiModelJobs, kNs, JobObject(true, 1));
+  ASSERT_TRUE(reconciler.Reconcile(kNs, kJob).ok());
+  EXPECT_TRUE(kube.Names(kube::kPods, kNs).empty());
+  JobStatus s = JobStatusFromJson(kube.Peek(kMultiModelJobs, kNs, kJob).value("status", Json()));
+  EXPECT_THAT(FindCondition(s.conditions, cond::kDegraded)->message,
+              HasSubstr("Secret sweep-agent-tls exists and is not this job's"));
+  kube.FinishDeletion(kube::kSecrets, kNs, "sweep-agent-tls");
+  ASSERT_TRUE(reconciler.Reconcile(kNs, kJob).ok());
+  // The job's Secret: its certificate for its own name, owned by the job.
+  const Json secret = kube.Peek(kube::kSecrets, kNs, "sweep-agent-tls");
+  ASSERT_FALSE(secret.is_null());
+  EXPECT_EQ(secret["type"], "kubernetes.io/tls");
+  EXPECT_EQ(secret["metadata"]["ownerReferences"][0]["uid"], kUid);
+  auto pem = Base64Decode(secret["data"]["tls.crt"].get<std::string>());
+  ASSERT_TRUE(pem.ok());
+  EXPECT_TRUE(CertificateNotAfter(*pem).ok());
+  EXPECT_EQ(*Base64Decode(secret["data"]["ca.crt"].get<std::string>()), ca->cert_pem);
+  // Its pod mounts it and serves mutual TLS.
+  const Json pod = kube.Peek(kube::kPods, kNs, "sweep-agent-0");
+  EXPECT_EQ(pod["spec"]["volumes"][0]["secret"]["secretName"], "sweep-agent-tls");
+  const auto args = pod["spec"]["containers"][0]["args"].get<std::vector<std::string>>();
+  EXPECT_THAT(args, Contains("--tls-cert-file=/etc/hydra/tls/tls.crt"));
+  EXPECT_THAT(args, Contains("--tls-client-identity=hydra-controller"));
+  EXPECT_THAT(args, Not(Contains("--insecure")));
+  // Once it has an address, the controller expects the job's name there.
+  Json p = pod;
+  p["spec"]["nodeName"] = "node-a";
+  p["status"] = {{"phase", "Running"},
+                 {"podIP", "10.1.0.1"},
+                 {"conditions", Json::array({{{"type", "Ready"}, {"status", "True"}}})}};
+  kube.Put(kube::kPods, kNs, p);
+  agents.AddPodAgent("10.1.0.1:9443", "node-a", kNs, kJob, kUid);
+  ASSERT_TRUE(reconciler.Reconcile(kNs, kJob).ok());
+  EXPECT_EQ(agents.server_names()["10.1.0.1:9443"], "sweep.team.agents.hydra.dev");
+  EXPECT_EQ(agents.TrialsOn("10.1.0.1:9443").size(), 3u);
+  // Deleting the job deletes its Secret too.
+  ASSERT_TRUE(kube.Delete(kMultiModelJobs, kNs, kJob).ok());
+  ASSERT_TRUE(reconciler.Reconcile(kNs, kJob).ok());
+  EXPECT_TRUE(kube.Peek(kube::kSecrets, kNs, "sweep-agent-tls").is_null());
+  fs::remove_all(dir);
 }
 
 TEST_F(PhasesTest, EachPhaseAlone) {

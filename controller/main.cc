@@ -59,7 +59,8 @@ int main(int argc, char** argv) {
   std::string metrics_bind = ":8080", health_bind = ":8081", tls_ca, tls_cert, tls_key,
               tls_server_name, scrape_job = "hydra-agent";
   std::string lease_ns = "hydra-system", lease_name = "hydra-controller", identity = Hostname();
-  std::string pod_ca_cert, pod_ca_key, pod_client_identity = "hydra-controller";
+  std::string pod_ca_cert, pod_ca_key, pod_client_identity = "hydra-controller",
+                                      pod_tls_dir = "/etc/hydra/tls";
   bool leader_elect = false;
   int workers = 2, agent_pod_grpc_port = 9443;
   double resync_s = 2.0, inventory_s = 2.0, lost_s = 15.0;
@@ -99,6 +100,9 @@ int main(int argc, char** argv) {
                  "hydra.dev, checked per pod); also their ca.crt for the controller's client "
                  "certificate. Without it those pods serve plaintext");
   app.add_option("--agent-pod-ca-key-file", pod_ca_key, "The key of --agent-pod-ca-cert-file");
+  app.add_option("--agent-pod-tls-dir", pod_tls_dir,
+                 "Where job agent pods mount their certificate's Secret (an absolute path)")
+      ->capture_default_str();
   app.add_option("--agent-pod-tls-client-identity", pod_client_identity,
                  "With --agent-pod-ca-cert-file and a client certificate (--agent-tls-cert-file): "
                  "the name job agent pods require of the controller's certificate")
@@ -135,6 +139,10 @@ int main(int argc, char** argv) {
     std::cerr << "error: " << kube.status().message() << "\n";
     return 2;
   }
+  if (pod_tls_dir.empty() || pod_tls_dir.front() != '/') {
+    std::cerr << "error: --agent-pod-tls-dir " << pod_tls_dir << ": not an absolute path\n";
+    return 2;
+  }
   std::shared_ptr<const hydra::controller::CertificateAuthority> pod_ca;
   if (pod_ca_cert.empty() != pod_ca_key.empty()) {
     std::cerr << "error: --agent-pod-ca-cert-file and --agent-pod-ca-key-file go together\n";
@@ -147,10 +155,10 @@ int main(int argc, char** argv) {
       return 2;
     }
     pod_ca = std::make_shared<hydra::controller::CertificateAuthority>(*loaded);
-    if (tls_ca.empty()) tls_ca = pod_ca_cert;  // the job agents' certificates chain to it
   }
-  auto pool =
-      hydra::controller::GrpcAgentPool::Create({tls_ca, tls_cert, tls_key, tls_server_name});
+  // The job agents' certificates chain to their CA, whatever signed the shared pool's.
+  auto pool = hydra::controller::GrpcAgentPool::Create(
+      {tls_ca, tls_cert, tls_key, tls_server_name, pod_ca ? pod_ca->cert_pem : ""});
   if (!pool.ok()) {
     std::cerr << "error: " << pool.status().message() << "\n";
     return 2;
@@ -203,6 +211,7 @@ int main(int argc, char** argv) {
   ro.agent_pods.checkpoint_root = checkpoint_root;
   ro.agent_pods.grpc_port = agent_pod_grpc_port;
   ro.agent_pod_ca = pod_ca;
+  ro.agent_pods.tls_dir = pod_tls_dir;
   // Mutual TLS when the controller has a client certificate to show the pods' agents.
   ro.agent_pods.tls_client_identity = tls_cert.empty() ? "" : pod_client_identity;
   hydra::controller::Reconciler reconciler(kube->get(), pool->get(), inventory, ro);

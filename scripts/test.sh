@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # README command 2: set up, build, and run the whole test suite:
 #   1. every unit and integration test (ctest) in build/, the Kubernetes ones against a real
-#      kube-apiserver + etcd built from Go modules (tests/envtest), the Helm chart rendered by
+#      kube-apiserver + etcd built from Go modules (tests/envtest; with the real kube-scheduler,
+#      kube-controller-manager's garbage collector, a test kubelet and real Kueue where a test
+#      needs them), the Helm chart rendered by
 #      helm (built from its Go module) and applied server-side, the dashboards' PromQL parsed
 #      by Prometheus's parser against the metrics real processes export, the GPT-2 checkpoint
 #      tests against Hugging Face transformers (scripts/hf-venv.sh: a venv from PyPI, cached),
@@ -19,9 +21,11 @@ bash scripts/build.sh
 
 echo "== Kubernetes test control plane (tests/envtest: kube-apiserver + etcd, cached)"
 tests/envtest/build >/dev/null
-echo "== test tools from Go modules (helm, Prometheus's PromQL parser; cached)"
+echo "== test tools from Go modules (helm, Prometheus's PromQL parser, the test kubelet, Kueue; cached)"
 tests/helm/build >/dev/null
 tests/promql/build >/dev/null
+tests/kubelet/build >/dev/null
+tests/kueue/build >/dev/null
 
 echo "== the Hugging Face venv (transformers, tokenizers from PyPI; cached)"
 HYDRA_HF_PYTHON="$(bash scripts/hf-venv.sh)"

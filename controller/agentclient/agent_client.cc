@@ -27,7 +27,7 @@ StatusOr<std::unique_ptr<GrpcAgentPool>> GrpcAgentPool::Create(
   pool->refresh_ = refresh;
   pool->rpc_timeout_ = rpc_timeout;
   pool->status_timeout_ = status_timeout;
-  if (tls.ca_file.empty()) {
+  if (tls.ca_file.empty() && tls.extra_ca_pem.empty()) {
     if (!tls.cert_file.empty()) {
       return InvalidArgumentError("--agent-tls-cert-file needs --agent-tls-ca-file");
     }
@@ -37,7 +37,11 @@ StatusOr<std::unique_ptr<GrpcAgentPool>> GrpcAgentPool::Create(
     pool->creds_ = grpc::InsecureChannelCredentials();
   } else {
     grpc::SslCredentialsOptions o;
-    ASSIGN_OR_RETURN(o.pem_root_certs, ReadPemFile("--agent-tls-ca-file", tls.ca_file));
+    if (!tls.ca_file.empty()) {
+      ASSIGN_OR_RETURN(o.pem_root_certs, ReadPemFile("--agent-tls-ca-file", tls.ca_file));
+    }
+    if (!o.pem_root_certs.empty() && o.pem_root_certs.back() != '\n') o.pem_root_certs += '\n';
+    o.pem_root_certs += tls.extra_ca_pem;
     if (!tls.cert_file.empty()) {
       ASSIGN_OR_RETURN(o.pem_cert_chain, ReadPemFile("--agent-tls-cert-file", tls.cert_file));
       ASSIGN_OR_RETURN(o.pem_private_key, ReadPemFile("--agent-tls-key-file", tls.key_file));

@@ -26,6 +26,8 @@ struct AgentTls {
   std::string key_file;
   /// The name the agents' certificates are checked against; empty: each endpoint's host.
   std::string server_name;
+  /// More trusted CAs (PEM), beside ca_file's: the CA of jobs' own agent pods.
+  std::string extra_ca_pem;
 };
 
 /// The agents as the controller uses them. An interface so that the reconciler's tests and the

@@ -9,7 +9,6 @@ namespace {
 using Json = nlohmann::json;
 
 constexpr char kTlsVolume[] = "hydra-agent-tls";
-constexpr char kTlsDir[] = "/etc/hydra/tls";
 
 /// The downward-API variables the agent's flags use.
 Json AgentEnv() {
@@ -50,10 +49,10 @@ Json AgentArgs(const std::string& dedicated_job, const AgentsSpec& agents, const
     args.push_back("--insecure");
     return args;
   }
-  args.push_back(std::string("--tls-cert-file=") + kTlsDir + "/tls.crt");
-  args.push_back(std::string("--tls-key-file=") + kTlsDir + "/tls.key");
+  args.push_back("--tls-cert-file=" + o.tls_dir + "/tls.crt");
+  args.push_back("--tls-key-file=" + o.tls_dir + "/tls.key");
   if (!o.tls_client_identity.empty()) {
-    args.push_back(std::string("--tls-client-ca-file=") + kTlsDir + "/ca.crt");
+    args.push_back("--tls-client-ca-file=" + o.tls_dir + "/ca.crt");
     args.push_back("--tls-client-identity=" + o.tls_client_identity);
   }
   return args;
@@ -92,7 +91,7 @@ void CompleteAgentContainer(Json& c, const std::string& dedicated_job, const Age
   }
   if (!o.tls_secret.empty()) {
     Json mounts = c.value("volumeMounts", Json::array());
-    mounts.push_back({{"name", kTlsVolume}, {"mountPath", kTlsDir}, {"readOnly", true}});
+    mounts.push_back({{"name", kTlsVolume}, {"mountPath", o.tls_dir}, {"readOnly", true}});
     c["volumeMounts"] = mounts;
   }
 }

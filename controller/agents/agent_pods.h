@@ -32,8 +32,9 @@ struct AgentPodOptions {
   std::string data_root = "/data";
   std::string checkpoint_root = "/checkpoints";
   /// A Secret of the job's namespace with tls.crt, tls.key (and ca.crt for mutual TLS),
-  /// mounted at /etc/hydra/tls; empty: plaintext gRPC (--insecure).
+  /// mounted at `tls_dir`; empty: plaintext gRPC (--insecure).
   std::string tls_secret;
+  std::string tls_dir = "/etc/hydra/tls";
   /// With TLS: the identity a client certificate must carry (mutual TLS); empty: server TLS
   /// only.
   std::string tls_client_identity;

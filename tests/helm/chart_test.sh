@@ -63,7 +63,7 @@ for v in "${VALUES[@]}"; do
   case "$name" in
     default) printf '%s\n' --expect Secret --tls generate ;;
     aks-*) printf '%s\n' --expect PodMonitor ServiceMonitor PrometheusRule ConfigMap \
-      --tls existingSecret --secrets hydra-agent-tls hydra-controller-tls ;;
+      --tls existingSecret --secrets hydra-agent-tls hydra-controller-tls --job-agents plaintext ;;
     eks-karpenter-*) printf '%s\n' --expect ServiceMonitor --tls generate ;;
     *) printf '%s\n' --tls generate ;;
   esac >"$WORK/$name.check"
@@ -90,13 +90,20 @@ render() {
   printf '%s\n' "${cargs[@]}" >"$WORK/$name.check"
   log "template $name: $(grep -c '^kind:' "$WORK/$name.yaml") objects"
 }
-render tls-off --set tls.enabled=false -- --tls off
+render tls-off --set tls.enabled=false -- --tls off --job-agents plaintext
 render tls-existing --set tls.source=existingSecret --set tls.agentSecret=agent-certs \
   --set tls.controllerSecret=controller-certs -- \
-  --tls existingSecret --secrets agent-certs controller-certs
+  --tls existingSecret --secrets agent-certs controller-certs --job-agents plaintext
 render tls-existing-one --set tls.source=existingSecret --set tls.existingSecret=hydra-certs \
   --set tls.keys.cert=cert.pem --set tls.keys.key=key.pem --set tls.keys.ca=ca.pem -- \
-  --tls existingSecret --secrets hydra-certs hydra-certs
+  --tls existingSecret --secrets hydra-certs hydra-certs --job-agents plaintext
+# Job-owned agent pods: a CA of the user's with another TLS source; none at all, and no shared
+# pool (no Prometheus).
+render job-agents-own-ca --set tls.source=existingSecret --set tls.existingSecret=hydra-certs \
+  --set jobAgents.caSecret=corp-agents-ca -- \
+  --tls existingSecret --secrets hydra-certs hydra-certs --job-agents corp-agents-ca
+render job-agents-off --set jobAgents.enabled=false --set controller.prometheusUrl= -- \
+  --tls generate --job-agents off --no-shared-pool
 # A client identity of "*" (any certificate the CA signed): the generated one still names
 # hydra-controller.
 render tls-generate-any-client --set 'tls.clientIdentity=*' --set tls.serverName=agents.example.org \
@@ -110,7 +117,7 @@ render tls-cert-manager-issuer --api-versions cert-manager.io/v1 --set tls.sourc
   --set tls.clientIdentity=controller.hydra.example --set monitoring.serviceMonitor.enabled=true \
   --set monitoring.serviceMonitor.agentKind=PodMonitor --set monitoring.agentScrapeJob=hydra-agent-team-b -- \
   --expect Certificate PodMonitor --tls certManager --client-identity controller.hydra.example \
-  --scrape-job hydra-agent-team-b
+  --scrape-job hydra-agent-team-b --job-agents plaintext
 render scrape-job-own-prometheus --set monitoring.agentScrapeJob=kubernetes-pods -- \
   --tls generate --scrape-job kubernetes-pods
 grep -q '^kind: Issuer' "$WORK/tls-cert-manager-issuer.yaml" && fail "an Issuer rendered beside issuerRef.name"

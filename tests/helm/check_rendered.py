@@ -44,6 +44,12 @@ def main():
     ap.add_argument("--client-identity", default="hydra-controller")
     ap.add_argument("--secrets", nargs=2, metavar=("AGENT", "CONTROLLER"))
     ap.add_argument("--scrape-job", default="hydra-agent")
+    ap.add_argument("--job-agents", default="chart-ca",
+                    help="chart-ca (the chart's CA signs job agent pods' certificates), "
+                         "plaintext (none does), off (no pods for spec.agents), or the name of "
+                         "the CA Secret (jobAgents.caSecret)")
+    ap.add_argument("--no-shared-pool", action="store_true",
+                    help="controller.prometheusUrl is empty: no --prometheus-url")
     opts = ap.parse_args()
     path, expect = opts.path, opts.expect
     with open(path) as f:
@@ -88,8 +94,10 @@ def main():
         if o["kind"] == "Deployment" and component(o) == "controller":
             if "--leader-elect" not in args:
                 errors.append(f"{name}: no --leader-elect")
-            if not any(a.startswith("--prometheus-url=http") for a in args):
-                errors.append(f"{name}: no --prometheus-url")
+            has_prometheus = any(a.startswith("--prometheus-url=http") for a in args)
+            if has_prometheus == opts.no_shared_pool:
+                errors.append(f"{name}: --prometheus-url " +
+                              ("given without a shared pool" if has_prometheus else "missing"))
             # Agents advertise pod IPs: their certificates are checked against one fixed name.
             if any(a.startswith("--agent-tls-ca-file=") for a in args):
                 server = [a.split("=", 1)[1] for a in args
@@ -138,6 +146,7 @@ def main():
             if not all(e.get("honorLabels") for e in m["spec"][key]):
                 errors.append(f'{kind}/{m["metadata"]["name"]}: honorLabels is not true')
 
+    errors += check_job_agents(kinds, opts)
     errors += check_tls(kinds, opts)
     errors += check_scrape_job(kinds, opts)
 
@@ -148,6 +157,57 @@ def main():
             print("  " + e)
         sys.exit(1)
     print(f"{path}: ok ({summary}; tls {opts.tls}, scrape job {opts.scrape_job})")
+
+
+def check_job_agents(kinds, opts):
+    """The controller's RBAC and flags for the agent pods of jobs with spec.agents: it may
+    create, list and delete pods (and, with a CA to sign their certificates, Secrets), and
+    mounts the CA that --agent-pod-ca-cert-file names. Returns error strings."""
+    errors = []
+    roles = [r for r in kinds.get("ClusterRole", []) if component(r) == "controller"]
+    verbs = {}
+    for r in roles:
+        for rule in r.get("rules", []):
+            if "" in rule.get("apiGroups", []):
+                for res in rule.get("resources", []):
+                    verbs.setdefault(res, set()).update(rule.get("verbs", []))
+    pods_ok = {"get", "list", "watch", "create", "delete"} <= verbs.get("pods", set())
+    secrets_ok = {"get", "create", "update", "delete"} <= verbs.get("secrets", set())
+    want_pods = opts.job_agents != "off"
+    want_secrets = opts.job_agents not in ("off", "plaintext")
+    if not roles:
+        pass  # a listing without RBAC objects (a release's workloads and Secrets only)
+    elif pods_ok != want_pods:
+        errors.append(f"controller ClusterRole: pods {'not ' if want_pods else ''}granted "
+                      f"(job agents {opts.job_agents}): {sorted(verbs.get('pods', []))}")
+    if roles and (bool(verbs.get("secrets")) != want_secrets or
+                  (want_secrets and not secrets_ok)):
+        errors.append(f"controller ClusterRole: secrets {sorted(verbs.get('secrets', []))} "
+                      f"(job agents {opts.job_agents})")
+    dep = workload(kinds, "Deployment", "controller")
+    if dep is None:
+        return errors + ["no controller Deployment"]
+    pod = dep["spec"]["template"]["spec"]
+    f = flags(pod["containers"][0].get("args", []))
+    if ("--agent-pod-grpc-port" in f) != want_pods:
+        errors.append(f"controller: --agent-pod-grpc-port with job agents {opts.job_agents}")
+    ca_flags = f.get("--agent-pod-ca-cert-file", []) + f.get("--agent-pod-ca-key-file", [])
+    ca_secret = next((v.get("secret", {}).get("secretName") for v in pod.get("volumes", [])
+                      if v["name"] == "agent-ca"), None)
+    if not want_secrets:
+        if ca_flags or ca_secret:
+            errors.append(f"controller: a job agents' CA ({ca_secret}) with {opts.job_agents}")
+        return errors
+    if ca_flags != ["/etc/hydra/agent-ca/tls.crt", "/etc/hydra/agent-ca/tls.key"]:
+        errors.append(f"controller: --agent-pod-ca-cert/key-file are {ca_flags}")
+    mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0].get("volumeMounts", [])}
+    if mounts.get("agent-ca") != "/etc/hydra/agent-ca":
+        errors.append("controller: the job agents' CA is not mounted at /etc/hydra/agent-ca")
+    expected = None if opts.job_agents == "chart-ca" else opts.job_agents
+    if ca_secret is None or (expected and ca_secret != expected) or \
+            (not expected and not ca_secret.endswith("-ca")):
+        errors.append(f"controller: the job agents' CA Secret is {ca_secret}")
+    return errors
 
 
 def component(o):
@@ -316,9 +376,17 @@ def check_tls(kinds, opts):
                               stdin=base64.b64decode(ca["data"].get("tls.key", "")).decode())
         if rc != 0 or pub_crt != pub_key:
             errors.append(f'Secret/{ca["metadata"]["name"]}: tls.key is not the CA\'s key')
-        if ca["metadata"]["name"] in {v.get("secret", {}).get("secretName")
-                                      for p in (apod, cpod) for v in p.get("volumes", [])}:
-            errors.append("the CA Secret (with the CA's key) is mounted by a pod")
+        ca_name = ca["metadata"]["name"]
+        if ca_name in {v.get("secret", {}).get("secretName") for v in apod.get("volumes", [])}:
+            errors.append("the CA Secret (with the CA's key) is mounted by the agents' pods")
+        # Only the controller, and only to sign job agent pods' certificates (job agents on
+        # the chart's CA), mounts it: as volume agent-ca.
+        mounted_as = {v["name"] for v in cpod.get("volumes", [])
+                      if v.get("secret", {}).get("secretName") == ca_name}
+        allowed = {"agent-ca"} if opts.job_agents == "chart-ca" else set()
+        if not mounted_as <= allowed:
+            errors.append(f"the CA Secret (with the CA's key) is mounted by the controller as "
+                          f"{sorted(mounted_as)} (job agents {opts.job_agents})")
         errors += check_generated_secret(
             secrets[asecret], "agent", afiles, opts.server_name, agent_ca,
             agent["spec"]["template"]["metadata"].get("annotations", {}))

@@ -166,6 +166,19 @@ and cert-manager Secrets have the keys tls.crt, tls.key and ca.crt; existing one
 {{- printf "%s/%s" $root.Values.tls.mountPath (index $keys (index . 1)) }}
 {{- end }}
 
+{{/* The Secret (tls.crt, tls.key) of the CA the controller signs job agent pods' certificates
+with: jobAgents.caSecret, else the chart's own CA when it has one; "" for plaintext pods. */}}
+{{- define "hydra.jobAgents.caSecret" -}}
+{{- if .Values.jobAgents.enabled }}
+{{- $source := include "hydra.tls.source" . }}
+{{- if .Values.jobAgents.caSecret }}
+{{- .Values.jobAgents.caSecret }}
+{{- else if or (eq $source "generate") (and (eq $source "certManager") (not .Values.tls.certManager.issuerRef.name)) }}
+{{- include "hydra.tls.caSecretName" . }}
+{{- end }}
+{{- end }}
+{{- end }}
+
 {{/* The name every agent's TLS certificate is checked against (--agent-tls-server-name). */}}
 {{- define "hydra.tls.serverName" -}}
 {{- default (printf "hydra-agent.%s.svc" .Release.Namespace) .Values.tls.serverName }}

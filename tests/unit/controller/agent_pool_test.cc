@@ -123,13 +123,13 @@ TEST(GrpcAgentPoolTest, TlsChecksEveryAgentAgainstOneFixedNameWhenAsked) {
   Server agent("node-a", grpc::SslServerCredentials(o));  // no SAN for 127.0.0.1
 
   // Checked against the host it dials (127.0.0.1): the certificate does not name it.
-  auto by_host = GrpcAgentPool::Create({(dir / "ca.pem").string(), "", "", ""}, 100ms, 2s, 1s);
+  auto by_host = GrpcAgentPool::Create({(dir / "ca.pem").string(), "", "", "", ""}, 100ms, 2s, 1s);
   ASSERT_TRUE(by_host.ok());
   auto refused = (*by_host)->FreshStatus(agent.endpoint);
   EXPECT_FALSE(refused.ok());
 
   // Checked against the fixed name the certificate carries.
-  auto by_name = GrpcAgentPool::Create({(dir / "ca.pem").string(), "", "", "hydra-agent.hydra.svc"},
+  auto by_name = GrpcAgentPool::Create({(dir / "ca.pem").string(), "", "", "hydra-agent.hydra.svc", ""},
                                        100ms, 2s, 1s);
   ASSERT_TRUE(by_name.ok());
   auto answered = (*by_name)->FreshStatus(agent.endpoint);
@@ -138,11 +138,11 @@ TEST(GrpcAgentPoolTest, TlsChecksEveryAgentAgainstOneFixedNameWhenAsked) {
 
   // Any other fixed name is refused.
   auto wrong =
-      GrpcAgentPool::Create({(dir / "ca.pem").string(), "", "", "other.hydra.svc"}, 100ms, 2s, 1s);
+      GrpcAgentPool::Create({(dir / "ca.pem").string(), "", "", "other.hydra.svc", ""}, 100ms, 2s, 1s);
   ASSERT_TRUE(wrong.ok());
   EXPECT_FALSE((*wrong)->FreshStatus(agent.endpoint).ok());
   // A name without a CA is a configuration error.
-  EXPECT_EQ(GrpcAgentPool::Create({"", "", "", "x"}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(GrpcAgentPool::Create({"", "", "", "x", ""}).status().code(), StatusCode::kInvalidArgument);
   fs::remove_all(dir);
 }
 
@@ -157,8 +157,9 @@ TEST(GrpcAgentPoolTest, AJobsAgentPodIsCheckedAgainstTheJobsOwnName) {
   o.pem_key_cert_pairs.push_back({mine->key_pem, mine->cert_pem});
   Server agent("node-a", grpc::SslServerCredentials(o));
 
-  // The pool's default name (none: the host) does not pass; the job's own name does.
-  auto pool = GrpcAgentPool::Create({(dir / "ca.pem").string(), "", "", ""}, 100ms, 2s, 1s);
+  // The pool trusts the job agents' CA (given as PEM, beside no --agent-tls-ca-file); its
+  // default name (none: the host) does not pass, the job's own name does.
+  auto pool = GrpcAgentPool::Create({"", "", "", "", ca->cert_pem}, 100ms, 2s, 1s);
   ASSERT_TRUE(pool.ok());
   EXPECT_FALSE((*pool)->FreshStatus(agent.endpoint).ok());
   (*pool)->SetServerName(agent.endpoint, "sweep.team-a.agents.hydra.dev");

@@ -2,6 +2,9 @@
 // (tests/envtest) with agents faked at the gRPC boundary. N MultiModelJobs of 8 trials are
 // created at once; measured: time from a job's create to all its trials assigned (p50, p99),
 // API requests the controller made per job, and the controller's resident memory.
+// --agent-pods: the jobs bring their own agents (spec.agents, maxAgents 8, a GPU each, TLS);
+// measured: time from a job's create to its first agent pod and to all 8 (no scheduler runs:
+// the pods stay Pending), and the controller's API requests per job until then.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -15,8 +18,10 @@
 
 #include "common/process_memory.h"
 #include "common/units.h"
+#include "controller/agents/agent_certs.h"
 #include "controller/kube/kube_client.h"
 #include "controller/kube/kube_config.h"
+#include "controller/kube/watcher.h"
 #include "controller/reconciler/manager.h"
 #include "controller/reconciler/reconciler.h"
 
@@ -114,23 +119,67 @@ class FakeAgents : public hydra::controller::AgentPoolInterface,
   std::map<std::string, std::pair<int, Clock::time_point>> assigned_;
 };
 
-Json Job(const std::string& name) {
-  return {{"apiVersion", "hydra.dev/v1alpha1"},
-          {"kind", "MultiModelJob"},
-          {"metadata", {{"name", name}}},
-          {"spec",
-           {{"model",
-             {{"family", "gpt2"},
-              {"nLayer", 12},
-              {"nEmbd", 768},
-              {"nHead", 12},
-              {"contextLength", 1024},
-              {"vocabSize", 50257}}},
-            {"dataset", {{"path", "data/corpus.txt"}, {"format", "tokens-u16"}}},
-            {"search",
-             {{"grid", {{"learningRate", {1e-4, 3e-4, 1e-3, 3e-3}}, {"batchSize", {8, 16}}}}}},
-            {"training", {{"steps", 1000}}}}}};
+Json Job(const std::string& name, bool agent_pods) {
+  Json job = {{"apiVersion", "hydra.dev/v1alpha1"},
+              {"kind", "MultiModelJob"},
+              {"metadata", {{"name", name}}},
+              {"spec",
+               {{"model",
+                 {{"family", "gpt2"},
+                  {"nLayer", 12},
+                  {"nEmbd", 768},
+                  {"nHead", 12},
+                  {"contextLength", 1024},
+                  {"vocabSize", 50257}}},
+                {"dataset", {{"path", "data/corpus.txt"}, {"format", "tokens-u16"}}},
+                {"search",
+                 {{"grid", {{"learningRate", {1e-4, 3e-4, 1e-3, 3e-3}}, {"batchSize", {8, 16}}}}}},
+                {"training", {{"steps", 1000}}}}}};
+  if (agent_pods) {
+    job["spec"]["agents"] = {
+        {"maxAgents", 8},
+        {"template",
+         {{"spec",
+           {{"containers",
+             Json::array({{{"name", "agent"},
+                           {"image", "registry.example.com/hydra:0.1.0"},
+                           {"resources", {{"limits", {{"nvidia.com/gpu", 1}}}}}}})}}}}}};
+  }
+  return job;
 }
+
+/// When each job's agent pods appeared: the first and the eighth, by "namespace/job".
+class PodClock {
+ public:
+  void Seen(const std::string& type, const Json& pod) {
+    if (type != "ADDED") return;
+    const std::string job =
+        pod["metadata"]["namespace"].get<std::string>() + "/" +
+        pod["metadata"].value("labels", Json::object()).value("hydra.dev/job", "?");
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& j = jobs_[job];
+    if (++j.pods == 1) j.first = Clock::now();
+    if (j.pods == 8) j.all = Clock::now();
+  }
+  struct Times {
+    int pods = 0;
+    Clock::time_point first, all;
+  };
+  std::map<std::string, Times> jobs() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return jobs_;
+  }
+  int complete() {
+    std::lock_guard<std::mutex> lock(mu_);
+    int n = 0;
+    for (const auto& [k, t] : jobs_) n += t.pods >= 8;
+    return n;
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<std::string, Times> jobs_;
+};
 
 double Percentile(std::vector<double> v, double p) {
   if (v.empty()) return 0;
@@ -141,15 +190,76 @@ double Percentile(std::vector<double> v, double p) {
 
 int Sh(const std::string& cmd) { return std::system(cmd.c_str()); }
 
+/// The agents' CA for --agent-pods (openssl, into `dir`), as the controller would load it.
+std::shared_ptr<const hydra::controller::CertificateAuthority> MakeCa(const fs::path& dir) {
+  const std::string d = dir.string();
+  if (Sh("openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj "
+         "/CN=bench-ca -keyout " +
+         d + "/ca.key -out " + d + "/ca.pem 2>/dev/null") != 0) {
+    return nullptr;
+  }
+  auto ca = hydra::controller::LoadCertificateAuthority(d + "/ca.pem", d + "/ca.key");
+  if (!ca.ok()) return nullptr;
+  return std::make_shared<hydra::controller::CertificateAuthority>(*ca);
+}
+
+double Seconds(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration<double>(to - from).count();
+}
+
+/// --agent-pods: every job's 8 agent pods created (or the time is up), then the numbers.
+bool ReportAgentPods(PodClock& pods, const std::map<std::string, Clock::time_point>& created,
+                     int jobs, Clock::time_point t0, int64_t requests) {
+  std::vector<double> first, all;
+  for (const auto& [job, t] : pods.jobs()) {
+    auto it = created.find(job);
+    if (it == created.end()) continue;
+    first.push_back(Seconds(it->second, t.first));
+    if (t.pods >= 8) all.push_back(Seconds(it->second, t.all));
+  }
+  std::printf("create -> first agent pod: p50 %.3f s, p99 %.3f s, max %.3f s (%zu jobs)\n",
+              Percentile(first, 0.5), Percentile(first, 0.99), Percentile(first, 1.0),
+              first.size());
+  std::printf("create -> all 8 agent pods: p50 %.3f s, p99 %.3f s, max %.3f s (%zu jobs)\n",
+              Percentile(all, 0.5), Percentile(all, 0.99), Percentile(all, 1.0), all.size());
+  std::printf(
+      "every job's pods created after %.2f s; controller API requests: %lld in all, "
+      "%.1f per job\n",
+      Seconds(t0, Clock::now()), static_cast<long long>(requests),
+      static_cast<double>(requests) / jobs);
+  return static_cast<int>(all.size()) == jobs;
+}
+
+/// The shared pool: every job's 8 trials assigned, then the numbers.
+bool ReportAssignments(FakeAgents& fake, const std::map<std::string, Clock::time_point>& created,
+                       int jobs, Clock::time_point t0, int64_t requests) {
+  const auto done = fake.Done();
+  std::vector<double> latencies;
+  for (const auto& [key, at] : done) {
+    auto it = created.find(key);
+    if (it != created.end()) latencies.push_back(Seconds(it->second, at));
+  }
+  std::printf("all assigned after %.2f s\n", Seconds(t0, Clock::now()));
+  std::printf("create -> all 8 trials assigned: p50 %.3f s, p99 %.3f s, max %.3f s (%zu jobs)\n",
+              Percentile(latencies, 0.5), Percentile(latencies, 0.99), Percentile(latencies, 1.0),
+              latencies.size());
+  std::printf("controller API requests: %lld in all, %.1f per job (until all were assigned)\n",
+              static_cast<long long>(requests), static_cast<double>(requests) / jobs);
+  return static_cast<int>(latencies.size()) == jobs;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"hydra-controller on the real control plane: N jobs x 8 trials at once"};
   int jobs = 200, agents = 16, workers = 2;
-  bool smoke = false;
+  bool smoke = false, agent_pods = false;
   app.add_option("--jobs", jobs)->capture_default_str();
   app.add_option("--agents", agents, "fake agents of 4 x 16 GiB devices")->capture_default_str();
   app.add_option("--workers", workers, "reconcile workers")->capture_default_str();
+  app.add_flag("--agent-pods", agent_pods,
+               "jobs with spec.agents: time to their agent pods (with TLS: each job's "
+               "certificate issued)");
   app.add_flag("--smoke", smoke, "5 jobs, to check that it runs");
   CLI11_PARSE(app, argc, argv);
   if (smoke) jobs = 5;
@@ -178,9 +288,21 @@ int main(int argc, char** argv) {
     hydra::controller::ReconcilerOptions ro;
     ro.data_root = "/data";
     ro.checkpoint_root = "/checkpoints";
+    if (agent_pods) {
+      ro.agent_pod_ca = MakeCa(dir);
+      if (!ro.agent_pod_ca) {
+        std::fprintf(stderr, "could not make the agents' CA with openssl\n");
+        return 1;
+      }
+    }
     hydra::controller::Reconciler reconciler(controller->get(), &fake, &fake, ro);
     hydra::controller::Manager manager(controller->get(), &reconciler, nullptr, {"bench"}, workers,
                                        nullptr);
+    PodClock pods;
+    hydra::kube::Watcher pod_watch(
+        user->get(), hydra::kube::kPods, "bench",
+        [&](const std::string& type, const Json& pod) { pods.Seen(type, pod); });
+    if (agent_pods) pod_watch.Start();
     hydra::ResidentPeakSampler peak(std::chrono::milliseconds(20));
     const int64_t rss_before = hydra::ResidentBytes();
     manager.Start();
@@ -196,7 +318,7 @@ int main(int argc, char** argv) {
       creators.emplace_back([&, c] {
         for (int i = c; i < jobs; i += 4) {
           const std::string name = "job-" + std::to_string(i);
-          auto r = (*user)->Create(kMultiModelJobs, "bench", Job(name));
+          auto r = (*user)->Create(kMultiModelJobs, "bench", Job(name, agent_pods));
           std::lock_guard<std::mutex> lock(mu);
           if (!r.ok()) {
             std::fprintf(stderr, "create %s: %s\n", name.c_str(), r.status().ToString().c_str());
@@ -207,40 +329,31 @@ int main(int argc, char** argv) {
       });
     }
     for (auto& t : creators) t.join();
-    const double create_s = std::chrono::duration<double>(Clock::now() - t0).count();
-    auto done = fake.Done();
+    std::printf("%d jobs x 8 trials (%d trials) created in %.2f s; %s, %d workers\n", jobs,
+                jobs * 8, Seconds(t0, Clock::now()),
+                agent_pods ? "each with its own agent pods (spec.agents, TLS)"
+                           : ("on " + std::to_string(agents) + " fake agents").c_str(),
+                workers);
+    const auto finished = [&] {
+      return agent_pods ? pods.complete() >= jobs : static_cast<int>(fake.Done().size()) >= jobs;
+    };
     const auto give_up = Clock::now() + std::chrono::minutes(10);
-    while (static_cast<int>(done.size()) < jobs && Clock::now() < give_up) {
+    while (!finished() && Clock::now() < give_up) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      done = fake.Done();
     }
-    const double all_s = std::chrono::duration<double>(Clock::now() - t0).count();
     const int64_t requests = (*controller)->requests() - requests_before;
     const int64_t rss = hydra::ResidentBytes();
     manager.Stop();
-    std::vector<double> latencies;
-    for (const auto& [key, at] : done) {
-      auto it = created.find(key);
-      if (it != created.end())
-        latencies.push_back(std::chrono::duration<double>(at - it->second).count());
-    }
-    std::printf(
-        "%d jobs x 8 trials (%d trials) created in %.2f s; all assigned after %.2f s on %d fake "
-        "agents, %d workers\n",
-        jobs, jobs * 8, create_s, all_s, agents, workers);
-    std::printf("create -> all 8 trials assigned: p50 %.3f s, p99 %.3f s, max %.3f s (%zu jobs)\n",
-                Percentile(latencies, 0.5), Percentile(latencies, 0.99), Percentile(latencies, 1.0),
-                latencies.size());
-    std::printf("controller API requests: %lld in all, %.1f per job (until all were assigned)\n",
-                static_cast<long long>(requests), static_cast<double>(requests) / jobs);
+    pod_watch.Stop();
+    const bool ok = agent_pods ? ReportAgentPods(pods, created, jobs, t0, requests)
+                               : ReportAssignments(fake, created, jobs, t0, requests);
     std::printf(
         "resident memory of the bench process (controller + client): %s before, %s after, %s "
         "peak\n",
         hydra::FormatBytes(rss_before).c_str(), hydra::FormatBytes(rss).c_str(),
         hydra::FormatBytes(peak.peak()).c_str());
-    if (static_cast<int>(latencies.size()) < jobs) {
-      std::fprintf(stderr, "only %zu of %d jobs had every trial assigned\n", latencies.size(),
-                   jobs);
+    if (!ok) {
+      std::fprintf(stderr, "not every job got there within 10 minutes\n");
       rc = 1;
     }
   }

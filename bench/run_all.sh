@@ -14,5 +14,7 @@ echo "== bench/agent"
 if [ "${1:-}" = "--smoke" ]; then ./build/bench/agent --smoke; else ./build/bench/agent; fi
 echo "== bench/controller"
 if [ "${1:-}" = "--smoke" ]; then ./build/bench/controller --smoke; else ./build/bench/controller; fi
+echo "== bench/controller --agent-pods"
+if [ "${1:-}" = "--smoke" ]; then ./build/bench/controller --agent-pods --smoke; else ./build/bench/controller --agent-pods; fi
 echo "== bench/early_stopping"
 bash bench/early_stopping.sh "${ARGS[@]}"

@@ -78,6 +78,13 @@ int Validate(const std::string& path) {
   if (auto es = hydra::DescribeEarlyStopping(job.spec.early_stopping, longest); !es.empty()) {
     std::cout << "early stopping: " << es << "\n";
   }
+  if (const auto& a = job.spec.agents) {
+    std::cout << "agents (in Kubernetes; hydra run ignores them): the job's own pods, "
+              << a->min_agents << " to " << a->max_agents << ", "
+              << (a->gpus_per_agent > 0 ? std::to_string(a->gpus_per_agent) + " GPU"
+                                        : std::string("a CPU agent"))
+              << (a->gpus_per_agent > 1 ? "s" : "") << " each (container " << a->container << ")\n";
+  }
   for (const auto& t : trials) {
     const auto fp = hydra::EstimateTrialFootprint(t);
     std::cout << "  " << t.name << "  " << hydra::HyperparametersJson(t).dump() << "  "

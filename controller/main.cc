@@ -60,7 +60,7 @@ int main(int argc, char** argv) {
               tls_server_name, scrape_job = "hydra-agent";
   std::string lease_ns = "hydra-system", lease_name = "hydra-controller", identity = Hostname();
   std::string pod_ca_cert, pod_ca_key, pod_client_identity = "hydra-controller",
-                                      pod_tls_dir = "/etc/hydra/tls";
+                                       pod_tls_dir = "/etc/hydra/tls";
   bool leader_elect = false;
   int workers = 2, agent_pod_grpc_port = 9443;
   double resync_s = 2.0, inventory_s = 2.0, lost_s = 15.0;
@@ -175,8 +175,8 @@ int main(int argc, char** argv) {
   }
 
   hydra::controller::ControllerMetrics metrics;
-  if (tls_ca.empty()) {
-    std::cerr << "hydra-controller: WARNING: calls to agents are plaintext (no "
+  if (tls_ca.empty() && !prometheus_url.empty()) {
+    std::cerr << "hydra-controller: WARNING: calls to the shared pool's agents are plaintext (no "
                  "--agent-tls-ca-file): anyone on the network path can read trial specs and "
                  "impersonate agents. Use mutual TLS outside a test cluster (the Helm chart "
                  "does by default).\n";

@@ -73,7 +73,7 @@ class GrpcAgentPool : public AgentPoolInterface {
       const AgentTls& tls, std::chrono::milliseconds refresh = std::chrono::milliseconds(1000),
       std::chrono::milliseconds rpc_timeout = std::chrono::milliseconds(10000),
       std::chrono::milliseconds status_timeout = std::chrono::milliseconds(3000),
-      std::chrono::milliseconds forget_after = std::chrono::minutes(10));
+      std::chrono::milliseconds forget_after = std::chrono::minutes(2));
   ~GrpcAgentPool() override;
 
   Status Assign(const std::string& endpoint, const v1::AssignTrialRequest& request,
@@ -122,7 +122,7 @@ class GrpcAgentPool : public AgentPoolInterface {
   std::shared_ptr<grpc::ChannelCredentials> creds_;
   std::string server_name_;
   std::chrono::milliseconds refresh_{1000}, rpc_timeout_{10000}, status_timeout_{3000};
-  std::chrono::milliseconds forget_after_{600000};
+  std::chrono::milliseconds forget_after_{120000};
   mutable std::mutex mu_;
   std::map<std::string, Entry> entries_;
   std::vector<std::shared_ptr<Poller>> retired_;  // stopped, maybe not yet joined

@@ -196,9 +196,10 @@ StatusOr<Json> AgentPod(const Json& job, const AgentsSpec& agents, int index,
   return pod;
 }
 
-int DesiredAgents(int64_t runnable_trials, const AgentsSpec& agents) {
+int DesiredAgents(int64_t busy_pods, int64_t unplaced_trials, const AgentsSpec& agents) {
   const int64_t devices = std::max<int64_t>(1, agents.gpus_per_agent);
-  const int64_t wanted = (std::max<int64_t>(0, runnable_trials) + devices - 1) / devices;
+  const int64_t wanted = std::max<int64_t>(0, busy_pods) +
+                         (std::max<int64_t>(0, unplaced_trials) + devices - 1) / devices;
   return static_cast<int>(std::clamp(wanted, agents.min_agents, agents.max_agents));
 }
 

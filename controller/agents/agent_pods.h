@@ -64,10 +64,11 @@ StatusOr<nlohmann::json> AgentPod(const nlohmann::json& job, const AgentsSpec& a
 StatusOr<nlohmann::json> AgentTlsSecret(const nlohmann::json& job, const IssuedCertificate& cert,
                                         const std::string& client_ca_pem);
 
-/// How many agent pods a job wants: enough devices for every runnable trial (each trains on
-/// one device at a time; an agent has `gpus_per_agent` devices, or one CPU device), at least
-/// minAgents and at most maxAgents.
-int DesiredAgents(int64_t runnable_trials, const AgentsSpec& agents);
+/// How many agent pods a job wants: the pods that hold its trials (`busy_pods`: trials do not
+/// move between agents but at checkpoints) and enough devices for each trial still waiting for
+/// an agent (`unplaced_trials`; an agent has `gpus_per_agent` devices, or one CPU device), at
+/// least minAgents and at most maxAgents. So an idle pod goes once the job's tail is elsewhere.
+int DesiredAgents(int64_t busy_pods, int64_t unplaced_trials, const AgentsSpec& agents);
 
 /// One of a job's agent pods as the controller sees it.
 struct AgentPodLoad {

@@ -215,7 +215,8 @@ double EstimatedRemainingSeconds(const Trial& trial, int64_t steps_done) {
 std::vector<Placement> PlaceTrials(std::vector<TrialToPlace> trials,
                                    const std::vector<AgentInventory>& agents,
                                    std::map<std::string, int>* load,
-                                   std::map<std::string, std::string>* waiting) {
+                                   std::map<std::string, std::string>* waiting,
+                                   bool one_per_device) {
   std::stable_sort(trials.begin(), trials.end(), [](const TrialToPlace& a, const TrialToPlace& b) {
     return a.remaining_seconds > b.remaining_seconds;
   });
@@ -226,6 +227,10 @@ std::vector<Placement> PlaceTrials(std::vector<TrialToPlace> trials,
     PartitionPlan best_plan;
     std::string why = agents.empty() ? "no agents reported by Prometheus" : "";
     for (const auto& a : agents) {
+      if (one_per_device && (*load)[a.endpoint] >= static_cast<int>(a.devices.size())) {
+        why = "every agent trains a trial per device; more of the job's agent pods are starting";
+        continue;
+      }
       Trial on_agent = t.trial;
       const int64_t device = a.MaxDeviceBytes();
       if (!on_agent.resources.device_memory_budget ||

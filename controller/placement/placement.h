@@ -77,12 +77,14 @@ struct Placement {
 
 /// Places trials longest-remaining-first, each onto the agent with the most free device memory
 /// per trial it already trains (`load`: trials per endpoint, updated as trials are placed)
-/// whose devices can hold the trial's shard plan. Trials that fit no agent are returned in
-/// `waiting` with the reason.
+/// whose devices can hold the trial's shard plan. With `one_per_device`, an agent takes no more
+/// trials than it has devices (a job's own agents while more of its pods are starting). Trials
+/// that fit no agent are returned in `waiting` with the reason.
 std::vector<Placement> PlaceTrials(std::vector<TrialToPlace> trials,
                                    const std::vector<AgentInventory>& agents,
                                    std::map<std::string, int>* load,
-                                   std::map<std::string, std::string>* waiting);
+                                   std::map<std::string, std::string>* waiting,
+                                   bool one_per_device = false);
 
 /// Remaining compute of a trial from the cost model: 6 FLOPs per parameter per token.
 double EstimatedRemainingSeconds(const Trial& trial, int64_t steps_done);

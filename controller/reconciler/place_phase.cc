@@ -89,6 +89,16 @@ std::string WaitingForPods(const Pass& pass) {
   return text + (detail.empty() ? "" : " (" + detail + ")");
 }
 
+/// Trials per agent: what its (polled) report says, or what the entries have assigned there,
+/// whichever is more (the report may not show an assignment of a moment ago).
+void CountAssigned(Pass& pass) {
+  std::map<std::string, int> assigned;
+  for (const auto& [n, e] : pass.entries) {
+    if (e.OnAgent() && !e.Final()) assigned[e.agent_endpoint] += 1;
+  }
+  for (const auto& [ep, n] : assigned) pass.load[ep] = std::max(pass.load[ep], n);
+}
+
 std::vector<TrialToPlace> WaitingTrials(const Pass& pass) {
   std::vector<TrialToPlace> waiting;
   for (const auto& [n, e] : pass.entries) {
@@ -163,6 +173,7 @@ StatusOr<bool> PlaceWaitingTrials(const ReconcileContext& ctx, Pass& pass) {
     return true;
   }
   const auto agents = ConfirmedAgents(ctx, pass);
+  CountAssigned(pass);
   if (agents.empty() && (pass.own_agents || !pass.inventory->empty())) {
     const std::string why =
         pass.own_agents
@@ -171,7 +182,16 @@ StatusOr<bool> PlaceWaitingTrials(const ReconcileContext& ctx, Pass& pass) {
     for (const auto& w : waiting) pass.no_room[w.trial.name] = why;
     return true;
   }
-  const auto placements = PlaceTrials(waiting, agents, &pass.load, &pass.no_room);
+  // A job's own agents take a trial per device while any pod it wants is not serving yet
+  // (waiting for a node, for Kueue's quota, or starting): the pods made for the other trials
+  // would otherwise come up idle, and with the quota of one pod the job trains there a trial at
+  // a time. Trials share a device only when every pod the job may have serves (maxAgents).
+  bool pods_coming = static_cast<int>(pass.pods.Live().size()) < pass.pods.desired;
+  for (const auto* p : pass.pods.Live()) {
+    pods_coming = pods_coming || p->phase != AgentPodPhase::kReady;
+  }
+  pods_coming = pass.own_agents && pods_coming;
+  const auto placements = PlaceTrials(waiting, agents, &pass.load, &pass.no_room, pods_coming);
   if (placements.empty()) return true;
   // Every placement gets a new attempt (the fencing token), stored before any agent is called:
   // an assignment whose answer is lost (a timeout) used a number no later placement reuses.

@@ -16,12 +16,12 @@ std::string Join(const std::vector<std::string>& items) {
   return out;
 }
 
-/// Trials that will still train: not ended, not stopped early.
-int64_t RunnableTrials(const Pass& pass) {
+/// Trials that will still train and wait for an agent: not ended, not stopped early, on none.
+int64_t UnplacedTrials(const Pass& pass) {
   int64_t n = 0;
   for (const auto& t : pass.trials) {
     const TrialEntry& e = pass.entries.at(t.name);
-    n += !e.Final() && !e.stop_early;
+    n += !e.Final() && !e.stop_early && !e.OnAgent();
   }
   return n;
 }
@@ -105,7 +105,7 @@ AgentPodOptions PodOptions(const ReconcileContext& ctx, const Pass& pass) {
   return o;
 }
 
-void CreatePods(const ReconcileContext& ctx, Pass& pass, int count, int64_t runnable) {
+void CreatePods(const ReconcileContext& ctx, Pass& pass, int count, int64_t unplaced) {
   if (ctx.options->agent_pod_ca) {
     if (Status tls = EnsureAgentTls(ctx, pass); !tls.ok()) {
       PodProblem(ctx, pass, "cannot issue the agents' certificate: " + tls.message());
@@ -137,10 +137,10 @@ void CreatePods(const ReconcileContext& ctx, Pass& pass, int count, int64_t runn
   if (created.empty()) return;
   ctx.Event(pass.job, "Normal", cond::kEventAgentPodsCreated,
             "created " + Join(created) + " (" + std::to_string(pass.pods.desired) +
-                " agents wanted for " + std::to_string(runnable) + " runnable trials)");
+                " agents wanted: " + std::to_string(unplaced) + " trials wait for one)");
 }
 
-void RemoveIdlePods(const ReconcileContext& ctx, Pass& pass, int64_t runnable) {
+void RemoveIdlePods(const ReconcileContext& ctx, Pass& pass) {
   std::vector<AgentPodLoad> live;
   for (const auto* p : pass.pods.Live()) {
     live.push_back({p->name, p->index, TrialsOn(pass, *p), p->phase == AgentPodPhase::kReady});
@@ -154,10 +154,9 @@ void RemoveIdlePods(const ReconcileContext& ctx, Pass& pass, int64_t runnable) {
   }
   if (deleted.empty()) return;
   const std::string why = pass.all_final ? "the job has ended"
-                          : pass.suspend
-                              ? "spec.suspend is true"
-                              : std::to_string(pass.pods.desired) + " agents are enough for " +
-                                    std::to_string(runnable) + " runnable trials";
+                          : pass.suspend ? "spec.suspend is true"
+                                         : "the job's remaining trials need " +
+                                               std::to_string(pass.pods.desired) + " of them";
   ctx.Event(pass.job, "Normal", cond::kEventAgentPodsDeleted,
             "deleted idle " + Join(deleted) + " (" + why + ")");
 }
@@ -168,13 +167,15 @@ void ScaleAgents(const ReconcileContext& ctx, Pass& pass) {
   if (!pass.own_agents || !pass.inventory.ok()) return;  // not listed: change nothing
   pass.all_final = std::all_of(pass.trials.begin(), pass.trials.end(),
                                [&](const Trial& t) { return pass.entries.at(t.name).Final(); });
-  const int64_t runnable = RunnableTrials(pass);
-  pass.pods.desired =
-      pass.all_final || pass.suspend ? 0 : DesiredAgents(runnable, *pass.own_agents);
   DeleteFailedPods(ctx, pass);
+  int busy = 0;
+  for (const auto* p : pass.pods.Live()) busy += TrialsOn(pass, *p) > 0;
+  const int64_t unplaced = UnplacedTrials(pass);
+  pass.pods.desired =
+      pass.all_final || pass.suspend ? 0 : DesiredAgents(busy, unplaced, *pass.own_agents);
   const int live = static_cast<int>(pass.pods.Live().size());
-  if (live < pass.pods.desired) CreatePods(ctx, pass, pass.pods.desired - live, runnable);
-  if (live > pass.pods.desired) RemoveIdlePods(ctx, pass, runnable);
+  if (live < pass.pods.desired) CreatePods(ctx, pass, pass.pods.desired - live, unplaced);
+  if (live > pass.pods.desired) RemoveIdlePods(ctx, pass);
 }
 
 }  // namespace hydra::controller

@@ -62,12 +62,14 @@ inline bool WaitJobComplete(const std::string& name, int seconds, nlohmann::json
       seconds);
 }
 
-/// tests/envtest/up into `dir`, exporting what it prints (KUBECONFIG, and PATH when it built
-/// its own kubectl) into this process's environment, then applies crds/multimodeljob.yaml.
-/// Returns "" on success, else what went wrong.
-inline std::string StartControlPlaneWithCrd(const std::filesystem::path& dir) {
+/// tests/envtest/up into `dir` (with `up_flags` such as "--with-scheduler"), exporting what it
+/// prints (KUBECONFIG, HYDRA_ENVTEST_DIR, and PATH when it built its own kubectl) into this
+/// process's environment, then applies crds/multimodeljob.yaml. Returns "" on success, else
+/// what went wrong.
+inline std::string StartControlPlaneWithCrd(const std::filesystem::path& dir,
+                                            const std::string& up_flags = "") {
   const std::string src = HYDRA_SOURCE_DIR;
-  auto [rc, out] = Sh(src + "/tests/envtest/up --dir " + dir.string());
+  auto [rc, out] = Sh(src + "/tests/envtest/up --dir " + dir.string() + " " + up_flags);
   if (rc != 0) return "envtest/up failed:\n" + out;
   std::istringstream lines(out);
   for (std::string line; std::getline(lines, line);) {

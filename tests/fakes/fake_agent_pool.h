@@ -28,6 +28,7 @@ class FakeAgentPool : public controller::AgentPoolInterface,
     v1::JobRef dedicated;
     bool reachable = true;
     double silent_seconds = 0;
+    bool hide_trials = false;                       ///< LastStatus leaves the trials out
     std::map<std::string, v1::TrialStatus> trials;  ///< by trial name
   };
 
@@ -68,6 +69,12 @@ class FakeAgentPool : public controller::AgentPoolInterface,
     t.set_state(state);
     t.set_step(step);
     t.set_message(message);
+  }
+  /// With `hide`, the agent's status reports no trials (a polled report older than the
+  /// assignments); FreshStatus still shows them.
+  void HideTrials(const std::string& endpoint, bool hide) {
+    std::lock_guard<std::mutex> lock(mu_);
+    agents_[endpoint].hide_trials = hide;
   }
   /// Trials assigned to `endpoint`, by name.
   std::map<std::string, v1::TrialStatus> TrialsOn(const std::string& endpoint) {
@@ -124,6 +131,12 @@ class FakeAgentPool : public controller::AgentPoolInterface,
                request.stop() ? v1::EARLY_STOPPED : v1::TRIAL_STATE_UNSPECIFIED, "");
   }
   StatusOr<v1::GetStatusResponse> LastStatus(const std::string& endpoint) override {
+    return Report(endpoint, /*fresh=*/false);
+  }
+  StatusOr<v1::GetStatusResponse> FreshStatus(const std::string& endpoint) override {
+    return Report(endpoint, /*fresh=*/true);
+  }
+  StatusOr<v1::GetStatusResponse> Report(const std::string& endpoint, bool fresh) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = agents_.find(endpoint);
     if (it == agents_.end()) return NotFoundError(endpoint + ": never reached");
@@ -136,11 +149,10 @@ class FakeAgentPool : public controller::AgentPoolInterface,
     dev->set_memory_total_bytes(a.device_bytes);
     dev->set_memory_free_bytes(a.device_bytes);
     *r.mutable_dedicated_job() = a.dedicated;
-    for (const auto& [name, t] : a.trials) *r.add_trials() = t;
+    if (fresh || !a.hide_trials) {
+      for (const auto& [name, t] : a.trials) *r.add_trials() = t;
+    }
     return r;
-  }
-  StatusOr<v1::GetStatusResponse> FreshStatus(const std::string& endpoint) override {
-    return LastStatus(endpoint);
   }
   void Track(const std::vector<std::string>& endpoints) override {
     std::lock_guard<std::mutex> lock(mu_);

@@ -103,6 +103,12 @@ TEST_F(HydraCliTest, ValidateNamesTheBadField) {
       RunHydra({"run", (dir_ / "suspended.yaml").string(), "-o", (dir_ / "s").string()}, &out), 2);
   EXPECT_THAT(out, HasSubstr("spec.suspend is true"));
   EXPECT_FALSE(std::filesystem::exists(dir_ / "s" / "results.json"));
+  // The example with its own agent pods validates and says what they are.
+  EXPECT_EQ(
+      RunHydra({"validate", std::string(HYDRA_SOURCE_DIR) + "/examples/spot-agents.yaml"}, &out), 0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("agents (in Kubernetes; hydra run ignores them): the job's own "
+                             "pods, 0 to 8, 1 GPU each (container agent)"));
 }
 
 TEST_F(HydraCliTest, PlanAndSimulate) {

@@ -201,13 +201,16 @@ TEST(AgentPodsTest, AJobWithoutWhatAPodNeedsIsRefused) {
   EXPECT_THAT(AgentPod(Job(), other, 0, {}).status().message(), HasSubstr("no container trainer"));
 }
 
-TEST(AgentPodsTest, DesiredAgentsCoverTheRunnableTrialsWithinTheBounds) {
-  EXPECT_EQ(DesiredAgents(0, Spec(2, 0, 4)), 0) << "scale to zero";
-  EXPECT_EQ(DesiredAgents(0, Spec(2, 1, 4)), 1) << "minAgents stay";
-  EXPECT_EQ(DesiredAgents(3, Spec(2, 0, 4)), 2) << "two GPUs each";
-  EXPECT_EQ(DesiredAgents(4, Spec(2, 0, 4)), 2);
-  EXPECT_EQ(DesiredAgents(100, Spec(2, 0, 4)), 4) << "at most maxAgents";
-  EXPECT_EQ(DesiredAgents(3, Spec(0, 0, 8)), 3) << "a CPU agent trains one trial at a time";
+TEST(AgentPodsTest, DesiredAgentsAreTheBusyOnesAndRoomForTheWaitingTrials) {
+  EXPECT_EQ(DesiredAgents(0, 0, Spec(2, 0, 4)), 0) << "scale to zero";
+  EXPECT_EQ(DesiredAgents(0, 0, Spec(2, 1, 4)), 1) << "minAgents stay";
+  EXPECT_EQ(DesiredAgents(0, 3, Spec(2, 0, 4)), 2) << "two GPUs each";
+  EXPECT_EQ(DesiredAgents(0, 4, Spec(2, 0, 4)), 2);
+  EXPECT_EQ(DesiredAgents(0, 100, Spec(2, 0, 4)), 4) << "at most maxAgents";
+  EXPECT_EQ(DesiredAgents(0, 3, Spec(0, 0, 8)), 3) << "a CPU agent trains one trial at a time";
+  EXPECT_EQ(DesiredAgents(1, 0, Spec(1, 0, 4)), 1)
+      << "the tail: the last trials on one agent, another idle one is not wanted";
+  EXPECT_EQ(DesiredAgents(2, 3, Spec(1, 0, 4)), 4) << "a lost pod's trials want new ones";
 }
 
 TEST(AgentPodsTest, WaitingPodsAreRemovedBeforeServingOnes) {

@@ -153,6 +153,25 @@ TEST_F(PhasesTest, ReadyPodsConfirmedByTheirAgentsGetTheTrials) {
   EXPECT_EQ(s.trials[0].attempt, 1);
 }
 
+TEST_F(PhasesTest, AReadyPodTakesATrialPerDeviceWhileTheJobsOtherPodsStart) {
+  PutJob(JobObject(true, 3));
+  Reconcile();
+  ASSERT_EQ(Pods().size(), 3u);
+  MakeReady("sweep-agent-0", "node-a", "10.1.0.1");
+  agents_.HideTrials("10.1.0.1:9443", true);  // its polled report lags behind assignments
+  Reconcile();
+  Reconcile();
+  EXPECT_EQ(agents_.TrialsOn("10.1.0.1:9443").size(), 1u)
+      << "the other two trials wait for the pods made for them";
+  agents_.HideTrials("10.1.0.1:9443", false);
+  MakeReady("sweep-agent-1", "node-b", "10.1.0.2");
+  MakeReady("sweep-agent-2", "node-c", "10.1.0.3");
+  Reconcile();
+  for (const auto* ep : {"10.1.0.1:9443", "10.1.0.2:9443", "10.1.0.3:9443"}) {
+    EXPECT_EQ(agents_.TrialsOn(ep).size(), 1u) << ep;
+  }
+}
+
 TEST_F(PhasesTest, APodWhoseAgentServesAnotherJobIsNotUsed) {
   PutJob(JobObject(true, 1));
   Reconcile();
@@ -256,7 +275,7 @@ TEST_F(PhasesTest, IdlePodsGoInTheTailAndEveryPodGoesWhenTheJobEnds) {
   ASSERT_EQ(left.size(), 1u) << "only the busy agent's pod stays";
   EXPECT_EQ(kube_.Peek(kube::kPods, kNs, left[0])["status"]["podIP"].get<std::string>() + ":9443",
             busy_ep);
-  EXPECT_TRUE(HasEvent(cond::kEventAgentPodsDeleted, "1 agents are enough for 1 runnable"));
+  EXPECT_TRUE(HasEvent(cond::kEventAgentPodsDeleted, "the job's remaining trials need 1 of them"));
   // The last trial ends: every pod goes, and the job is requeued until they are gone.
   agents_.SetTrialState(busy_ep, busy_trial, agent::v1::SUCCEEDED, 10);
   EXPECT_GT(Reconcile().requeue_after.count(), 0);
@@ -297,7 +316,19 @@ TEST_F(PhasesTest, PodsWaitingForKueueMakeTheJobQueued) {
   s = Status();
   EXPECT_FALSE(Cond(s, cond::kQueued).status);
   EXPECT_EQ(Cond(s, cond::kQueued).message, "1 of 2 agent pods admitted");
-  EXPECT_EQ(agents_.TrialsOn("10.1.0.1:9443").size(), 3u);
+  EXPECT_EQ(agents_.TrialsOn("10.1.0.1:9443").size(), 1u)
+      << "a trial per device: the others wait for the gated pod, or for this one";
+  // More quota: the second pod is admitted and serves; it gets a waiting trial.
+  p = kube_.Peek(kube::kPods, kNs, "sweep-agent-1");
+  p["spec"].erase("schedulingGates");
+  kube_.Put(kube::kPods, kNs, p);
+  MakeReady("sweep-agent-1", "node-b", "10.1.0.2");
+  Reconcile();
+  EXPECT_EQ(agents_.TrialsOn("10.1.0.2:9443").size(), 1u);
+  // Every pod the job may have serves (maxAgents 2): the last trial shares a device.
+  Reconcile();
+  EXPECT_EQ(agents_.TrialsOn("10.1.0.1:9443").size() + agents_.TrialsOn("10.1.0.2:9443").size(),
+            3u);
 }
 
 TEST_F(PhasesTest, SuspendTakesThePodsDownAfterTheCheckpointsAndResumeBringsThemBack) {

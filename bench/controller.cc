@@ -94,6 +94,7 @@ class FakeAgents : public hydra::controller::AgentPoolInterface,
     return r;
   }
   void Track(const std::vector<std::string>&) override {}
+  void Forget(const std::vector<std::string>&) override {}
   hydra::StatusOr<v1::GetStatusResponse> FreshStatus(const std::string& endpoint) override {
     return LastStatus(endpoint);
   }

@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/security/credentials.h>
 
+#include <cstdio>
 #include <set>
 
 #include "common/file_util.h"
@@ -64,11 +65,19 @@ GrpcAgentPool::~GrpcAgentPool() {
 
 std::shared_ptr<v1::AgentService::Stub> GrpcAgentPool::StubFor(const std::string& endpoint) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto& e = entries_[endpoint];
+  return StubLocked(endpoint, entries_[endpoint]);
+}
+
+std::shared_ptr<v1::AgentService::Stub> GrpcAgentPool::StubLocked(const std::string& endpoint,
+                                                                  Entry& e) {
   if (!e.stub) {
     grpc::ChannelArguments args;
     const std::string& name = e.server_name.empty() ? server_name_ : e.server_name;
     if (!name.empty()) args.SetSslTargetNameOverride(name);
+    // A new pod's agent refuses connections until it listens: dial again within seconds of
+    // that, not after gRPC's default backoff (which grows to two minutes).
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 500);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 5000);
     e.stub = v1::AgentService::NewStub(grpc::CreateCustomChannel(endpoint, creds_, args));
   }
   return e.stub;
@@ -157,11 +166,7 @@ void GrpcAgentPool::Track(const std::vector<std::string>& endpoints) {
         ++it;
         continue;
       }
-      if (it->second.poller) {
-        it->second.poller->stop = true;
-        it->second.poller->cv.notify_all();
-        retired_.push_back(std::move(it->second.poller));
-      }
+      Retire(it->second);
       it = entries_.erase(it);
     }
     for (const auto& endpoint : want) {
@@ -172,6 +177,26 @@ void GrpcAgentPool::Track(const std::vector<std::string>& endpoints) {
     }
   }
   Reap(/*all=*/false);
+}
+
+void GrpcAgentPool::Forget(const std::vector<std::string>& endpoints) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& endpoint : endpoints) {
+      auto it = entries_.find(endpoint);
+      if (it == entries_.end()) continue;
+      Retire(it->second);
+      entries_.erase(it);
+    }
+  }
+  Reap(/*all=*/false);
+}
+
+void GrpcAgentPool::Retire(Entry& e) {
+  if (!e.poller) return;
+  e.poller->stop = true;
+  e.poller->cv.notify_all();
+  retired_.push_back(std::move(e.poller));
 }
 
 size_t GrpcAgentPool::pollers() const {
@@ -221,7 +246,14 @@ double GrpcAgentPool::SecondsSinceContact(const std::string& endpoint) {
 }
 
 void GrpcAgentPool::Refresh(const std::string& endpoint, const Poller* poller) {
-  auto stub = StubFor(endpoint);
+  std::shared_ptr<v1::AgentService::Stub> stub;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = entries_.find(endpoint);
+    // A retired poller calls no more: its endpoint was forgotten (or is polled anew).
+    if (poller != nullptr && (it == entries_.end() || it->second.poller.get() != poller)) return;
+    stub = StubLocked(endpoint, it != entries_.end() ? it->second : entries_[endpoint]);
+  }
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + status_timeout_);
   v1::GetStatusResponse resp;
@@ -231,6 +263,7 @@ void GrpcAgentPool::Refresh(const std::string& endpoint, const Poller* poller) {
   // A retired poller's late answer is dropped: the endpoint left (or came back anew).
   if (it == entries_.end() || (poller != nullptr && it->second.poller.get() != poller)) return;
   auto& e = it->second;
+  LogTransition(endpoint, e, s);
   e.last_ok = s.ok();
   if (s.ok()) {
     e.last = std::move(resp);
@@ -239,6 +272,17 @@ void GrpcAgentPool::Refresh(const std::string& endpoint, const Poller* poller) {
     e.last_error.clear();
   } else {
     e.last_error = s.error_message();
+  }
+}
+
+void GrpcAgentPool::LogTransition(const std::string& endpoint, const Entry& e,
+                                  const grpc::Status& s) {
+  // Once a change: an agent that stops answering, starts again, or fails in a new way.
+  if (s.ok() && !e.last_ok && !e.last_error.empty()) {
+    std::fprintf(stderr, "hydra-controller: agent %s answers\n", endpoint.c_str());
+  } else if (!s.ok() && (e.last_ok || e.last_error != s.error_message())) {
+    std::fprintf(stderr, "hydra-controller: agent %s does not answer: %s\n", endpoint.c_str(),
+                 s.error_message().c_str());
   }
 }
 

@@ -54,6 +54,10 @@ class AgentPoolInterface {
   /// each job's pass tracks its own). An endpoint that no call has named for a while (the
   /// pool's `forget_after`) stops being polled and is forgotten.
   virtual void Track(const std::vector<std::string>& endpoints) = 0;
+  /// Stops refreshing `endpoints` now and drops what is known of them: the job's own pods there
+  /// are gone, and their addresses belong to nobody (or soon to another pod). A later Track
+  /// that names one starts afresh.
+  virtual void Forget(const std::vector<std::string>& endpoints) = 0;
   /// Seconds since `endpoint` last answered (since tracking began if it never did).
   virtual double SecondsSinceContact(const std::string& endpoint) = 0;
   /// With TLS: the name `endpoint`'s certificate must carry from now on (a job's own agent pod:
@@ -84,6 +88,7 @@ class GrpcAgentPool : public AgentPoolInterface {
   Status Limit(const std::string& endpoint, const v1::LimitTrialRequest& request) override;
   StatusOr<v1::GetStatusResponse> LastStatus(const std::string& endpoint) override;
   void Track(const std::vector<std::string>& endpoints) override;
+  void Forget(const std::vector<std::string>& endpoints) override;
   StatusOr<v1::GetStatusResponse> FreshStatus(const std::string& endpoint) override;
   double SecondsSinceContact(const std::string& endpoint) override;
   void SetServerName(const std::string& endpoint, const std::string& server_name) override;
@@ -113,9 +118,15 @@ class GrpcAgentPool : public AgentPoolInterface {
   };
   GrpcAgentPool() = default;
   std::shared_ptr<v1::AgentService::Stub> StubFor(const std::string& endpoint);
+  /// The entry's stub, dialled with its server name if it has none (needs mu_ held).
+  std::shared_ptr<v1::AgentService::Stub> StubLocked(const std::string& endpoint, Entry& e);
+  /// Stops the entry's poller and hands it to Reap (needs mu_ held).
+  void Retire(Entry& e);
   /// One GetStatus; the answer is kept if `poller` still owns the endpoint (null: always).
   void Refresh(const std::string& endpoint, const Poller* poller);
   void Poll(std::string endpoint, std::shared_ptr<Poller> poller);
+  /// Logs an answer that differs from the last one kept in `e` (needs mu_ held).
+  static void LogTransition(const std::string& endpoint, const Entry& e, const grpc::Status& s);
   /// Joins retired pollers that finished (all of them with `all`); needs mu_ not held.
   void Reap(bool all);
 

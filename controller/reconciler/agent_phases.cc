@@ -20,7 +20,11 @@ void Track(Pass& pass, std::set<std::string>& seen, const std::string& endpoint)
 
 /// Tracks `pass.endpoints` plus those holding the job's trials, and reads their latest reports.
 void ReadReports(const ReconcileContext& ctx, Pass& pass, std::set<std::string>& seen) {
-  for (const auto& [n, e] : pass.entries) Track(pass, seen, e.agent_endpoint);
+  // Not a finished trial's: its agent may be long gone (a job's own pod, deleted with the job's
+  // tail), and the inventory or the pods name every agent that is still there.
+  for (const auto& [n, e] : pass.entries) {
+    if (!e.Final()) Track(pass, seen, e.agent_endpoint);
+  }
   ctx.agents->Track(pass.endpoints);
   for (const auto& ep : pass.endpoints) {
     auto r = ctx.agents->LastStatus(ep);
@@ -79,6 +83,30 @@ void ObserveSharedPool(const ReconcileContext& ctx, Pass& pass) {
   ReadReports(ctx, pass, seen);
 }
 
+}  // namespace
+
+void ForgetGoneEndpoints(const ReconcileContext& ctx, const Pass& pass,
+                         const std::vector<std::string>& still) {
+  const std::string key = pass.ns + "/" + pass.name + "/" + pass.uid;
+  std::vector<std::string> gone;
+  {
+    std::lock_guard<std::mutex> lock(ctx.memory->mu);
+    auto& last = ctx.memory->own_endpoints[key];
+    const std::set<std::string> now(still.begin(), still.end());
+    for (const auto& ep : last) {
+      if (!now.count(ep)) gone.push_back(ep);
+    }
+    if (now.empty()) {
+      ctx.memory->own_endpoints.erase(key);
+    } else {
+      last = now;
+    }
+  }
+  if (!gone.empty()) ctx.agents->Forget(gone);
+}
+
+namespace {
+
 void ObserveOwnPods(const ReconcileContext& ctx, Pass& pass) {
   std::set<std::string> seen;
   auto listed = ctx.kube->List(kube::kPods, pass.ns, std::string(kJobUidLabel) + "=" + pass.uid);
@@ -86,7 +114,7 @@ void ObserveOwnPods(const ReconcileContext& ctx, Pass& pass) {
     pass.pods.problem = "cannot list the job's agent pods: " + listed.status().message();
     pass.inventory = UnavailableError(pass.pods.problem);
     ReadReports(ctx, pass, seen);
-    return;
+    return;  // nothing is known gone
   }
   for (const auto& item : listed->value("items", Json::array())) {
     pass.pods.pods.push_back(ObserveAgentPod(item, ctx.options->agent_pods.grpc_port));
@@ -102,16 +130,24 @@ void ObserveOwnPods(const ReconcileContext& ctx, Pass& pass) {
     Track(pass, seen, p.endpoint);
   }
   ReadReports(ctx, pass, seen);
+  ForgetGoneEndpoints(ctx, pass, pass.endpoints);
   // Only the job's own pods speak for it: what answers at the address of a pod that failed or
   // is gone is not its agent (the address may belong to another pod by now).
   for (auto it = pass.reports.begin(); it != pass.reports.end();) {
     it = pass.in_inventory.count(it->first) ? std::next(it) : pass.reports.erase(it);
   }
   std::vector<AgentInventory> agents;
-  for (const auto& p : pass.pods.pods) {
+  for (auto& p : pass.pods.pods) {
+    if (p.phase != AgentPodPhase::kReady) continue;
     auto r = pass.reports.find(p.endpoint);
-    if (p.phase != AgentPodPhase::kReady || r == pass.reports.end()) continue;
+    if (r == pass.reports.end()) {
+      // Ready to the kubelet, silent to the controller (still dialling, or a TLS or network
+      // problem between them): the status says which.
+      p.reason = ctx.agents->LastStatus(p.endpoint).status().message();
+      continue;
+    }
     const std::string problem = PodConfirmationProblem(pass, p, r->second);
+    p.reason = problem;
     if (problem.empty()) {
       agents.push_back(PodAgent(p, r->second));
       continue;

@@ -119,6 +119,7 @@ Status Finalize(const ReconcileContext& ctx, Pass& pass) {
     return true;
   });
   if (!removed.ok() && removed.status().code() != StatusCode::kNotFound) return removed.status();
+  ForgetGoneEndpoints(ctx, pass, {});
   return OkStatus();
 }
 

@@ -28,6 +28,9 @@ struct AgentMemory {
   std::mutex mu;
   std::set<std::string> lost;
   std::set<std::string> unconfirmed_logged;
+  /// The endpoints each job with its own pods polled at its last pass (by namespace/name/uid):
+  /// those its next pass no longer names are forgotten at once.
+  std::map<std::string, std::set<std::string>> own_endpoints;
 };
 
 /// What a pass uses besides its own state; all borrowed.

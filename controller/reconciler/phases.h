@@ -29,6 +29,11 @@ StatusOr<bool> LoadTrials(const ReconcileContext& ctx, Pass& pass);
 /// (Prometheus), or with spec.agents the job's own pods (listed; a Ready pod's agent is its pod
 /// IP) and what their agents report over gRPC.
 void ObserveAgents(const ReconcileContext& ctx, Pass& pass);
+/// Stops polling the endpoints the job's own pods had at its last pass that `still` does not
+/// name (every one, with none: the job is gone). Its pods' addresses are nobody's once the pods
+/// are gone: nothing is sent there.
+void ForgetGoneEndpoints(const ReconcileContext& ctx, const Pass& pass,
+                         const std::vector<std::string>& still);
 
 /// Each placed trial's entry from its agent's report; lost, drained and forgotten trials go
 /// back to placement (a job's own pod that failed or is gone loses its trials at once).

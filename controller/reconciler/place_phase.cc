@@ -183,10 +183,11 @@ StatusOr<bool> PlaceWaitingTrials(const ReconcileContext& ctx, Pass& pass) {
     return true;
   }
   // A job's own agents take a trial per device while any pod it wants is not serving yet
-  // (waiting for a node, for Kueue's quota, or starting): the pods made for the other trials
-  // would otherwise come up idle, and with the quota of one pod the job trains there a trial at
-  // a time. Trials share a device only when every pod the job may have serves (maxAgents).
-  bool pods_coming = static_cast<int>(pass.pods.Live().size()) < pass.pods.desired;
+  // (waiting for a node, for Kueue's quota, starting, or Ready with an agent that has not
+  // answered): the pods made for the other trials would otherwise come up idle, and with the
+  // quota of one pod the job trains there a trial at a time. Trials share a device only when
+  // every pod the job may have serves (maxAgents).
+  bool pods_coming = static_cast<int>(agents.size()) < pass.pods.desired;
   for (const auto* p : pass.pods.Live()) {
     pods_coming = pods_coming || p->phase != AgentPodPhase::kReady;
   }

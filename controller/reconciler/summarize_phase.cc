@@ -39,7 +39,8 @@ struct Conditions {
 };
 
 void SetProgressingAndReady(Conditions& conds, const TrialCounts& c,
-                            const std::map<std::string, std::string>& rejected) {
+                            const std::map<std::string, std::string>& rejected,
+                            const std::map<std::string, std::string>& no_room) {
   const bool all_final = c.AllFinal();
   conds.Set(cond::kProgressing, !all_final, all_final ? cond::kFinished : cond::kTrialsTraining,
             std::to_string(c.running) + " running, " + std::to_string(c.pending) + " pending, " +
@@ -51,7 +52,8 @@ void SetProgressingAndReady(Conditions& conds, const TrialCounts& c,
   conds.Set(cond::kReady, c.unplaced == 0, c.unplaced == 0 ? cond::kTrialsPlaced : waiting_reason,
             c.unplaced == 0 ? "every unfinished trial has an agent"
             : rejected.empty()
-                ? std::to_string(c.unplaced) + " trials wait for an agent"
+                ? std::to_string(c.unplaced) + " trials wait for an agent" +
+                      (no_room.empty() ? std::string() : ": " + no_room.begin()->second)
                 : rejected.begin()->first + " cannot start: " + rejected.begin()->second);
 }
 
@@ -86,7 +88,7 @@ void SetJobConditions(Conditions& conds, const TrialCounts& c, const Pass& pass)
     conds.Set(cond::kProgressing, false, cond::kSuspended, why);
     conds.Set(cond::kReady, false, cond::kSuspended, why);
   } else {
-    SetProgressingAndReady(conds, c, pass.rejected);
+    SetProgressingAndReady(conds, c, pass.rejected, pass.no_room);
   }
   conds.Set(cond::kComplete, c.Complete(),
             c.Complete()  ? cond::kAllTrialsSucceeded

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -51,8 +52,13 @@ Json Kubectl(const std::string& args) {
 }
 
 /// The condition `type` of a job's status (an empty object if absent).
+/// The job's status; empty before the controller first writes it (or when the job is gone).
+Json StatusOf(const Json& job) {
+  return job.is_object() ? job.value("status", Json::object()) : Json::object();
+}
+
 Json Condition(const Json& job, const std::string& type) {
-  for (const auto& c : job.value("status", Json::object()).value("conditions", Json::array())) {
+  for (const auto& c : StatusOf(job).value("conditions", Json::array())) {
     if (c.value("type", "") == type) return c;
   }
   return Json::object();
@@ -64,7 +70,7 @@ bool IsTrue(const Json& job, const std::string& type) {
 
 /// A job's trial entry by name (an empty object if absent).
 Json TrialOf(const Json& job, const std::string& name) {
-  for (const auto& t : job.value("status", Json::object()).value("trials", Json::array())) {
+  for (const auto& t : StatusOf(job).value("trials", Json::array())) {
     if (t.value("name", "") == name) return t;
   }
   return Json::object();
@@ -106,18 +112,44 @@ class AgentPodsTest : public ::testing::Test {
     // Its Nodes stay "Ready" (no node lifecycle controller runs): the next test's pods must not
     // be bound to them.
     Sh("kubectl delete nodes --all --wait=false");
-    if (::testing::Test::HasFailure()) {
+    // HYDRA_KEEP_TEST_FILES=1 keeps them after a pass too (to compare with a failure).
+    if (::testing::Test::HasFailure() || std::getenv("HYDRA_KEEP_TEST_FILES") != nullptr) {
       Sh("kubectl get pods -A -o wide > " + (work_ / "pods.txt").string());
       Sh("kubectl get pods,workloads,events -A -o yaml > " + (work_ / "objects.yaml").string());
       // The control plane's directory goes with the suite: keep this test's files.
       const fs::path keep =
-          fs::temp_directory_path() / ("hydra-agent-pods-failed-" + std::to_string(::getpid()));
+          fs::temp_directory_path() /
+          ("hydra-agent-pods-" + std::to_string(::getpid()) + "-" + work_.filename().string());
       fs::copy(work_, keep, fs::copy_options::recursive | fs::copy_options::skip_symlinks);
       std::printf("--- kept %s\n", keep.c_str());
       std::printf("--- controller log (tail)\n%s\n", Tail(work_ / "controller.log").c_str());
       std::printf("--- kubelet log (tail)\n%s\n", Tail(work_ / "kubelet.log").c_str());
       std::printf("--- pods\n%s\n", Slurp((work_ / "pods.txt").string()).c_str());
     }
+  }
+
+  /// What a failed wait prints: the job's status in brief (not its spec), and the controller's
+  /// last lines; CI shows only the start of a failure's output.
+  std::string Brief(const Json& job) {
+    std::ostringstream o;
+    if (!job.is_object()) return "the job is gone";
+    const Json st = StatusOf(job);
+    const Json meta = job.value("metadata", Json::object());
+    o << meta.value("namespace", "") << "/" << meta.value("name", "") << ": running "
+      << st.value("running", 0) << ", succeeded " << st.value("succeeded", 0) << ", agents "
+      << st.value("agents", Json::object()).dump() << "\n";
+    for (const auto& c : st.value("conditions", Json::array())) {
+      o << "  " << c.value("type", "") << "=" << c.value("status", "") << " "
+        << c.value("reason", "") << ": " << c.value("message", "") << "\n";
+    }
+    for (const auto& t : st.value("trials", Json::array())) {
+      o << "  trial " << t.value("name", "") << " " << t.value("state", "") << " step "
+        << t.value("step", 0) << " on " << t.value("agentEndpoint", "-") << ": "
+        << t.value("message", "") << "\n";
+    }
+    const std::string log = Slurp((work_ / "controller.log").string());
+    o << "controller log (end):\n" << log.substr(log.size() > 2500 ? log.size() - 2500 : 0);
+    return o.str();
   }
 
   static std::string Tail(const fs::path& f) {
@@ -215,7 +247,7 @@ class AgentPodsTest : public ::testing::Test {
   }
 
   static void ExpectReferenceLosses(const Json& job, const std::map<std::string, Json>& ref) {
-    for (const auto& t : job["status"]["trials"]) {
+    for (const auto& t : StatusOf(job).value("trials", Json::array())) {
       const std::string name = t["name"];
       SCOPED_TRACE(name);
       EXPECT_EQ(t["state"], "Succeeded");
@@ -328,10 +360,10 @@ TEST_F(AgentPodsTest, ASpotPoolScalesFromZeroSurvivesAReclaimAndLeavesNoPod) {
   ASSERT_TRUE(Eventually(
       [&] {
         job = Kubectl("get mmj spot -n team-a");
-        return !job.is_null() && job["status"].value("running", 0) == 2;
+        return StatusOf(job).value("running", 0) == 2;
       },
       90))
-      << job.dump(2);
+      << Brief(job);
   EXPECT_EQ(job["status"]["agents"]["desired"], 2);
   EXPECT_GE(Kubectl("get nodes")["items"].size(), 2u) << "nodes were added for the pods";
   // Each pod serves only its job, over TLS with the job's own certificate.
@@ -348,11 +380,11 @@ TEST_F(AgentPodsTest, ASpotPoolScalesFromZeroSurvivesAReclaimAndLeavesNoPod) {
   ASSERT_TRUE(Eventually(
       [&] {
         job = Kubectl("get mmj spot -n team-a");
-        return !job.is_null() && job["status"]["agents"].value("pods", 0) == 1 &&
-               job["status"].value("succeeded", 0) == 1;
+        return StatusOf(job).value("agents", Json::object()).value("pods", 0) == 1 &&
+               StatusOf(job).value("succeeded", 0) == 1;
       },
       60))
-      << job.dump(2);
+      << Brief(job);
   auto [erc, events] = Sh("kubectl get events -n team-a --field-selector reason=AgentPodsDeleted");
   EXPECT_THAT(events, HasSubstr("the job's remaining trials need 1 of them"));
 
@@ -374,7 +406,7 @@ TEST_F(AgentPodsTest, ASpotPoolScalesFromZeroSurvivesAReclaimAndLeavesNoPod) {
         return !node.empty();
       },
       90))
-      << job.dump(2);
+      << Brief(job);
   ASSERT_LT(at_step, 3000) << "the trial ended before the reclaim";
   auto [drc, dout] = Sh("kubectl delete node " + node + " --wait=false");
   ASSERT_EQ(drc, 0) << dout;
@@ -386,7 +418,7 @@ TEST_F(AgentPodsTest, ASpotPoolScalesFromZeroSurvivesAReclaimAndLeavesNoPod) {
         return IsTrue(job, "Complete");
       },
       240))
-      << job.dump(2);
+      << Brief(job);
   const Json t = TrialOf(job, long_trial);
   EXPECT_EQ(t["restarts"], 1) << "moved once, by the reclaim";
   ExpectReferenceLosses(job, ref_spot);
@@ -397,7 +429,7 @@ TEST_F(AgentPodsTest, ASpotPoolScalesFromZeroSurvivesAReclaimAndLeavesNoPod) {
         return IsTrue(solo_job, "Complete");
       },
       120))
-      << solo_job.dump(2);
+      << Brief(solo_job);
   ExpectReferenceLosses(solo_job, ref_solo);
   // The controller saw the reclaimed pod failed or already gone, and moved the trial at once.
   auto [qrc, requeued] =
@@ -456,11 +488,11 @@ TEST_F(AgentPodsTest, KueueAdmitsAgentPodsAsItsQuotaAllows) {
   ASSERT_TRUE(Eventually(
       [&] {
         job = Kubectl("get mmj sweep -n team-q");
-        return !job.is_null() && job["status"].value("running", 0) == 1 &&
-               job["status"].value("agents", Json::object()).value("gated", 0) == 2;
+        return StatusOf(job).value("running", 0) == 1 &&
+               StatusOf(job).value("agents", Json::object()).value("gated", 0) == 2;
       },
       90))
-      << job.dump(2);
+      << Brief(job);
   EXPECT_EQ(job["status"]["agents"]["pods"], 3);
   EXPECT_FALSE(IsTrue(job, "Queued"));
   EXPECT_EQ(Condition(job, "Queued")["message"], "1 of 3 agent pods admitted");
@@ -475,7 +507,7 @@ TEST_F(AgentPodsTest, KueueAdmitsAgentPodsAsItsQuotaAllows) {
         return IsTrue(starved_job, "Queued");
       },
       30))
-      << starved_job.dump(2);
+      << Brief(starved_job);
   EXPECT_EQ(Condition(starved_job, "Queued")["reason"], "AwaitingAdmission");
   EXPECT_THAT(Condition(starved_job, "Queued")["message"].get<std::string>(),
               HasSubstr("queue none"));
@@ -486,20 +518,20 @@ TEST_F(AgentPodsTest, KueueAdmitsAgentPodsAsItsQuotaAllows) {
   ASSERT_TRUE(Eventually(
       [&] {
         job = Kubectl("get mmj sweep -n team-q");
-        for (const auto& t : job["status"]["trials"]) {
+        for (const auto& t : StatusOf(job).value("trials", Json::array())) {
           if (t.value("state", "") == "Running") agents.insert(t.value("agentEndpoint", ""));
         }
         return agents.size() >= 2;
       },
       90))
-      << job.dump(2);
+      << Brief(job);
   ASSERT_TRUE(Eventually(
       [&] {
         job = Kubectl("get mmj sweep -n team-q");
         return IsTrue(job, "Complete");
       },
       240))
-      << job.dump(2);
+      << Brief(job);
   ExpectReferenceLosses(job, ref);
   EXPECT_TRUE(Eventually([&] { return PodsOf("team-q", "sweep").empty(); }, 60));
   // Kueue let go of the pods: their Workloads were collected with them.

@@ -158,6 +158,15 @@ class FakeAgentPool : public controller::AgentPoolInterface,
     std::lock_guard<std::mutex> lock(mu_);
     tracked_ = endpoints;
   }
+  void Forget(const std::vector<std::string>& endpoints) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    forgotten_.insert(forgotten_.end(), endpoints.begin(), endpoints.end());
+  }
+  /// Every endpoint Forget was called with, in order.
+  std::vector<std::string> forgotten() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return forgotten_;
+  }
   double SecondsSinceContact(const std::string& endpoint) override {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = agents_.find(endpoint);
@@ -212,7 +221,7 @@ class FakeAgentPool : public controller::AgentPoolInterface,
 
   std::mutex mu_;
   std::map<std::string, Agent> agents_;
-  std::vector<std::string> tracked_, calls_;
+  std::vector<std::string> tracked_, calls_, forgotten_;
   std::map<std::string, std::string> server_names_;
   std::vector<Status> assign_failures_;
 };

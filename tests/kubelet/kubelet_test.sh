@@ -199,10 +199,16 @@ echo "ok: node auto-1 deleted: big killed, Failed with DisruptionTarget, deleted
 kubectl delete pod --all --wait=false >/dev/null
 kubectl wait --for=delete pod --all --timeout=20s >/dev/null 2>&1 || fail "pods were not deleted"
 [ -z "$(ip netns list | grep "^hk-$KPID-" || true)" ] || fail "netns left: $(ip netns list | grep "^hk-$KPID-")"
+# A gone pod's address is refused on this machine, not sent out through the default route.
+route="$(ip route get "$IP1" 2>&1 || true)"
+grep -qE "unreachable|No route to host" <<<"$route" || fail "$IP1 (web-1, gone) is routed: $route"
+curl -sS --max-time 5 "http://$IP1:8000/" >/dev/null 2>&1 && fail "web-1's old address $IP1 answers"
+echo "ok: a gone pod's address is unreachable here"
 kill -TERM "$KPID"
 rc=0; wait "$KPID" || rc=$?
 [ "$rc" = 0 ] || fail "the kubelet exited with $rc at SIGTERM"
 [ -z "$(ip netns list | grep "^hk-$KPID-" || true)" ] || fail "netns left after the kubelet stopped"
 [ -z "$(ip -o link show | grep -o "hk${KPID}v[0-9]*" || true)" ] || fail "veths left after the kubelet stopped"
+[ -z "$(ip route show type unreachable | grep "metric $KPID\b" || true)" ] || fail "the pod CIDR's unreachable route is left"
 echo "PASS: test kubelet: pods run in their own netns, Ready by probes, autoscaled, deleted," \
   "reclaimed with their node; unknown commands fail ($((SECONDS - START)) s after the control plane was up)"

@@ -74,6 +74,11 @@ func newNetAlloc(cidr string) (*netAlloc, error) {
 		return nil, fmt.Errorf("--pod-cidr %s: too small (a /30 per pod)", a.cidr)
 	}
 	a.blocks = 1 << (30 - ones)
+	// A packet to an address of the CIDR that no pod holds (a pod gone, its /30 route with it)
+	// is refused here, never sent out through the default route.
+	if err := ip("route", "replace", "unreachable", a.cidr.String(), "metric", strconv.Itoa(os.Getpid())); err != nil {
+		return nil, err
+	}
 	return a, nil
 }
 
@@ -230,6 +235,7 @@ func (a *netAlloc) removeAll() {
 	}
 	// Anything with this process's prefix that the bookkeeping missed.
 	removeMatching(func(pid int) bool { return pid == os.Getpid() })
+	_ = ip("route", "del", "unreachable", a.cidr.String(), "metric", strconv.Itoa(os.Getpid()))
 }
 
 func killNetnsPids(ns string) {
@@ -278,6 +284,7 @@ func removeMatching(match func(pid int) bool) int {
 			}
 		}
 	}
+	removed += removeUnreachableRoutes(match)
 	if ifs, err := net.Interfaces(); err == nil {
 		for _, i := range ifs {
 			if m := ifName.FindStringSubmatch(i.Name); m != nil {
@@ -286,6 +293,29 @@ func removeMatching(match func(pid int) bool) int {
 						removed++
 					}
 				}
+			}
+		}
+	}
+	return removed
+}
+
+// removeUnreachableRoutes removes the pod CIDRs' unreachable routes (metric: the pid of the
+// test-kubelet that added it) whose pid matches.
+func removeUnreachableRoutes(match func(pid int) bool) int {
+	out, err := exec.Command("ip", "route", "show", "type", "unreachable").Output()
+	if err != nil {
+		return 0
+	}
+	removed := 0
+	for _, line := range strings.Split(string(out), "\n") {
+		// "unreachable 10.231.0.0/16 metric 1234"
+		f := strings.Fields(line)
+		if len(f) < 4 || f[0] != "unreachable" || f[2] != "metric" {
+			continue
+		}
+		if pid, err := strconv.Atoi(f[3]); err == nil && match(pid) {
+			if ip("route", "del", "unreachable", f[1], "metric", f[3]) == nil {
+				removed++
 			}
 		}
 	}

@@ -20,17 +20,19 @@ namespace {
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
-/// GetStatus answers with the node name, or hangs for `hang` while `cut` is set.
+/// GetStatus answers with the node name (counting the calls), or hangs while `cut` is set.
 class StatusOnlyAgent final : public v1::AgentService::Service {
  public:
   explicit StatusOnlyAgent(std::string node) : node_(std::move(node)) {}
   grpc::Status GetStatus(grpc::ServerContext* ctx, const v1::GetStatusRequest*,
                          v1::GetStatusResponse* out) override {
+    status_calls += 1;
     while (cut && !ctx->IsCancelled()) std::this_thread::sleep_for(10ms);
     out->set_node_name(node_);
     return grpc::Status::OK;
   }
   std::atomic<bool> cut{false};
+  std::atomic<int> status_calls{0};
 
  private:
   std::string node_;
@@ -114,6 +116,35 @@ TEST(GrpcAgentPoolTest, AnEndpointIsForgottenOnlyWhenNoPassNamedItForAWhile) {
   EXPECT_EQ((*pool)->LastStatus(b.endpoint).status().code(), StatusCode::kNotFound);
 }
 
+// A job's own pod is gone: its address is polled no more at once (not after forget_after).
+TEST(GrpcAgentPoolTest, AForgottenEndpointIsPolledNoMore) {
+  Server a("node-a"), b("node-b");
+  auto pool = GrpcAgentPool::Create({}, /*refresh=*/50ms, /*rpc_timeout=*/2s,
+                                    /*status_timeout=*/300ms, /*forget_after=*/60s);
+  ASSERT_TRUE(pool.ok());
+  (*pool)->Track({a.endpoint, b.endpoint});
+  for (int i = 0; i < 100 && !(*pool)->LastStatus(b.endpoint).ok(); ++i) {
+    std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_TRUE((*pool)->LastStatus(b.endpoint).ok());
+  (*pool)->Forget({b.endpoint, "127.0.0.1:1"});  // one never tracked: nothing to do
+  EXPECT_EQ((*pool)->LastStatus(b.endpoint).status().code(), StatusCode::kNotFound);
+  for (int i = 0; i < 100 && (*pool)->pollers() != 1; ++i) {
+    std::this_thread::sleep_for(20ms);
+    (*pool)->Track({a.endpoint});
+  }
+  EXPECT_EQ((*pool)->pollers(), 1u);
+  const int calls = b.agent.status_calls.load();
+  std::this_thread::sleep_for(300ms);
+  EXPECT_EQ(b.agent.status_calls.load(), calls) << "b is still polled";
+  EXPECT_EQ((*pool)->LastStatus(b.endpoint).status().code(), StatusCode::kNotFound);
+  (*pool)->Track({b.endpoint});  // named again: polled afresh
+  for (int i = 0; i < 100 && !(*pool)->LastStatus(b.endpoint).ok(); ++i) {
+    std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_TRUE((*pool)->LastStatus(b.endpoint).ok());
+}
+
 TEST(GrpcAgentPoolTest, TlsChecksEveryAgentAgainstOneFixedNameWhenAsked) {
   const fs::path dir = fs::temp_directory_path() / ("agent-pool-tls-" + std::to_string(::getpid()));
   ASSERT_TRUE(fakes::MakeTestCertificates(dir));
@@ -129,20 +160,21 @@ TEST(GrpcAgentPoolTest, TlsChecksEveryAgentAgainstOneFixedNameWhenAsked) {
   EXPECT_FALSE(refused.ok());
 
   // Checked against the fixed name the certificate carries.
-  auto by_name = GrpcAgentPool::Create({(dir / "ca.pem").string(), "", "", "hydra-agent.hydra.svc", ""},
-                                       100ms, 2s, 1s);
+  auto by_name = GrpcAgentPool::Create(
+      {(dir / "ca.pem").string(), "", "", "hydra-agent.hydra.svc", ""}, 100ms, 2s, 1s);
   ASSERT_TRUE(by_name.ok());
   auto answered = (*by_name)->FreshStatus(agent.endpoint);
   ASSERT_TRUE(answered.ok()) << answered.status().message();
   EXPECT_EQ(answered->node_name(), "node-a");
 
   // Any other fixed name is refused.
-  auto wrong =
-      GrpcAgentPool::Create({(dir / "ca.pem").string(), "", "", "other.hydra.svc", ""}, 100ms, 2s, 1s);
+  auto wrong = GrpcAgentPool::Create({(dir / "ca.pem").string(), "", "", "other.hydra.svc", ""},
+                                     100ms, 2s, 1s);
   ASSERT_TRUE(wrong.ok());
   EXPECT_FALSE((*wrong)->FreshStatus(agent.endpoint).ok());
   // A name without a CA is a configuration error.
-  EXPECT_EQ(GrpcAgentPool::Create({"", "", "", "x", ""}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(GrpcAgentPool::Create({"", "", "", "x", ""}).status().code(),
+            StatusCode::kInvalidArgument);
   fs::remove_all(dir);
 }
 

@@ -172,6 +172,34 @@ TEST_F(PhasesTest, AReadyPodTakesATrialPerDeviceWhileTheJobsOtherPodsStart) {
   }
 }
 
+TEST_F(PhasesTest, AReadyPodWhoseAgentHasNotAnsweredCountsAsStarting) {
+  // Both pods are Ready, but one agent has not answered yet (it is still listening or its TLS is
+  // being set up): the answering one takes a trial per device, not every trial, or the other
+  // pod would come up idle and be deleted at once.
+  PutJob(JobObject(true, 2));
+  Reconcile();
+  ASSERT_EQ(Pods().size(), 2u);
+  MakeReady("sweep-agent-0", "node-a", "10.1.0.1");
+  MakeReady("sweep-agent-1", "node-b", "10.1.0.2");
+  agents_.SetReachable("10.1.0.1:9443", false);
+  agents_.SetReachable("10.1.0.2:9443", false);
+  Reconcile();
+  // The trials say why they wait: Ready pods whose agents do not answer, and the agent's error.
+  EXPECT_THAT(Status().trials[0].message,
+              AllOf(HasSubstr("the job's agent pods are 2 Ready"), HasSubstr("10.1.0.1:9443")));
+  EXPECT_THAT(agents_.calls(), IsEmpty());
+  agents_.SetReachable("10.1.0.1:9443", true);
+  agents_.HideTrials("10.1.0.1:9443", true);
+  Reconcile();
+  Reconcile();
+  EXPECT_EQ(agents_.TrialsOn("10.1.0.1:9443").size(), 1u);
+  EXPECT_EQ(Pods().size(), 2u) << "the silent pod's agent is waited for, not deleted";
+  agents_.HideTrials("10.1.0.1:9443", false);
+  agents_.SetReachable("10.1.0.2:9443", true);
+  Reconcile();
+  EXPECT_EQ(agents_.TrialsOn("10.1.0.2:9443").size(), 1u);
+}
+
 TEST_F(PhasesTest, APodWhoseAgentServesAnotherJobIsNotUsed) {
   PutJob(JobObject(true, 1));
   Reconcile();
@@ -233,6 +261,10 @@ TEST_F(PhasesTest, APodThatVanishedLosesItsTrialsAndIsReplaced) {
   EXPECT_EQ(Status().trials[0].restarts, 1);
   EXPECT_THAT(Pods(), ElementsAre("sweep-agent-0")) << "the lowest free index again";
   EXPECT_EQ(Status().trials[0].state, TrialState::kPending);
+  // Its address is nobody's now: the next pass stops polling it.
+  Reconcile();
+  EXPECT_THAT(agents_.forgotten(), ElementsAre("10.1.0.1:9443"));
+  EXPECT_THAT(agents_.tracked(), Not(Contains("10.1.0.1:9443")));
 }
 
 TEST_F(PhasesTest, AReadyPodsAgentThatIsSilentKeepsItsTrialsForABlip) {
@@ -285,6 +317,8 @@ TEST_F(PhasesTest, IdlePodsGoInTheTailAndEveryPodGoesWhenTheJobEnds) {
   }
   EXPECT_TRUE(Cond(Status(), cond::kComplete).status);
   EXPECT_EQ(Reconcile().requeue_after.count(), 0) << "nothing left to do";
+  EXPECT_THAT(agents_.tracked(), IsEmpty()) << "the finished trials' agents are not polled";
+  EXPECT_THAT(agents_.forgotten(), Contains(busy_ep));
   EXPECT_THAT(Pods(), IsEmpty());
 }
 

@@ -252,7 +252,7 @@ void GrpcAgentPool::Refresh(const std::string& endpoint, const Poller* poller) {
     auto it = entries_.find(endpoint);
     // A retired poller calls no more: its endpoint was forgotten (or is polled anew).
     if (poller != nullptr && (it == entries_.end() || it->second.poller.get() != poller)) return;
-    stub = StubLocked(endpoint, it != entries_.end() ? it->second : entries_[endpoint]);
+    stub = StubLocked(endpoint, entries_[endpoint]);
   }
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + status_timeout_);

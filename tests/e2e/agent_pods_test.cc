@@ -128,6 +128,17 @@ class AgentPodsTest : public ::testing::Test {
     }
   }
 
+  /// Waits up to `seconds` for the job's condition `type` to be True; `job` is the last read.
+  bool AwaitCondition(const std::string& ns, const std::string& name, const std::string& type,
+                      int seconds, Json* job) {
+    return Eventually(
+        [&] {
+          *job = Kubectl("get mmj " + name + " -n " + ns);
+          return IsTrue(*job, type);
+        },
+        seconds);
+  }
+
   /// What a failed wait prints: the job's status in brief (not its spec), and the controller's
   /// last lines; CI shows only the start of a failure's output.
   std::string Brief(const Json& job) {
@@ -412,24 +423,12 @@ TEST_F(AgentPodsTest, ASpotPoolScalesFromZeroSurvivesAReclaimAndLeavesNoPod) {
   ASSERT_EQ(drc, 0) << dout;
 
   // Its pod is replaced on a new node and the trial resumes there; both jobs end.
-  ASSERT_TRUE(hydra::fakes::Eventually(
-      [&] {
-        job = Kubectl("get mmj spot -n team-a");
-        return IsTrue(job, "Complete");
-      },
-      240))
-      << Brief(job);
+  ASSERT_TRUE(AwaitCondition("team-a", "spot", "Complete", 240, &job)) << Brief(job);
   const Json t = TrialOf(job, long_trial);
   EXPECT_EQ(t["restarts"], 1) << "moved once, by the reclaim";
   ExpectReferenceLosses(job, ref_spot);
   Json solo_job;
-  ASSERT_TRUE(Eventually(
-      [&] {
-        solo_job = Kubectl("get mmj solo -n team-b");
-        return IsTrue(solo_job, "Complete");
-      },
-      120))
-      << Brief(solo_job);
+  ASSERT_TRUE(AwaitCondition("team-b", "solo", "Complete", 120, &solo_job)) << Brief(solo_job);
   ExpectReferenceLosses(solo_job, ref_solo);
   // The controller saw the reclaimed pod failed or already gone, and moved the trial at once.
   auto [qrc, requeued] =
@@ -501,12 +500,7 @@ TEST_F(AgentPodsTest, KueueAdmitsAgentPodsAsItsQuotaAllows) {
   }
   // Zero quota: the other job stays Queued, its pod gated.
   Json starved_job;
-  ASSERT_TRUE(Eventually(
-      [&] {
-        starved_job = Kubectl("get mmj starved -n team-z");
-        return IsTrue(starved_job, "Queued");
-      },
-      30))
+  ASSERT_TRUE(AwaitCondition("team-z", "starved", "Queued", 30, &starved_job))
       << Brief(starved_job);
   EXPECT_EQ(Condition(starved_job, "Queued")["reason"], "AwaitingAdmission");
   EXPECT_THAT(Condition(starved_job, "Queued")["message"].get<std::string>(),
@@ -525,13 +519,7 @@ TEST_F(AgentPodsTest, KueueAdmitsAgentPodsAsItsQuotaAllows) {
       },
       90))
       << Brief(job);
-  ASSERT_TRUE(Eventually(
-      [&] {
-        job = Kubectl("get mmj sweep -n team-q");
-        return IsTrue(job, "Complete");
-      },
-      240))
-      << Brief(job);
+  ASSERT_TRUE(AwaitCondition("team-q", "sweep", "Complete", 240, &job)) << Brief(job);
   ExpectReferenceLosses(job, ref);
   EXPECT_TRUE(Eventually([&] { return PodsOf("team-q", "sweep").empty(); }, 60));
   // Kueue let go of the pods: their Workloads were collected with them.

@@ -245,10 +245,17 @@ class AgentPodsTest : public ::testing::Test {
     return path.string();
   }
 
-  /// The undisturbed run of a manifest: trial name -> its results.json entry.
+  /// The undisturbed run of a manifest: trial name -> its results.json entry. In the
+  /// environment the test kubelet gives the agents (PATH and HOME only): variables such as
+  /// OPENBLAS_CORETYPE choose other GEMM kernels, and float results are bit-identical only
+  /// under the same ones.
   std::map<std::string, Json> Reference(const std::string& manifest, const std::string& out) {
-    auto [rc, text] = Sh(kBinary + "/cli/hydra run " + manifest + " -o " + (work_ / out).string() +
-                         " --threads 2 --devices cpu:2 --progress quiet");
+    const char* path = std::getenv("PATH");
+    const char* home = std::getenv("HOME");
+    auto [rc, text] =
+        Sh("env -i PATH='" + std::string(path ? path : "/usr/bin:/bin") + "' HOME='" +
+           std::string(home ? home : "/") + "' " + kBinary + "/cli/hydra run " + manifest + " -o " +
+           (work_ / out).string() + " --threads 2 --devices cpu:2 --progress quiet");
     EXPECT_EQ(rc, 0) << text;
     std::map<std::string, Json> ref;
     const Json r = Json::parse(Slurp((work_ / out / "results.json").string()), nullptr, false);

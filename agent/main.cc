@@ -16,6 +16,7 @@
 
 #include "agent/executor/cpu_threads.h"
 #include "agent/executor/gpus.h"
+#include "agent/executor/pilot.h"
 #include "agent/executor/spilling_executor.h"
 #include "agent/metrics/agent_metrics.h"
 #include "agent/rpc/addresses.h"
@@ -207,6 +208,21 @@ int main(int argc, char** argv) {
   hydra::executor::ConfigureCpuThreads(per_device_threads);
   hydra::executor::ExecutorOptions exec_options;
   exec_options.threads = per_device_threads;
+  exec_options.devices.devices = *devices;
+  if (!devices->empty() && devices->front().kind == hydra::DeviceKind::kCuda) {
+    // Where spilled shards' optimizers step depends on the host link and the host's optimizer.
+    auto rates = hydra::executor::MeasureLinkRates(devices->front());
+    if (rates.ok()) {
+      exec_options.host_link_bytes_per_second = rates->host_link_bytes_per_second;
+      exec_options.host_optimizer_bytes_per_second = rates->host_optimizer_bytes_per_second;
+      std::cerr << "host link " << rates->host_link_bytes_per_second / 1e9 << " GB/s to "
+                << devices->front().name << ", host AdamW "
+                << rates->host_optimizer_bytes_per_second / 1e9 << " GB/s\n";
+    } else {
+      std::cerr << "warning: " << rates.status().message()
+                << "; spilled shards' optimizers step on the device\n";
+    }
+  }
   exec_options.spill_dir = spill_dir;
   auto factory = hydra::executor::MakeExecutorFactory(exec_options);
 

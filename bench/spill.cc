@@ -11,6 +11,8 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "agent/executor/gpus.h"
+#include "agent/executor/pilot.h"
 #include "agent/executor/spilling_executor.h"
 #include "common/cost_model.h"
 #include "common/partitioner.h"
@@ -57,6 +59,13 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--init", init,
                  "start from this Hugging Face GPT-2 model.safetensors (spec.model.init)");
+  std::string devices = "cpu:1", optimizer = "auto";
+  app.add_option("--devices", devices, "cpu:1, or a GPU: cuda:0 (the CUDA build)")
+      ->capture_default_str();
+  app.add_option("--optimizer", optimizer,
+                 "where spilled shards' optimizers step: auto (by the measured link), device, host")
+      ->check(CLI::IsMember({"auto", "device", "host"}))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   if (!init.empty()) t.model.init = hydra::ModelInit{hydra::InitFormat::kSafetensors, init, init};
   t.training.precision = *hydra::ParsePrecision(precision);
@@ -67,13 +76,6 @@ int main(int argc, char** argv) {
                        : static_cast<int64_t>(static_cast<double>(footprint) * fraction);
   t.resources.offload = offload;
   if (host_budget >= 0) t.resources.host_memory_budget = host_budget;
-  auto plan = hydra::PlanShards(t, hydra::PartitionOptionsFor(t));
-  if (!plan.ok()) {
-    std::cerr << plan.status() << "\n";
-    return 1;
-  }
-  std::string policies;
-  for (const auto& s : plan->shards) policies += hydra::ActivationPolicyName(s.policy)[0];
 
   const int64_t baseline = hydra::ResidentBytes();
   hydra::ResidentPeakSampler sampler(std::chrono::milliseconds(5));
@@ -88,9 +90,42 @@ int main(int argc, char** argv) {
   hydra::executor::ExecutorOptions options;
   options.threads = threads;
   options.spill_dir = spill_dir;
+  auto found = [&]() -> hydra::StatusOr<std::vector<hydra::DeviceSpec>> {
+    ASSIGN_OR_RETURN(auto request, hydra::ParseDevicesRequest(devices));
+    return hydra::executor::FindDevices(request, 0);
+  }();
+  if (!found.ok()) {
+    stop();
+    std::cerr << found.status() << "\n";
+    return 1;
+  }
+  const hydra::DeviceSpec device = found->front();
+  options.devices.devices = {device};
+  auto rates = hydra::executor::MeasureLinkRates(device);
+  if (rates.ok()) {
+    options.host_link_bytes_per_second = rates->host_link_bytes_per_second;
+    options.host_optimizer_bytes_per_second = rates->host_optimizer_bytes_per_second;
+  }
+  if (optimizer != "auto") {
+    options.optimizer_placement =
+        optimizer == "host" ? hydra::OptimizerPlacement::kHost : hydra::OptimizerPlacement::kDevice;
+  }
   auto factory = hydra::executor::MakeExecutorFactory(options);
+  // The plan the executor runs (on a GPU: recompute, and the optimizer where the link says).
+  auto admission = factory->Admit(t, **data);
+  if (!admission.ok()) {
+    stop();
+    std::cerr << admission.status() << "\n";
+    return 1;
+  }
+  const hydra::PartitionPlan* plan = &admission->plan;
+  std::string policies, placements;
+  for (const auto& s : plan->shards) {
+    policies += hydra::ActivationPolicyName(s.policy)[0];
+    placements += hydra::OptimizerPlacementName(s.optimizer)[0];
+  }
   const auto setup_start = std::chrono::steady_clock::now();
-  auto exec = factory->Create(t, *data);
+  auto exec = factory->Build(t, *data, *admission, 0);
   if (!exec.ok()) {
     stop();
     std::cerr << exec.status() << "\n";
@@ -117,6 +152,10 @@ int main(int argc, char** argv) {
   stop();
   const double steps = static_cast<double>(t.training.steps);
   std::cout << nlohmann::json{{"budgetFraction", fraction},
+                              {"device", device.name},
+                              {"deviceModel", device.model},
+                              {"optimizer", optimizer},
+                              {"hostLinkBytesPerSecond", options.host_link_bytes_per_second},
                               {"precision", precision},
                               {"offload", offload},
                               {"hostBudget", host_budget},
@@ -126,6 +165,7 @@ int main(int argc, char** argv) {
                               {"budgetBytes", *t.resources.device_memory_budget},
                               {"shards", after.shards},
                               {"policies", policies},
+                              {"optimizerPlacements", placements},
                               {"tokensPerSecond",
                                steps * t.training.batch_size * t.model.context_length / seconds},
                               {"secondsPerStep", seconds / steps},

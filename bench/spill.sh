@@ -5,9 +5,11 @@
 # are to the 100% run of the same invocation.
 #   bash bench/spill.sh [--smoke] [--rounds N] [--largest LAYERSxWIDTH] [--precision fp32|bf16]
 #                       [--init model.safetensors]   (--largest only: start from a checkpoint)
+#   bash bench/spill.sh --gpu cuda:0 [--smoke]   (a CUDA build: issue 17's GPU benchmark; below)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BIN=build/bench/spill
+BIN="${HYDRA_BENCH_SPILL_BIN:-build/bench/spill}"
+PY="${HYDRA_BENCH_PYTHON:-python3}"
 CORPUS=examples/data/corpus.txt
 SPILL_DIR="${HYDRA_BENCH_SPILL_DIR:-${TMPDIR:-/tmp}/hydra-bench-spill-$$}"
 ROUNDS=2
@@ -15,9 +17,12 @@ MODEL="--layers 12 --embd 768 --heads 12 --ctx 256 --batch 8 --steps 3 --warmup 
 LARGEST=""
 PRECISION=fp32
 INIT=()
+GPU=""
+SMOKE=0
 while [ $# -gt 0 ]; do
   case "$1" in
-    --smoke) ROUNDS=1; MODEL="--layers 8 --embd 64 --heads 4 --ctx 64 --batch 4 --steps 2 --warmup 1" ;;
+    --smoke) SMOKE=1; ROUNDS=1; MODEL="--layers 8 --embd 64 --heads 4 --ctx 64 --batch 4 --steps 2 --warmup 1" ;;
+    --gpu) GPU="$2"; shift ;;
     --rounds) ROUNDS="$2"; shift ;;
     --largest) LARGEST="$2"; shift ;;
     --precision) PRECISION="$2"; shift ;;
@@ -27,6 +32,67 @@ while [ $# -gt 0 ]; do
   shift
 done
 trap 'rm -rf "$SPILL_DIR"' EXIT
+
+if [ -n "$GPU" ]; then
+  # On one GPU: the GPT-2 medium (24 x 1024) and XL (48 x 1600) shapes, GPT-2's vocabulary,
+  # context 1024, at 100%, 50% and 25% of the footprint with the state in host memory and 25%
+  # with it on disk, the optimizer where the measured link puts it; tokens/s as ratios to the
+  # unspilled run, and PyTorch eager (bench/train_throughput.py) on the same GPU and shape.
+  SHAPES=("medium 24 1024 16 8" "xl 48 1600 25 4")
+  STEPS="--steps 3 --warmup 1"
+  if ((SMOKE)); then SHAPES=("smoke 4 256 4 4"); STEPS="--steps 2 --warmup 1"; fi
+  OUT=$(mktemp)
+  trap 'rm -rf "$SPILL_DIR" "$OUT"' EXIT
+  for shape in "${SHAPES[@]}"; do
+    set -- $shape
+    name=$1 dims="--layers $2 --embd $3 --heads $4 --ctx 1024 --vocab 50257 --batch $5"
+    for cfg in "1.0 host" "0.5 host" "0.25 host" "0.25 disk"; do
+      set -- $cfg
+      # shellcheck disable=SC2086
+      if ! "$BIN" --devices "$GPU" --corpus "$CORPUS" $dims $STEPS --budget-fraction "$1" \
+          --offload "$2" --spill-dir "$SPILL_DIR" --precision "$PRECISION" >>"$OUT" 2>"$OUT.err"; then
+        echo "{\"shape\": \"$name\", \"budgetFraction\": $1, \"offload\": \"$2\", \"error\": $("$PY" -c 'import json,sys; print(json.dumps(open(sys.argv[1]).read()[-300:]))' "$OUT.err")}" >>"$OUT"
+      fi
+    done
+    set -- $shape
+    # shellcheck disable=SC2086
+    "$PY" bench/train_throughput.py --device "$GPU" --corpus "$CORPUS" --layers "$2" --embd "$3" \
+      --heads "$4" --ctx 1024 --vocab 50257 --batch "$5" --steps 5 --warmup 2 \
+      --precision "$PRECISION" 2>"$OUT.err" | sed "s/^{/{\"shape\": \"$name\", /" >>"$OUT" ||
+      echo "{\"shape\": \"$name\", \"impl\": \"pytorch-eager\", \"error\": \"$(tail -n 1 "$OUT.err" | tr -d '\"')\"}" >>"$OUT"
+  done
+  "$PY" - "$OUT" <<'PY'
+import json, sys
+runs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+shapes = {}
+for r in runs:
+    shapes.setdefault(r.get("shape") or "", []).append(r)
+print("| shape | budget | state tier | shards | optimizer per shard (d/h) | tokens/s | ratio to unspilled | device peak (ledger) |")
+print("|---|---|---|---|---|---|---|---|")
+for name, rs in shapes.items():
+    spill = [r for r in rs if r.get("impl") != "pytorch-eager"]
+    eager = [r for r in rs if r.get("impl") == "pytorch-eager"]
+    base = next((r for r in spill if r.get("budgetFraction") == 1.0 and "tokensPerSecond" in r), None)
+    for r in spill:
+        if "tokensPerSecond" not in r:
+            print(f"| {name} | {r['budgetFraction']:.0%} | {r['offload']} | - | - | failed: "
+                  f"{r.get('error', '')[-100:].strip()} | - | - |")
+            continue
+        ratio = f"{r['tokensPerSecond'] / base['tokensPerSecond']:.2f}" if base else "-"
+        print(f"| {name}: {r['parameters'] / 1e6:.0f}M on {r['deviceModel']} | {r['budgetFraction']:.0%} "
+              f"({r['budgetBytes'] / 2**30:.1f} GiB) | {r['offload']} | {r['shards']} | "
+              f"{r['optimizerPlacements']} | {r['tokensPerSecond']:.0f} | {ratio} | "
+              f"{r['peakDeviceBytes'] / 2**30:.1f} GiB |")
+    for e in eager:
+        if "error" in e:
+            print(f"| {name}: PyTorch eager, same GPU | - | - | - | - | failed: {e['error'][-100:]} | - | - |")
+            continue
+        vs = f"Hydra unspilled / eager: {base['tokensPerSecond'] / e['tokens_per_second']:.2f}" if base else "-"
+        print(f"| {name}: PyTorch eager, same GPU | - | - | - | - | {e['tokens_per_second']:.0f} | {vs} | "
+              f"{e.get('peak_allocated_bytes', 0) / 2**30:.1f} GiB (allocator) |")
+PY
+  exit 0
+fi
 
 if [ -n "$LARGEST" ]; then
   # The largest GPT-style model: 3 steps with the state on disk under a 2.5 GiB device budget,

@@ -68,14 +68,16 @@ def main():
                           ("steps", 200), ("warmup", 3), ("threads", 2), ("seed", 1)]:
         p.add_argument("--" + name, type=int, default=default)
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
-                   help="bf16: torch.autocast('cpu', dtype=torch.bfloat16) around forward and loss")
+                   help="bf16: torch.autocast(device, dtype=torch.bfloat16) around forward and loss")
+    p.add_argument("--device", default="cpu", help="cpu, or cuda[:N] (bench/spill.sh --gpu)")
     a = p.parse_args()
+    dev = torch.device(a.device)
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
     data = open(a.corpus, "rb").read()
     tokens = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(torch.long)
     train_tokens = int(len(data) * (1 - 0.05))
-    model = GPT(a.vocab, a.ctx, a.embd, a.heads, a.layers)
+    model = GPT(a.vocab, a.ctx, a.embd, a.heads, a.layers).to(dev)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
@@ -84,9 +86,9 @@ def main():
 
     def step(s):
         offs = offsets(a.seed, s, a.batch, train_tokens, window)
-        batch = torch.stack([tokens[o:o + window] for o in offs])
+        batch = torch.stack([tokens[o:o + window] for o in offs]).to(dev)
         x, y = batch[:, :-1], batch[:, 1:]
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.precision == "bf16"):
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=a.precision == "bf16"):
             logits = model(x)
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
         loss.backward()
@@ -97,12 +99,18 @@ def main():
     s = 0
     for _ in range(a.warmup):
         loss = step(s); s += 1
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
     t0 = time.perf_counter()
     for _ in range(a.steps):
         loss = step(s); s += 1
-    dt = time.perf_counter() - t0
-    print(json.dumps({"impl": "pytorch-eager", "precision": a.precision, "tokens_per_second": a.steps * a.batch * a.ctx / dt,
-                      "seconds": dt, "final_loss": loss}))
+    dt = time.perf_counter() - t0  # loss.item() waited for the device
+    out = {"impl": "pytorch-eager", "precision": a.precision, "device": a.device,
+           "tokens_per_second": a.steps * a.batch * a.ctx / dt, "seconds": dt, "final_loss": loss}
+    if dev.type == "cuda":
+        out["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(dev)
+    print(json.dumps(out))
 
 if __name__ == "__main__":
     main()

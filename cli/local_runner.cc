@@ -174,6 +174,7 @@ Status LocalRunner::Run(const MultiModelJob& job, const std::vector<Trial>& tria
   Observer observer(progress_, &index, &result_files);
   agent::TrialSchedulerOptions so;
   so.devices = std::max(1, options_.devices);
+  so.device_memory_bytes = options_.device_memory_bytes;
   so.host_memory_bytes = options_.host_memory_bytes;
   so.spill_dir = options_.spill_dir;
   so.hold = options_.interrupted;

@@ -42,6 +42,9 @@ struct RunOptions {
   /// CANCELLED. May be null.
   const std::atomic<bool>* interrupted = nullptr;
   int devices = 1;  ///< devices (worker threads) training trials at once
+  /// Per device, the memory of a GPU that trials keep state on (DiscreteDeviceMemory); empty
+  /// for CPU devices.
+  std::vector<int64_t> device_memory_bytes;
   /// Host memory the admitted trials' state may use; trials past it wait, in order, until
   /// earlier ones finish. <= 0: 75% of the machine's memory.
   int64_t host_memory_bytes = 0;

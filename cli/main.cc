@@ -214,6 +214,7 @@ int Run(const RunArgs& a) {
   std::string output = a.output;
   const std::string& progress_mode = a.progress;
   int devices = 0;
+  std::vector<hydra::DeviceSpec> device_specs;
   if (a.devices != "auto") {
     // The devices' memory is each trial's resources.deviceMemoryBudget here, not a flag.
     auto found = [&]() -> hydra::StatusOr<std::vector<hydra::DeviceSpec>> {
@@ -232,6 +233,7 @@ int Run(const RunArgs& a) {
       return 2;
     }
     devices = static_cast<int>(found->size());
+    device_specs = *found;
   }
   int64_t host_memory = 0;
   if (!a.host_memory.empty()) {
@@ -258,7 +260,8 @@ int Run(const RunArgs& a) {
   if (devices == 0)
     devices = std::max(1, std::min<int>(a.threads, static_cast<int>(trials.size())));
   // CPU devices share the cores without oversubscribing them.
-  const int threads = std::max(1, a.threads / devices);
+  const bool gpus = !device_specs.empty() && device_specs[0].kind == hydra::DeviceKind::kCuda;
+  const int threads = gpus ? a.threads : std::max(1, a.threads / devices);
 
   std::string mode = progress_mode;
   if (mode == "auto") mode = isatty(STDOUT_FILENO) ? "tty" : "log";
@@ -275,6 +278,21 @@ int Run(const RunArgs& a) {
 
   hydra::executor::ExecutorOptions exec_options;
   exec_options.threads = threads;
+  exec_options.devices.devices = device_specs;
+  if (gpus) {
+    // Where spilled shards' optimizers step depends on the host link and the host's optimizer.
+    auto rates = hydra::executor::MeasureLinkRates(device_specs[0]);
+    if (rates.ok()) {
+      exec_options.host_link_bytes_per_second = rates->host_link_bytes_per_second;
+      exec_options.host_optimizer_bytes_per_second = rates->host_optimizer_bytes_per_second;
+      std::printf("host link %.1f GB/s to %s; host AdamW %.1f GB/s\n",
+                  rates->host_link_bytes_per_second / 1e9, device_specs[0].name.c_str(),
+                  rates->host_optimizer_bytes_per_second / 1e9);
+    } else {
+      std::cerr << "warning: " << rates.status().message()
+                << "; spilled shards' optimizers step on the device\n";
+    }
+  }
   exec_options.spill_dir =
       a.spill_dir.empty() ? (std::filesystem::path(output) / "spill").string() : a.spill_dir;
   auto factory = hydra::executor::MakeExecutorFactory(exec_options);
@@ -283,15 +301,23 @@ int Run(const RunArgs& a) {
   options.restart = a.restart;
   options.interrupted = &g_interrupted;
   options.devices = devices;
+  options.device_memory_bytes = hydra::DiscreteDeviceMemory(device_specs);
   options.host_memory_bytes = host_memory;
   options.spill_dir = exec_options.spill_dir;
   options.threads = threads;
   hydra::cli::LocalRunner runner(factory.get(), progress.get(), options);
 
-  std::cout << "hydra run: " << trials.size() << " trials of '" << job.metadata.name << "' on "
-            << devices << " CPU device" << (devices == 1 ? "" : "s") << " of " << threads
-            << " thread" << (threads == 1 ? "" : "s") << ", Sharded-LRTF; output in " << output
-            << "\n";
+  std::cout << "hydra run: " << trials.size() << " trials of '" << job.metadata.name << "' on ";
+  if (gpus) {
+    for (size_t i = 0; i < device_specs.size(); ++i) {
+      std::cout << (i ? ", " : "") << device_specs[i].name << " (" << device_specs[i].model << ", "
+                << hydra::FormatBytes(device_specs[i].memory_bytes) << ")";
+    }
+  } else {
+    std::cout << devices << " CPU device" << (devices == 1 ? "" : "s") << " of " << threads
+              << " thread" << (threads == 1 ? "" : "s");
+  }
+  std::cout << ", Sharded-LRTF; output in " << output << "\n";
   std::vector<hydra::cli::TrialResult> results;
   hydra::Status status = runner.Run(job, trials, &results);
   std::error_code ignored;

@@ -166,6 +166,12 @@ std::string FormatGpuUuid(const unsigned char (&bytes)[16]) {
   return out;
 }
 
+std::vector<int64_t> DiscreteDeviceMemory(const std::vector<DeviceSpec>& devices) {
+  std::vector<int64_t> out;
+  for (const auto& d : devices) out.push_back(d.kind == DeviceKind::kCuda ? d.memory_bytes : 0);
+  return out;
+}
+
 std::string CpuModelName() {
   std::ifstream in("/proc/cpuinfo");
   std::string line;

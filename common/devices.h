@@ -63,6 +63,10 @@ StatusOr<std::vector<DeviceSpec>> ResolveDevices(const DevicesRequest& request,
                                                  int64_t default_cpu_budget,
                                                  const StatusOr<std::vector<GpuInfo>>& gpus);
 
+/// Per device, the memory that trials keeping state on it must share (TrialSchedulerOptions::
+/// device_memory_bytes): a GPU's memory_bytes, 0 for a CPU device (trials move between those).
+std::vector<int64_t> DiscreteDeviceMemory(const std::vector<DeviceSpec>& devices);
+
 /// The CPU's model name ("Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz") from /proc/cpuinfo;
 /// empty if unknown. Float results are bit-identical only on the same CPU kind.
 std::string CpuModelName();

@@ -6,9 +6,10 @@
 #    (build-gpu-debs/: yaml-cpp, nlohmann-json, CLI11, GoogleTest, zlib, xxHash) into a prefix.
 # 2. Builds the torch-only parts against python3's torch (-DHYDRA_WITH_SERVICES=OFF: no gRPC,
 #    protobuf, cpprestsdk or prometheus-cpp; -DHYDRA_WITH_CUDA=ON) in build-gpu/.
-# 3. Runs every test of that build (the GPU tests run for real here), the GPU discovery, the
-#    example job, and writes report.md and the logs to the report directory: GPU, driver,
-#    torch and CUDA versions, what passed, what failed, what was skipped and why.
+# 3. Runs every test of that build (the GPU tests run for real here: cuda_executor_test), the
+#    GPU discovery, the example job on the GPU, the GPU benchmark (bench/spill.sh --gpu;
+#    HYDRA_GPU_BENCH=smoke|none), and writes report.md and the logs to the report directory:
+#    GPU, driver, torch and CUDA versions, what passed, what failed, what was skipped and why.
 # Environment: HYDRA_GPU_PYTHON (python with torch; default python3), HYDRA_JOBS (default: all
 # cores), HYDRA_GPU_BUILD_DIR (default build-gpu), HYDRA_GPU_DEBS (default build-gpu-debs),
 # HYDRA_GPU_CMAKE_ARGS (more -D options; on a Debian machine, -DCMAKE_SYSTEM_IGNORE_PREFIX_PATH=/usr
@@ -109,6 +110,9 @@ grep -E '^\s+[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess aborted|Not Run)\)
 "$BUILD/tests/unit/executor/gpus_test" >"$REPORT/gpus_test.log" 2>&1 || failed=1
 say "   gpus_test: $(grep -E '^\[  (PASSED|FAILED) +\]|^\[  SKIPPED \] [0-9]+ test' "$REPORT/gpus_test.log" | paste -sd ' ')"
 grep -E 'no usable CUDA driver|the driver sees no GPU' "$REPORT/gpus_test.log" | sed 's/^/   /' | tee -a "$MD"
+"$BUILD/tests/unit/executor/cuda_executor_test" >"$REPORT/cuda_executor_test.log" 2>&1 || failed=1
+say "   cuda_executor_test: $(grep -E '^\[  (PASSED|FAILED) +\]|^\[  SKIPPED \] [0-9]+ test' "$REPORT/cuda_executor_test.log" | paste -sd ' ')"
+grep -E '^(budget|compute) ' "$REPORT/cuda_executor_test.log" | sed 's/^/   /' | tee -a "$MD"
 
 # --- 4. the example on the GPU ---------------------------------------------------------------
 RUN_DIR="$BUILD/example-run"
@@ -120,6 +124,24 @@ say "4. hydra run --devices cuda (exit $?): $(tail -n 1 "$REPORT/example-cuda.lo
   >"$REPORT/example-cpu.log" 2>&1 || failed=1
 say "   hydra run on CPU devices: $(grep -c Succeeded "$REPORT/example-cpu.log") trial line(s) Succeeded"
 say ""
+
+# --- 5. the GPU benchmark --------------------------------------------------------------------
+# HYDRA_GPU_BENCH=smoke runs a small shape only; =none skips it.
+if [ "${HYDRA_GPU_BENCH:-full}" != none ]; then
+  start=$SECONDS
+  bench_args=(--gpu cuda:0)
+  [ "${HYDRA_GPU_BENCH:-full}" = smoke ] && bench_args+=(--smoke)
+  if HYDRA_BENCH_SPILL_BIN="$BUILD/bench/spill" HYDRA_BENCH_PYTHON="$PY" \
+      bash bench/spill.sh "${bench_args[@]}" >"$REPORT/bench-spill.md" 2>"$REPORT/bench-spill.log"; then
+    say "5. bench/spill.sh ${bench_args[*]} in $((SECONDS - start)) s:"
+    say ""
+    cat "$REPORT/bench-spill.md" | tee -a "$MD"
+  else
+    failed=1
+    say "5. bench/spill.sh ${bench_args[*]} failed: $(tail -n 3 "$REPORT/bench-spill.log")"
+  fi
+  say ""
+fi
 if ((failed)); then
   say "Result: FAILURES (see the logs beside this report)"
   exit 1

@@ -1,5 +1,6 @@
 #include "agent/executor/executor.h"
 
+#include <algorithm>
 #include <utility>
 
 namespace hydra::executor {
@@ -28,14 +29,40 @@ Status CheckModelAndData(const Trial& trial, const TokenDataset& data) {
   return OkStatus();
 }
 
+StatusOr<DeviceSpec> ExecutorDevices::At(int index) const {
+  if (devices.empty() && index == 0) return CpuDevice(0, 0);
+  if (index < 0 || static_cast<size_t>(index) >= devices.size()) {
+    return InvalidArgumentError("no device " + std::to_string(index) + " among the " +
+                                std::to_string(std::max<size_t>(devices.size(), 1)) +
+                                " this executor factory was given");
+  }
+  return devices[static_cast<size_t>(index)];
+}
+
+int64_t ExecutorDevices::DiscreteMemoryBytes() const {
+  int64_t least = 0;
+  for (const auto& d : devices) {
+    if (!Discrete(d) || d.memory_bytes <= 0) continue;
+    least = least == 0 ? d.memory_bytes : std::min(least, d.memory_bytes);
+  }
+  return least;
+}
+
+Trial WithDeviceBudget(const Trial& trial, const ExecutorDevices& devices) {
+  Trial t = trial;
+  const int64_t memory = devices.DiscreteMemoryBytes();
+  if (!t.resources.device_memory_budget && memory > 0) t.resources.device_memory_budget = memory;
+  return t;
+}
+
 Status ExecutorFactoryInterface::Check(const Trial& trial, const TokenDataset& data) {
   return Admit(trial, data).status();
 }
 
 StatusOr<std::unique_ptr<TrialExecutorInterface>> ExecutorFactoryInterface::Create(
-    const Trial& trial, std::shared_ptr<const TokenDataset> data) {
+    const Trial& trial, std::shared_ptr<const TokenDataset> data, int device) {
   ASSIGN_OR_RETURN(Admission admission, Admit(trial, *data));
-  return Build(trial, std::move(data), admission);
+  return Build(trial, std::move(data), admission, device);
 }
 
 }  // namespace hydra::executor

@@ -8,6 +8,7 @@
 
 #include "agent/executor/dataset.h"
 #include "common/admission.h"
+#include "common/devices.h"
 #include "common/job.h"
 #include "common/status.h"
 
@@ -75,7 +76,35 @@ class TrialExecutorInterface {
   /// Restores ExportState's buffers (every one, with matching shape and dtype) and the step.
   virtual Status ImportState(int64_t step, const std::vector<NamedBuffer>& state) = 0;
   virtual ExecutorStats stats() const = 0;
+  /// The device (an index into the factory's devices) that holds this trial's state and must
+  /// run its tasks, or -1 when any device may: CPU devices share the host's memory, so a trial
+  /// moves between them for free, while a GPU keeps a trial's resident state (the in-memory
+  /// executor's whole model, the spilling executor's tied weights and the step under way).
+  virtual int BoundDevice() const { return -1; }
 };
+
+/// The devices an executor factory builds executors for.
+struct ExecutorDevices {
+  std::vector<DeviceSpec> devices;  ///< by index (Build's `device`); empty: one CPU device
+  /// Makes CPU devices behave as discrete ones: a spilled shard is copied to separate device
+  /// tensors and back, and executors stay on the device they were built for, as on a GPU. For
+  /// tests, so that the GPU's code paths run on machines without one.
+  bool simulate_discrete = false;
+
+  /// Device `index`; INVALID_ARGUMENT when there is no such device.
+  StatusOr<DeviceSpec> At(int index) const;
+  /// Whether device `spec`'s memory is apart from the host's (a GPU, or simulated).
+  bool Discrete(const DeviceSpec& spec) const {
+    return spec.kind == DeviceKind::kCuda || simulate_discrete;
+  }
+  /// The smallest memory of the discrete devices (the default budget of a trial that names
+  /// none); 0 when the devices are not discrete.
+  int64_t DiscreteMemoryBytes() const;
+};
+
+/// `trial` with spec.resources.deviceMemoryBudget set to the devices' memory when it names
+/// none and the devices are discrete (a GPU's memory is a hard limit; a CPU device's is not).
+Trial WithDeviceBudget(const Trial& trial, const ExecutorDevices& devices);
 
 /// A shape as messages show it: "[2,3]".
 std::string ShapeText(const std::vector<int64_t>& shape);
@@ -95,14 +124,18 @@ class ExecutorFactoryInterface {
   /// the model's vocabulary.
   virtual StatusOr<Admission> Admit(const Trial& trial, const TokenDataset& data) = 0;
   /// Builds the trial's model and optimizer, initialised from training.seed, as `admission`
-  /// (this factory's Admit of the same trial) planned them.
+  /// (this factory's Admit of the same trial) planned them, to train on `device` (an index
+  /// into the factory's devices; 0 when it was given none). INVALID_ARGUMENT for a device the
+  /// factory does not have.
   virtual StatusOr<std::unique_ptr<TrialExecutorInterface>> Build(
-      const Trial& trial, std::shared_ptr<const TokenDataset> data, const Admission& admission) = 0;
+      const Trial& trial, std::shared_ptr<const TokenDataset> data, const Admission& admission,
+      int device) = 0;
   /// Admit's verdict alone.
   Status Check(const Trial& trial, const TokenDataset& data);
-  /// Admit, then Build: for callers that keep no admission (benchmarks, tests).
-  StatusOr<std::unique_ptr<TrialExecutorInterface>> Create(
-      const Trial& trial, std::shared_ptr<const TokenDataset> data);
+  /// Admit, then Build on `device`: for callers that keep no admission (benchmarks, tests).
+  StatusOr<std::unique_ptr<TrialExecutorInterface>> Create(const Trial& trial,
+                                                           std::shared_ptr<const TokenDataset> data,
+                                                           int device = 0);
   /// Completes what a model file defines (family torchscript: loads and checks the module and
   /// fills trial->model.layers for the planner); INVALID_ARGUMENT / NOT_FOUND naming the file.
   /// Nothing to do for the built-in families.

@@ -24,15 +24,16 @@ class Gpt2Embedding : public SequentialLayer {
 
 class Gpt2Block : public SequentialLayer {
  public:
-  Gpt2Block(int64_t width, int64_t heads, int64_t context) : heads_(heads) {
+  /// `mask`: the additive causal mask [context, context] (0 on and below the diagonal, -inf
+  /// above), one tensor shared by every block of a model.
+  Gpt2Block(int64_t width, int64_t heads, const torch::Tensor& mask) : heads_(heads) {
     ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({width})));
     qkv = register_module("qkv", torch::nn::Linear(width, 3 * width));
     proj = register_module("proj", torch::nn::Linear(width, width));
     ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({width})));
     fc = register_module("fc", torch::nn::Linear(width, 4 * width));
     fc_proj = register_module("fc_proj", torch::nn::Linear(4 * width, width));
-    // Additive causal mask: 0 on and below the diagonal, -inf above.
-    mask_ = register_buffer("mask", torch::full({context, context}, -INFINITY).triu(1));
+    mask_ = register_buffer("mask", mask);
   }
 
   torch::Tensor forward(const torch::Tensor& x) override {
@@ -71,7 +72,8 @@ class Gpt2Head : public SequentialLayer {
   }
   torch::Tensor forward_loss(const torch::Tensor& x, const torch::Tensor& target) override {
     const auto h = ln_f->forward(x);
-    return LmHeadLoss(h.reshape({-1, h.size(-1)}), wte_, target.reshape({-1}), ActiveComputeType());
+    return LmHeadLoss(h.reshape({-1, h.size(-1)}), wte_, target.reshape({-1}),
+                      ActiveComputeType(h.device().type()));
   }
   std::vector<torch::Tensor> borrowed_parameters() const override { return {wte_}; }
   torch::nn::LayerNorm ln_f{nullptr};
@@ -98,8 +100,10 @@ LayerSequence BuildGpt2(const ModelSpec& spec, uint64_t seed,
   seq.names.push_back("embed");
   seq.layers.push_back(embed);
   built();
+  // One mask for every block: a model moved to a GPU carries one copy, not one per block.
+  const auto mask = torch::full({spec.context_length, spec.context_length}, -INFINITY).triu(1);
   for (int64_t i = 0; i < spec.n_layer; ++i) {
-    auto block = std::make_shared<Gpt2Block>(spec.n_embd, spec.n_head, spec.context_length);
+    auto block = std::make_shared<Gpt2Block>(spec.n_embd, spec.n_head, mask);
     for (auto* lin : {&block->qkv, &block->proj, &block->fc, &block->fc_proj}) {
       const bool residual = lin == &block->proj || lin == &block->fc_proj;
       (*lin)->weight.normal_(0.0, residual ? proj_std : std_dev, gen);

@@ -82,13 +82,12 @@ StatusOr<std::vector<DeviceSpec>> FindDevices(const DevicesRequest& request,
 
 Status CheckExecutorsCanUse(const std::vector<DeviceSpec>& devices) {
   for (const auto& d : devices) {
-    if (d.kind == DeviceKind::kCpu) continue;
-    // Discovery, budgets, metrics and placement know GPUs; the executors do not train on them
-    // yet (docs/install.md, "GPUs"). Refusing beats training on the CPU behind the GPU's name.
-    return FailedPreconditionError("--devices: found " + d.name + " (" + d.model + ", " +
+    if (d.kind == DeviceKind::kCpu || CudaCompiledIn()) continue;
+    // Only a CUDA build finds GPUs; a list made elsewhere (a test) may still name one.
+    return FailedPreconditionError("--devices: " + d.name + " (" + d.model + ", " +
                                    FormatBytes(d.memory_bytes) +
-                                   " budget), but the executors of this version train on CPU "
-                                   "devices only: use --devices cpu:N");
+                                   " budget) needs a build with CUDA (scripts/build-cuda.sh); "
+                                   "this one trains on CPU devices only: use --devices cpu:N");
   }
   return OkStatus();
 }

@@ -20,8 +20,8 @@ StatusOr<std::vector<GpuInfo>> DiscoverGpus();
 StatusOr<std::vector<DeviceSpec>> FindDevices(const DevicesRequest& request,
                                               int64_t default_cpu_budget);
 
-/// OK when the executors can train on every one of `devices`; FAILED_PRECONDITION naming the
-/// first they cannot.
+/// OK when the executors can train on every one of `devices` (GPUs need the CUDA build);
+/// FAILED_PRECONDITION naming the first they cannot.
 Status CheckExecutorsCanUse(const std::vector<DeviceSpec>& devices);
 
 }  // namespace hydra::executor

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "agent/executor/batches.h"
+#include "agent/executor/compute_device.h"
 #include "agent/executor/cpu_threads.h"
 #include "agent/executor/gpt2.h"
 #include "agent/executor/host_allocator.h"
@@ -19,13 +20,17 @@ namespace {
 
 class InMemoryExecutor : public TrialExecutorInterface, private ReturnsHostMemoryWhenDone {
  public:
+  /// `model` is built in host memory; it moves to `device` (the factory's device `index`)
+  /// before the optimizer allocates its state there.
   InMemoryExecutor(const Trial& trial, std::shared_ptr<const TokenDataset> data,
-                   LayerSequence model)
+                   LayerSequence model, torch::Device device, int bound_device)
       : trial_(trial),
         data_(std::move(data)),
-        model_(std::move(model)),
+        model_(MovedTo(std::move(model), device)),
         params_(model_.NamedParameters()),
-        optimizer_(params_, trial.training) {
+        optimizer_(params_, trial.training),
+        streams_(device),
+        bound_device_(bound_device) {
     for (const auto& [name, p] : params_) stats_.parameters += p.numel();
     stats_.shards = 1;
     stats_.peak_device_bytes = EstimateTrialFootprint(trial).total_bytes();
@@ -38,20 +43,23 @@ class InMemoryExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     StepMetrics m;
     UseCpuThreadsFor(tr.precision);
     try {
-      const Batch batch = TrainBatch(*data_, trial_, step_);
-      double loss_sum = 0;
+      DeviceStreams::ComputeScope on_device(streams_);
+      const Batch batch = OnDevice(TrainBatch(*data_, trial_, step_));
+      // Summed on the device, read once: no wait for the device per micro-batch.
+      torch::Tensor loss_sum =
+          torch::zeros({}, torch::TensorOptions(Device()).dtype(torch::kDouble));
       for (int64_t a = 0; a < tr.gradient_accumulation_steps; ++a) {
         auto loss = Loss(batch.Slice(a * micro, micro));
         (tr.gradient_accumulation_steps == 1 ? loss : loss / tr.gradient_accumulation_steps)
             .backward();
-        loss_sum += loss.item<double>();
+        loss_sum.add_(loss.detach().to(torch::kDouble));
       }
       // The global norm costs a pass over every gradient: only when clipping.
       if (tr.grad_clip_norm > 0) m.grad_norm = optimizer_.ClipGradNorm(tr.grad_clip_norm);
       m.learning_rate = LearningRateAt(tr, step_);
       optimizer_.Step(m.learning_rate, step_ + 1);
       optimizer_.ZeroGrad();
-      m.loss = loss_sum / static_cast<double>(tr.gradient_accumulation_steps);
+      m.loss = loss_sum.item<double>() / static_cast<double>(tr.gradient_accumulation_steps);
     } catch (const c10::Error& e) {
       return InternalError("training step " + std::to_string(step_) + " of " + trial_.name + ": " +
                            e.what_without_backtrace());
@@ -66,10 +74,11 @@ class InMemoryExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     UseCpuThreadsFor(trial_.training.precision);
     try {
       torch::NoGradGuard no_grad;
+      DeviceStreams::ComputeScope on_device(streams_);
       double total = 0;
       int64_t sequences = 0;
       for (const auto& batch : ValidationSamples(*data_, trial_)) {
-        total += Loss(batch).item<double>() * static_cast<double>(batch.size());
+        total += Loss(OnDevice(batch)).item<double>() * static_cast<double>(batch.size());
         sequences += batch.size();
       }
       return total / static_cast<double>(sequences);
@@ -96,10 +105,24 @@ class InMemoryExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   }
 
   ExecutorStats stats() const override { return stats_; }
+  int BoundDevice() const override { return bound_device_; }
 
  private:
+  static LayerSequence MovedTo(LayerSequence model, torch::Device device) {
+    // Parameters and buffers keep their tensors (set_data), so tied weights stay tied.
+    if (!device.is_cpu()) {
+      for (auto& layer : model.layers) layer->to(device);
+    }
+    return model;
+  }
+  torch::Device Device() const { return streams_.device(); }
+  Batch OnDevice(const Batch& b) const {
+    if (Device().is_cpu()) return b;
+    return {b.input.to(Device()), b.target.to(Device())};
+  }
+
   torch::Tensor Loss(const Batch& batch) {
-    PrecisionScope precision(trial_.training.precision);
+    PrecisionScope precision(trial_.training.precision, Device().type());
     return LayersLoss(trial_, model_, 0, model_.layers.size() - 1, batch.input, batch.target);
   }
 
@@ -108,6 +131,8 @@ class InMemoryExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   LayerSequence model_;
   std::vector<std::pair<std::string, torch::Tensor>> params_;
   Optimizer optimizer_;
+  DeviceStreams streams_;
+  int bound_device_;  // -1: any device may run it
   ExecutorStats stats_;
   int64_t step_ = 0;
 };
@@ -116,12 +141,13 @@ class InMemoryExecutorFactory : public ExecutorFactoryInterface {
  public:
   explicit InMemoryExecutorFactory(InMemoryExecutorOptions options) : options_(options) {
     if (options_.threads > 0) threading_ = ConfigureCpuThreads(options_.threads);
+    ConfigureCudaAllocator();
     KeepFreedHostMemory();
   }
 
   StatusOr<Admission> Admit(const Trial& given, const TokenDataset& data) override {
     RETURN_IF_ERROR(CheckModelAndData(given, data));
-    Trial trial = given;
+    Trial trial = WithDeviceBudget(given, options_.devices);
     RETURN_IF_ERROR(ResolveModel(&trial));
     const TrialFootprint fp = EstimateTrialFootprint(trial);
     if (trial.resources.device_memory_budget &&
@@ -152,13 +178,14 @@ class InMemoryExecutorFactory : public ExecutorFactoryInterface {
 
   StatusOr<std::unique_ptr<TrialExecutorInterface>> Build(const Trial& given,
                                                           std::shared_ptr<const TokenDataset> data,
-                                                          const Admission&) override {
-    Trial trial = given;
+                                                          const Admission&, int device) override {
+    Trial trial = WithDeviceBudget(given, options_.devices);
     RETURN_IF_ERROR(ResolveModel(&trial));
+    ASSIGN_OR_RETURN(Placement on, PlaceOn(options_.devices, device));
     try {
       ASSIGN_OR_RETURN(LayerSequence model, BuildModel(trial));
-      return std::unique_ptr<TrialExecutorInterface>(
-          std::make_unique<InMemoryExecutor>(trial, std::move(data), std::move(model)));
+      return std::unique_ptr<TrialExecutorInterface>(std::make_unique<InMemoryExecutor>(
+          trial, std::move(data), std::move(model), on.device, on.bound));
     } catch (const c10::Error& e) {
       return InternalError("building " + trial.name + ": " + e.what_without_backtrace());
     }

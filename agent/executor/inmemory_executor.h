@@ -11,11 +11,15 @@ struct InMemoryExecutorOptions {
   int threads = 0;  ///< intra-op threads for LibTorch; 0 keeps LibTorch's setting
   /// Device compute rate of the first estimate of a step (Admission::est_step_seconds).
   double flops_per_second = kDefaultFlopsPerSecond;
+  /// Where trials train: the whole model, its gradients and optimizer state on the device.
+  ExecutorDevices devices = {};
 };
 
 /// The plain executor: the whole model, its gradients and optimizer state stay in device
-/// memory (one shard). Trials whose estimated footprint exceeds spec.resources.
-/// deviceMemoryBudget are refused with RESOURCE_EXHAUSTED.
+/// memory (one shard): on a GPU they are moved there once when the executor is built, and the
+/// executor stays bound to that GPU. Trials whose estimated footprint exceeds spec.resources.
+/// deviceMemoryBudget (on a GPU, by default, the device's memory) are refused with
+/// RESOURCE_EXHAUSTED.
 std::unique_ptr<ExecutorFactoryInterface> MakeInMemoryExecutorFactory(
     InMemoryExecutorOptions options = {});
 

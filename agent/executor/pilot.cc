@@ -2,7 +2,9 @@
 
 #include <chrono>
 
+#include "agent/executor/compute_device.h"
 #include "agent/executor/cpu_threads.h"
+#include "agent/executor/optimizer.h"
 #include "agent/executor/precision.h"
 #include "agent/executor/torchscript.h"
 #include "common/cost_model.h"
@@ -69,6 +71,47 @@ StatusOr<PilotResult> RunPilot(const Trial& trial) {
     return r;
   } catch (const c10::Error& e) {
     return InternalError("pilot run of " + trial.name + ": " + e.what_without_backtrace());
+  }
+}
+
+namespace {
+
+template <typename F>
+double SecondsPerRound(int rounds, F&& f) {
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < rounds; ++i) f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / rounds;
+}
+
+}  // namespace
+
+StatusOr<LinkRates> MeasureLinkRates(const DeviceSpec& device) {
+  LinkRates r;
+  if (device.kind != DeviceKind::kCuda) return r;
+  try {
+    const torch::Device dev = TorchDevice(device);
+    const int64_t n = int64_t{64} << 20;  // floats: 256 MiB
+    auto host = HostTensorFor(dev, {n}, torch::kFloat);
+    auto on_device = torch::empty({n}, torch::TensorOptions(dev));
+    DeviceStreams streams(dev);
+    auto copy = [&] { streams.CopyIn({on_device}, {host}, {}).Synchronize(); };
+    copy();
+    r.host_link_bytes_per_second = static_cast<double>(n * 4) / SecondsPerRound(3, copy);
+
+    const int64_t params = int64_t{16} << 20;
+    TrainingSpec adamw;
+    torch::Tensor p = torch::zeros({params});
+    p.mutable_grad() = torch::full({params}, 1e-3f);
+    Optimizer optimizer({{"p", p}}, adamw);
+    int64_t step = 0;
+    auto update = [&] { optimizer.Step(1e-4, ++step); };
+    update();
+    r.host_optimizer_bytes_per_second =
+        static_cast<double>(params * 28) / SecondsPerRound(3, update);
+    return r;
+  } catch (const c10::Error& e) {
+    return InternalError("measuring the host link of " + device.name + ": " +
+                         e.what_without_backtrace());
   }
 }
 

@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "common/devices.h"
 #include "common/job.h"
 #include "common/status.h"
 
@@ -21,5 +22,21 @@ struct PilotResult {
 /// layer (the others are the same), the ResNet whole, a TorchScript module as loaded (the trial
 /// must be resolved). Uses the current LibTorch threading.
 StatusOr<PilotResult> RunPilot(const Trial& trial);
+
+/// The rates that decide where a spilled shard's optimizer steps (ChooseOptimizerPlacement):
+/// ExecutorOptions' host_link_bytes_per_second and host_optimizer_bytes_per_second.
+struct LinkRates {
+  double host_link_bytes_per_second = 0;  ///< pinned host memory to the device
+  /// The host's fused AdamW, in bytes of weights, gradients and state streamed (28 a
+  /// parameter: weights read and written, gradients read, two moments read and written).
+  double host_optimizer_bytes_per_second = 0;
+};
+
+/// Measures them for `device` (the pilot of the host link, issue 17): on a GPU, copies of
+/// 256 MiB from pinned memory (one warm-up, the mean of three) and three AdamW steps over 16M
+/// parameters on the host with the current threading. A CPU device has no link to measure
+/// (zeros: its optimizer steps where its state is). INTERNAL with LibTorch's message if a copy
+/// fails.
+StatusOr<LinkRates> MeasureLinkRates(const DeviceSpec& device);
 
 }  // namespace hydra::executor

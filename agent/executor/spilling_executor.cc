@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "agent/executor/batches.h"
+#include "agent/executor/compute_device.h"
 #include "agent/executor/cpu_threads.h"
 #include "agent/executor/disk_tier.h"
 #include "agent/executor/gpt2.h"
@@ -38,33 +39,49 @@ int64_t Bytes(const NamedTensors& ts) {
 /// optimizer state.
 struct Part {
   const char* key = "";  // its spill file's suffix
+  /// What compute uses: the model's parameters, or the optimizer's state. On a device that
+  /// shares the host's memory (a CPU) they hold the part's bytes wherever it is; on a discrete
+  /// device (a GPU) they hold device memory while the part is on the device and nothing
+  /// otherwise, and `host` holds the host copies.
   NamedTensors tensors;
+  std::vector<torch::Tensor> host;  // discrete devices: the host copies, when in host memory
   std::vector<std::vector<int64_t>> shapes;  // kept while the tensors are empty (on disk)
   std::optional<PartResidency> at;           // where it is; the ledger follows
-  // Disk tier: the page-aligned memory the tensors live in once read back (O_DIRECT I/O), and
-  // the read in flight while kReading.
+  // Disk tier: the page-aligned memory the host side lives in once read back (O_DIRECT I/O),
+  // and the read in flight while kReading.
   std::shared_ptr<AlignedSlab> slab;
   std::future<Status> read;
+  // Discrete devices: the copy into the device (compute waits for it before using the part),
+  // and the last copy out into `host` (the next copy in, and host readers, wait for it).
+  StreamMark in_done, out_done;
 };
 
 /// One shard's parameters and optimizer state.
 struct Shard {
   ShardPlan plan;
-  Part weights;         // movable parameters of the shard's layers (tied ones excluded)
-  Part state;           // the optimizer's state: moves with the shard
-  NamedTensors pinned;  // tied parameters the shard's layers lend: resident, stepped here
-  std::unique_ptr<Optimizer> optimizer;  // over the weights and pinned
+  Part weights;              // movable parameters of the shard's layers (tied ones excluded)
+  Part state;                // the optimizer's state: moves with the shard
+  NamedTensors pinned;       // tied parameters the shard's layers lend: resident, stepped here
+  NamedTensors pinned_host;  // discrete devices: their host copies (the host optimizer's)
+  /// Over the weights and pinned: their compute tensors; on a discrete device with the
+  /// optimizer on the host, their host copies (the state then lives only in host memory).
+  std::unique_ptr<Optimizer> optimizer;
   int64_t grad_bytes = 0;
   std::future<Status> write;  // disk tier: the write-back of both parts while kWritingBack
+  /// Discrete devices: the weights' gradients in host memory, while clipping waits for every
+  /// shard's norm.
+  std::vector<torch::Tensor> host_grads;
 };
 
 class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemoryWhenDone {
  public:
   SpillingExecutor(const Trial& trial, std::shared_ptr<const TokenDataset> data, PartitionPlan plan,
-                   const ExecutorOptions& options)
+                   const ExecutorOptions& options, Placement on)
       : trial_(trial),
         data_(std::move(data)),
         plan_(std::move(plan)),
+        on_(on),
+        streams_(on.device),
         ledger_(trial.resources.device_memory_budget.value_or(0)),
         disk_(plan_.state_tier == StateTier::kDisk
                   ? std::make_unique<DiskTier>(
@@ -76,6 +93,9 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       if (s.write.valid()) s.write.wait();
       for (Part* p : {&s.weights, &s.state}) {
         if (p->read.valid()) p->read.wait();
+        // A copy may still read or write the host memory about to be freed.
+        p->in_done.Synchronize();
+        p->out_done.Synchronize();
       }
     }
   }
@@ -100,6 +120,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     for (const auto& [name, p] : model_.NamedParameters()) {
       global_order_[name] = global_order_.size();
     }
+    if (on_.discrete) MoveResidentsToDevice();
     int64_t pinned_bytes = 0;
     for (const auto& [n, t] : pinned_) pinned_bytes += 2 * t.numel() * t.element_size();
     return ledger_.Acquire(Tier::kDevice, pinned_bytes, "tied parameters and their gradients");
@@ -121,11 +142,22 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     if (!s.pinned.empty() && k != 0) {
       return UnimplementedError("tied parameters are supported only in the first shard");
     }
-    NamedTensors all = s.weights.tensors;
-    all.insert(all.end(), s.pinned.begin(), s.pinned.end());
     pinned_.insert(pinned_.end(), s.pinned.begin(), s.pinned.end());
+    if (on_.discrete) {
+      s.weights.host = HostCopies(s.weights.tensors);
+      for (const auto& [n, t] : s.pinned) s.pinned_host.emplace_back(n, HostCopy(t));
+      pinned_host_.insert(pinned_host_.end(), s.pinned_host.begin(), s.pinned_host.end());
+    }
+    // On a discrete device a host-stepped optimizer updates the host copies, and its state is
+    // made (and stays) in host memory.
+    NamedTensors all = HostSteps(s) ? Named(s.weights.tensors, s.weights.host) : s.weights.tensors;
+    const NamedTensors& tied = HostSteps(s) ? s.pinned_host : s.pinned;
+    all.insert(all.end(), tied.begin(), tied.end());
     s.optimizer = std::make_unique<Optimizer>(all, trial_.training);
     s.state.tensors = s.optimizer->NamedState();
+    if (on_.discrete) {
+      s.state.host = HostSteps(s) ? Values(s.state.tensors) : HostCopies(s.state.tensors);
+    }
     const std::string shard = " of shard " + std::to_string(k);
     const Tier rests_in = disk_ ? Tier::kDisk : Tier::kHost;
     s.weights.key = "w";
@@ -134,6 +166,10 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       for (const auto& [n, t] : p->tensors) p->shapes.push_back(t.sizes().vec());
       p->at.emplace(&ledger_, (p == &s.weights ? "weights" : "optimizer state") + shard,
                     Bytes(p->tensors), rests_in);
+    }
+    if (on_.discrete) {  // the host copies hold the part now: nothing is on the device yet
+      LeaveDevice(s.weights);
+      if (!HostSteps(s)) LeaveDevice(s.state);
     }
     s.grad_bytes = s.weights.at->bytes();
     shards_.push_back(std::move(s));
@@ -168,6 +204,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     bool finished = false;
     UseCpuThreadsFor(trial_.training.precision);
     try {
+      DeviceStreams::ComputeScope on_device(streams_);
       auto s = Task(&finished);
       if (!s.ok()) {
         cur_.reset();
@@ -197,10 +234,11 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     UseCpuThreadsFor(trial_.training.precision);
     try {
       torch::NoGradGuard no_grad;
+      DeviceStreams::ComputeScope on_device(streams_);
       std::vector<torch::Tensor> acts, targets;
       for (const auto& b : ValidationSamples(*data_, trial_)) {
-        acts.push_back(b.input);
-        targets.push_back(b.target);
+        acts.push_back(ToDevice(b.input));
+        targets.push_back(ToDevice(b.target));
       }
       RETURN_IF_ERROR(Fetch(0, false));
       const size_t last = shards_.size() - 1;
@@ -234,6 +272,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   StatusOr<std::vector<NamedBuffer>> ExportState() override {
     std::vector<NamedBuffer> out;
     try {
+      DeviceStreams::ComputeScope on_device(streams_);
       for (const auto& [n, t] : pinned_) out.push_back(TensorToBuffer(n, t));
       for (size_t k = 0; k < shards_.size(); ++k) {
         RETURN_IF_ERROR(Fetch(k, true));
@@ -251,6 +290,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
 
   Status ImportState(int64_t step, const std::vector<NamedBuffer>& state) override {
     try {
+      DeviceStreams::ComputeScope on_device(streams_);
       return Import(step, state);
     } catch (const c10::Error& e) {
       return InternalError("importing the state of " + trial_.name + ": " +
@@ -287,6 +327,9 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       }
     }
     RETURN_IF_ERROR(CopyBuffersInto(state, pinned_, /*allow_extra=*/true));
+    for (size_t i = 0; i < pinned_host_.size(); ++i) {
+      pinned_host_[i].second.copy_(pinned_[i].second);
+    }
     for (size_t k = 0; k < shards_.size(); ++k) {
       RETURN_IF_ERROR(Fetch(k, true));
       RETURN_IF_ERROR(Wait(k));
@@ -321,6 +364,8 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     return st;
   }
 
+  int BoundDevice() const override { return on_.bound; }
+
  private:
   // ---- residency ----------------------------------------------------------------------------
 
@@ -338,7 +383,10 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     switch (p.at->where()) {
       case Residency::kReading:
       case Residency::kOnDevice: return OkStatus();
-      case Residency::kInHost: return p.at->To(Residency::kOnDevice);
+      case Residency::kInHost:
+        RETURN_IF_ERROR(p.at->To(Residency::kOnDevice));
+        if (on_.discrete) Upload(p);
+        return OkStatus();
       case Residency::kWritingBack:
         // Not reached by the step's order of tasks: the write finishes and the part is read
         // back, so the dropped copy is never the one used.
@@ -348,19 +396,24 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     }
     RETURN_IF_ERROR(p.at->To(Residency::kReading));
     // Materialize first: it makes the slab that Read is then handed.
-    auto parts = Materialize(p.tensors, p.shapes, &p.slab);
+    auto parts = Materialize(p);
     p.read = disk_->Read(Key(k, p.key), std::move(parts), p.slab);
     return OkStatus();
   }
 
-  /// Completes shard k's reads: their parts are on the device.
+  /// Completes shard k's reads: their parts are on the device (on a discrete device, copied
+  /// there from the host memory the disk read into), and compute waits for their copies.
   Status Wait(size_t k) {
     Status first;
     for (Part* p : {&shards_[k].weights, &shards_[k].state}) {
       if (p->at->where() != Residency::kReading) continue;
       Status read = p->read.get();
       RETURN_IF_ERROR(p->at->To(Residency::kOnDevice));
+      if (on_.discrete && read.ok()) Upload(*p);
       if (first.ok()) first = read;
+    }
+    for (Part* p : {&shards_[k].weights, &shards_[k].state}) {
+      if (p->at->where() == Residency::kOnDevice) streams_.ComputeWaits(p->in_done);
     }
     return first;
   }
@@ -372,6 +425,14 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     Shard& s = shards_[k];
     RETURN_IF_ERROR(Wait(k));
     if (!disk_) {
+      for (Part* p : {&s.weights, &s.state}) {
+        if (!on_.discrete || p->at->where() != Residency::kOnDevice) continue;
+        if (dirty) {
+          Download(*p);
+        } else {
+          LeaveDevice(*p);
+        }
+      }
       RETURN_IF_ERROR(s.weights.at->To(Residency::kInHost));
       return s.state.at->To(Residency::kInHost);
     }
@@ -402,11 +463,19 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   }
 
   /// Starts writing both parts of shard k to their spill files, on the I/O threads at once
-  /// (from their slabs with O_DIRECT once read back); one future for both.
+  /// (from their slabs with O_DIRECT once read back); one future for both. On a discrete
+  /// device the parts on the device are first copied out to their host memory.
   std::future<Status> WriteParts(size_t k) {
     Shard& s = shards_[k];
-    auto w = disk_->Write(Key(k, s.weights.key), Spans(s.weights.tensors), s.weights.slab);
-    auto o = disk_->Write(Key(k, s.state.key), Spans(s.state.tensors), s.state.slab);
+    if (on_.discrete) {
+      for (Part* p : {&s.weights, &s.state}) {
+        if (p->at->where() != Residency::kOnDevice) continue;
+        p->out_done = streams_.CopyOut(p->host, Values(p->tensors), p->in_done);
+        p->out_done.Synchronize();  // the I/O thread reads what the copy wrote
+      }
+    }
+    auto w = disk_->Write(Key(k, s.weights.key), Spans(HostSide(s.weights)), s.weights.slab);
+    auto o = disk_->Write(Key(k, s.state.key), Spans(HostSide(s.state)), s.state.slab);
     return std::async(std::launch::deferred, [w = std::move(w), o = std::move(o)]() mutable {
       Status a = w.get(), b = o.get();
       return a.ok() ? b : a;
@@ -437,6 +506,10 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     for (Part* p : {&shards_[k].weights, &shards_[k].state}) {
       if (p->at->where() == Residency::kOnDisk) continue;
       for (auto& [n, t] : p->tensors) t.set_data(torch::empty({0}, t.options()));
+      if (on_.discrete) {
+        p->in_done.Synchronize();  // a copy in may still read the host memory
+        for (auto& h : p->host) h = torch::Tensor();
+      }
       p->slab.reset();  // unmapped once no tensor (or stashed graph) uses it
       RETURN_IF_ERROR(p->at->To(Residency::kOnDisk));
     }
@@ -447,39 +520,43 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     return OkStatus();
   }
 
-  /// Gives the tensors `ts` fresh memory of `shapes` for a disk read: one page-aligned slab
-  /// laid out as the spill file (so the disk reads straight into it), which each tensor keeps
-  /// alive; plain allocations if the system refuses the slab.
-  std::vector<MutableBytes> Materialize(NamedTensors& ts,
-                                        const std::vector<std::vector<int64_t>>& shapes,
-                                        std::shared_ptr<AlignedSlab>* slab) {
+  /// Gives part p's host side (its tensors, or on a discrete device its host copies) fresh
+  /// memory of its shapes for a disk read: one page-aligned slab laid out as the spill file (so
+  /// the disk reads straight into it), which each tensor keeps alive; plain allocations if the
+  /// system refuses the slab.
+  std::vector<MutableBytes> Materialize(Part& p) {
+    const NamedTensors& ts = p.tensors;
     std::vector<size_t> sizes;
     for (size_t i = 0; i < ts.size(); ++i) {
       int64_t n = 1;
-      for (int64_t d : shapes[i]) n *= d;
+      for (int64_t d : p.shapes[i]) n *= d;
       sizes.push_back(static_cast<size_t>(n * ts[i].second.element_size()));
     }
     size_t total = 0;
     const auto offsets = SpillLayout(sizes, &total);
-    *slab = AlignedSlab::Allocate(total);
+    p.slab = AlignedSlab::Allocate(total);
+    if (on_.discrete) p.host.assign(ts.size(), torch::Tensor());
     std::vector<MutableBytes> parts;
     torch::NoGradGuard g;
     for (size_t i = 0; i < ts.size(); ++i) {
-      auto& t = ts[i].second;
-      if (*slab) {
-        t.set_data(torch::from_blob((*slab)->data() + offsets[i], shapes[i],
-                                    [keep = *slab](void*) {}, t.options()));
+      const auto opts = torch::TensorOptions().dtype(ts[i].second.scalar_type());
+      torch::Tensor mem =
+          p.slab ? torch::from_blob(
+                       p.slab->data() + offsets[i], p.shapes[i], [keep = p.slab](void*) {}, opts)
+                 : torch::empty(p.shapes[i], opts);
+      if (on_.discrete) {
+        p.host[i] = mem;
       } else {
-        t.set_data(torch::empty(shapes[i], t.options()));
+        ts[i].second.set_data(mem);
       }
-      parts.push_back({t.data_ptr(), sizes[i]});
+      parts.push_back({mem.data_ptr(), sizes[i]});
     }
     return parts;
   }
 
-  static std::vector<ConstBytes> Spans(const NamedTensors& ts) {
+  static std::vector<ConstBytes> Spans(const std::vector<torch::Tensor>& ts) {
     std::vector<ConstBytes> parts;
-    for (const auto& [n, t] : ts) {
+    for (const auto& t : ts) {
       parts.push_back({t.data_ptr(), static_cast<size_t>(t.numel() * t.element_size())});
     }
     return parts;
@@ -489,10 +566,191 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     return "shard" + std::to_string(k) + "." + part;
   }
 
+  // ---- discrete devices: the device copies ------------------------------------------------
+
+  /// Whether shard s's optimizer steps on the host copies (a discrete device, placement host).
+  bool HostSteps(const Shard& s) const {
+    return on_.discrete && s.plan.optimizer == OptimizerPlacement::kHost;
+  }
+  /// Whether a shard's step changes its device copies (so they are written back).
+  bool StepsOnDevice(size_t k) const { return !HostSteps(shards_[k]); }
+
+  static std::vector<torch::Tensor> Values(const NamedTensors& ts) {
+    std::vector<torch::Tensor> out;
+    for (const auto& [n, t] : ts) out.push_back(t);
+    return out;
+  }
+  static NamedTensors Named(const NamedTensors& names, const std::vector<torch::Tensor>& ts) {
+    NamedTensors out;
+    for (size_t i = 0; i < ts.size(); ++i) out.emplace_back(names[i].first, ts[i]);
+    return out;
+  }
+  /// The tensors holding part p's bytes in host memory.
+  std::vector<torch::Tensor> HostSide(const Part& p) const {
+    return on_.discrete ? p.host : Values(p.tensors);
+  }
+
+  /// A host copy of `t` (built in host memory) for a discrete device: pinned for a GPU.
+  torch::Tensor HostCopy(const torch::Tensor& t) const {
+    torch::NoGradGuard g;
+    auto h = HostTensorFor(on_.device, t.sizes(), t.scalar_type());
+    h.copy_(t);
+    return h;
+  }
+  /// Host copies of a part's tensors, carved from one allocation (the pinned allocator rounds
+  /// each allocation up to a power of two). With the disk tier they are the built tensors
+  /// themselves: set-up writes them out and frees them (pinned memory would stay cached).
+  std::vector<torch::Tensor> HostCopies(const NamedTensors& ts) const {
+    std::vector<torch::Tensor> out;
+    if (disk_) {
+      for (const auto& [n, t] : ts) out.push_back(t.detach());
+      return out;
+    }
+    int64_t total = 0;
+    bool one_type = true;
+    for (const auto& [n, t] : ts) {
+      total += t.numel();
+      one_type = one_type && t.scalar_type() == ts.front().second.scalar_type();
+    }
+    if (ts.empty() || !one_type) {
+      for (const auto& [n, t] : ts) out.push_back(HostCopy(t));
+      return out;
+    }
+    torch::NoGradGuard g;
+    auto flat = HostTensorFor(on_.device, {total}, ts.front().second.scalar_type());
+    int64_t at = 0;
+    for (const auto& [n, t] : ts) {
+      out.push_back(flat.narrow(0, at, t.numel()).view(t.sizes()));
+      out.back().copy_(t);
+      at += t.numel();
+    }
+    return out;
+  }
+
+  /// Discrete: part p's tensors get device memory, and the host copies are copied into it on
+  /// the prefetch stream (after the last copy out of them); Wait makes compute wait for it.
+  void Upload(Part& p) {
+    torch::NoGradGuard g;
+    std::vector<torch::Tensor> dev;
+    for (size_t i = 0; i < p.tensors.size(); ++i) {
+      const auto opts =
+          torch::TensorOptions().dtype(p.tensors[i].second.scalar_type()).device(on_.device);
+      dev.push_back(torch::empty(p.shapes[i], opts));
+    }
+    p.in_done = streams_.CopyIn(dev, p.host, p.out_done);
+    for (size_t i = 0; i < dev.size(); ++i) p.tensors[i].second.set_data(dev[i]);
+  }
+
+  /// Discrete: part p's device tensors (newer than the host copies) are copied out on the
+  /// write-back stream and leave the device.
+  void Download(Part& p) {
+    p.out_done = streams_.CopyOut(p.host, Values(p.tensors), p.in_done);
+    LeaveDevice(p);
+  }
+
+  /// Discrete: part p's tensors give their device memory back (the caching allocator keeps it
+  /// from reuse until the streams that use it are done).
+  void LeaveDevice(Part& p) {
+    torch::NoGradGuard g;
+    for (auto& [n, t] : p.tensors) {
+      t.set_data(
+          torch::empty({0}, torch::TensorOptions().dtype(t.scalar_type()).device(on_.device)));
+    }
+  }
+
+  /// Discrete, after the model is built: the tied parameters and the layers' buffers (GPT-2's
+  /// causal mask) live on the device for the trial's life.
+  void MoveResidentsToDevice() {
+    torch::NoGradGuard g;
+    if (on_.device.is_cpu()) return;  // a simulated discrete device: they are there
+    for (auto& [n, t] : pinned_) t.set_data(t.to(on_.device));
+    std::map<const void*, bool> moved;
+    for (const auto& layer : model_.layers) {
+      for (auto b : layer->buffers(/*recurse=*/true)) {
+        if (moved[b.unsafeGetTensorImpl()]) continue;
+        moved[b.unsafeGetTensorImpl()] = true;
+        b.set_data(b.to(on_.device));
+      }
+    }
+  }
+
+  /// Discrete: shard k's weight gradients leave the device for host memory (`*host`, fresh
+  /// pinned buffers; with `host` null, they stay), and with `tied` so do the tied parameters'
+  /// (into their host copies' gradients). Waits for the copies: the host reads them next.
+  void GradsToHost(size_t k, std::vector<torch::Tensor>* host, bool tied) {
+    torch::NoGradGuard g;
+    Shard& s = shards_[k];
+    std::vector<torch::Tensor> dst, src;
+    if (host) host->clear();
+    for (auto& [n, t] : s.weights.tensors) {
+      if (!host) break;
+      if (!t.grad().defined()) {  // a parameter this step did not use
+        host->emplace_back();
+        continue;
+      }
+      host->push_back(HostTensorFor(on_.device, t.grad().sizes(), t.grad().scalar_type()));
+      dst.push_back(host->back());
+      src.push_back(t.grad());
+    }
+    if (tied) {
+      for (size_t i = 0; i < s.pinned.size(); ++i) {
+        const auto& grad = s.pinned[i].second.grad();
+        if (!grad.defined()) continue;
+        auto& h = s.pinned_host[i].second;
+        h.mutable_grad() = HostTensorFor(on_.device, grad.sizes(), grad.scalar_type());
+        dst.push_back(h.grad());
+        src.push_back(grad);
+      }
+    }
+    streams_.CopyOut(dst, src, {}).Synchronize();
+    if (host) {
+      for (auto& [n, t] : s.weights.tensors) t.mutable_grad() = torch::Tensor();
+    }
+    if (tied) {
+      for (auto& [n, t] : s.pinned) t.mutable_grad() = torch::Tensor();
+    }
+  }
+
+  /// Discrete, with clipping: puts shard k's parked host gradients where its optimizer steps:
+  /// up to the device, or (stepping on the host) on the host copies, with the tied parameters'
+  /// device gradients brought down beside them.
+  void GradsForStep(size_t k) {
+    Shard& s = shards_[k];
+    std::vector<torch::Tensor> grads = std::move(s.host_grads);
+    s.host_grads.clear();
+    if (HostSteps(s)) {
+      for (size_t i = 0; i < grads.size(); ++i) s.weights.host[i].mutable_grad() = grads[i];
+      if (!s.pinned.empty()) GradsToHost(k, nullptr, /*tied=*/true);
+      return;
+    }
+    std::vector<torch::Tensor> dev;
+    for (size_t i = 0; i < grads.size(); ++i) {
+      auto& p = s.weights.tensors[i].second;
+      p.mutable_grad() = torch::empty(
+          s.weights.shapes[i], torch::TensorOptions().dtype(p.scalar_type()).device(on_.device));
+      dev.push_back(p.grad());
+    }
+    const StreamMark up = streams_.CopyIn(dev, grads, {});
+    streams_.ComputeWaits(up);
+    up.Synchronize();  // `grads` are freed when this returns
+  }
+
+  /// Discrete: the host copies of the tied parameters, stepped on the host, go up to their
+  /// resident device tensors.
+  void TiedToDevice(const Shard& s) {
+    if (s.pinned.empty()) return;
+    streams_.ComputeWaits(streams_.CopyIn(Values(s.pinned), Values(s.pinned_host), {}));
+  }
+
+  /// A batch tensor on the compute device.
+  torch::Tensor ToDevice(const torch::Tensor& t) const {
+    return on_.device.is_cpu() ? t : t.to(on_.device);
+  }
+
   // ---- compute -----------------------------------------------------------------------------
 
   torch::Tensor ForwardShard(size_t k, torch::Tensor x) {
-    PrecisionScope precision(trial_.training.precision);
+    PrecisionScope precision(trial_.training.precision, on_.device.type());
     for (int i = shards_[k].plan.first_layer; i <= shards_[k].plan.last_layer; ++i) {
       x = model_.layers[i]->forward(x);
     }
@@ -501,7 +759,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
 
   /// The loss of the last shard `k` on `x`: its forward and the trial's loss in one.
   torch::Tensor ShardLoss(size_t k, const torch::Tensor& x, const torch::Tensor& target) {
-    PrecisionScope precision(trial_.training.precision);
+    PrecisionScope precision(trial_.training.precision, on_.device.type());
     return LayersLoss(trial_, model_, shards_[k].plan.first_layer, shards_[k].plan.last_layer, x,
                       target);
   }
@@ -513,23 +771,36 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     if (clipping) {
       // The step waits for every shard's gradient norm: the gradients leave the device for the
       // host tier, or for the disk with the rest of the shard's state.
-      NamedTensors grads;
+      std::vector<torch::Tensor> grads;
       for (auto& [n, t] : s.weights.tensors) {
         norms_[global_order_.at(n)] = t.grad().norm();
-        grads.emplace_back(n, t.grad());
+        grads.push_back(t.grad());
       }
       for (auto& [n, t] : s.pinned) norms_[global_order_.at(n)] = t.grad().norm();
       ledger_.Release(Tier::kDevice, s.grad_bytes);
+      if (on_.discrete) {
+        GradsToHost(k, &s.host_grads, /*tied=*/false);
+        grads = s.host_grads;
+      }
       if (disk_) {
         RETURN_IF_ERROR(disk_->WriteSync(Key(k, "g"), Spans(grads)));
         for (auto& [n, t] : s.weights.tensors) t.mutable_grad() = torch::Tensor();  // not pinned
+        s.host_grads.clear();
       } else {
         RETURN_IF_ERROR(ledger_.Acquire(Tier::kHost, s.grad_bytes, "gradients"));
       }
       return OkStatus();
     }
+    if (HostSteps(s)) {
+      // ZeRO-Offload: gradients down, the host's fused optimizer on the host copies, the tied
+      // weights up (the others go up at the next fetch).
+      std::vector<torch::Tensor> grads;
+      GradsToHost(k, &grads, /*tied=*/!s.pinned.empty());
+      for (size_t i = 0; i < grads.size(); ++i) s.weights.host[i].mutable_grad() = grads[i];
+    }
     s.optimizer->Step(LearningRateAt(trial_.training, step_), step_ + 1);
     s.optimizer->ReleaseGrads();
+    if (HostSteps(s)) TiedToDevice(s);
     ledger_.Release(Tier::kDevice, s.grad_bytes);
     return OkStatus();
   }
@@ -541,7 +812,8 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     // inputs[k][a]: the boundary activation entering shard k for micro-batch a.
     std::vector<std::vector<torch::Tensor>> inputs, outputs;  // outputs: stashed graphs
     std::vector<torch::Tensor> grad_out, targets;
-    double loss_sum = 0, seconds = 0, clip_scale = 1.0;
+    torch::Tensor loss_sum;  // on the device, in double: read once the step ends
+    double seconds = 0, clip_scale = 1.0;
     StepMetrics m;
   };
 
@@ -550,6 +822,12 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   size_t TasksPerStep() const {
     const size_t S = shards_.size();
     return 2 * S - 1 + (trial_.training.grad_clip_norm > 0 ? S : 0);
+  }
+
+  /// Whether shard k keeps its forward's autograd graph for its backward (Harmony's stash). On
+  /// a discrete device that graph would hold device memory the plan does not have: recompute.
+  bool Stashes(size_t k) const {
+    return shards_[k].plan.policy == ActivationPolicy::kStash && !on_.discrete;
   }
 
   static torch::Tensor Leaf(const torch::Tensor& t, size_t k) {
@@ -574,7 +852,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     }
     if (cur_->next == TasksPerStep()) {
       RETURN_IF_ERROR(FinishWrites());
-      cur_->m.loss = cur_->loss_sum / static_cast<double>(cur_->A);
+      cur_->m.loss = cur_->loss_sum.item<double>() / static_cast<double>(cur_->A);
       cur_->m.learning_rate = LearningRateAt(tr, step_);
       *finished = true;
     }
@@ -596,9 +874,10 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     c.targets.assign(c.A, torch::Tensor());
     for (int64_t a = 0; a < c.A; ++a) {
       const Batch mb = batch.Slice(a * micro, micro);
-      c.inputs[0][a] = mb.input;
-      c.targets[a] = mb.target;
+      c.inputs[0][a] = ToDevice(mb.input);
+      c.targets[a] = ToDevice(mb.target);
     }
+    c.loss_sum = torch::zeros({}, torch::TensorOptions(on_.device).dtype(torch::kDouble));
     return Fetch(0, S == 1);
   }
 
@@ -610,7 +889,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     RETURN_IF_ERROR(Fetch(k + 1, k + 2 == S));
     RETURN_IF_ERROR(ledger_.Acquire(Tier::kDevice, shards_[k].plan.workspace_bytes,
                                     "activations of shard " + std::to_string(k)));
-    const bool stash = shards_[k].plan.policy == ActivationPolicy::kStash;
+    const bool stash = Stashes(k);
     for (int64_t a = 0; a < c.A; ++a) {
       if (stash) {
         c.inputs[k][a] = Leaf(c.inputs[k][a], k);
@@ -649,12 +928,12 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       auto in = Leaf(c.inputs[L][a], L);
       auto loss = ShardLoss(L, in, c.targets[a]);
       (c.A == 1 ? loss : loss / c.A).backward();
-      c.loss_sum += loss.item<double>();
+      c.loss_sum.add_(loss.detach().to(torch::kDouble));
       if (L > 0) c.grad_out[a] = in.grad();
     }
     ledger_.Release(Tier::kDevice, shards_[L].plan.workspace_bytes);
     RETURN_IF_ERROR(AfterBackward(L, clipping));
-    return Evict(L, !clipping);
+    return Evict(L, !clipping && StepsOnDevice(L));
   }
 
   /// Backward of shard k (not the last), stepping its optimizer as soon as its gradients are
@@ -668,7 +947,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     RETURN_IF_ERROR(ledger_.Acquire(Tier::kDevice,
                                     shards_[k].plan.workspace_bytes + shards_[k].grad_bytes,
                                     "activations and gradients of shard " + std::to_string(k)));
-    const bool stash = shards_[k].plan.policy == ActivationPolicy::kStash;
+    const bool stash = Stashes(k);
     for (int64_t a = 0; a < c.A; ++a) {
       torch::Tensor in, out;
       if (stash) {
@@ -686,7 +965,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     if (stash) ledger_.Release(Tier::kHost, shards_[k].plan.activation_bytes * c.A);
     RETURN_IF_ERROR(AfterBackward(k, clipping));
     if (k + 1 < S) RETURN_IF_ERROR(FinishWrite(k + 1));
-    return Evict(k, !clipping);
+    return Evict(k, !clipping && StepsOnDevice(k));
   }
 
   /// With clipping: shard k's optimizer step, its gradients scaled by the global clip factor
@@ -702,39 +981,51 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
           c.m.grad_norm > tr.grad_clip_norm ? ClipScale(tr.grad_clip_norm, c.m.grad_norm) : 1.0;
       RETURN_IF_ERROR(FinishWrites());
     }
+    Shard& s = shards_[k];
     RETURN_IF_ERROR(Fetch(k, true));
     RETURN_IF_ERROR(Wait(k));
-    RETURN_IF_ERROR(ledger_.Acquire(Tier::kDevice, shards_[k].grad_bytes,
-                                    "gradients of shard " + std::to_string(k)));
+    RETURN_IF_ERROR(
+        ledger_.Acquire(Tier::kDevice, s.grad_bytes, "gradients of shard " + std::to_string(k)));
     if (disk_) {
       std::vector<MutableBytes> parts;
-      for (size_t i = 0; i < shards_[k].weights.tensors.size(); ++i) {
-        auto& p = shards_[k].weights.tensors[i].second;
-        p.mutable_grad() = torch::empty(shards_[k].weights.shapes[i], p.options());
-        parts.push_back(
-            {p.mutable_grad().data_ptr(), static_cast<size_t>(p.numel() * p.element_size())});
+      for (size_t i = 0; i < s.weights.tensors.size(); ++i) {
+        auto& p = s.weights.tensors[i].second;
+        torch::Tensor g = on_.discrete
+                              ? HostTensorFor(on_.device, s.weights.shapes[i], p.scalar_type())
+                              : torch::empty(s.weights.shapes[i], p.options());
+        if (on_.discrete) {
+          s.host_grads.push_back(g);
+        } else {
+          p.mutable_grad() = g;
+        }
+        parts.push_back({g.data_ptr(), static_cast<size_t>(g.numel() * g.element_size())});
       }
       RETURN_IF_ERROR(disk_->ReadSync(Key(k, "g"), parts));
       disk_->Remove(Key(k, "g"));
     } else {
-      ledger_.Release(Tier::kHost, shards_[k].grad_bytes);
+      ledger_.Release(Tier::kHost, s.grad_bytes);
     }
-    if (c.clip_scale != 1.0) shards_[k].optimizer->ScaleGrads(c.clip_scale);
-    shards_[k].optimizer->Step(LearningRateAt(tr, step_), step_ + 1);
-    shards_[k].optimizer->ReleaseGrads();
-    ledger_.Release(Tier::kDevice, shards_[k].grad_bytes);
-    RETURN_IF_ERROR(Evict(k, true));
+    if (on_.discrete) GradsForStep(k);
+    if (c.clip_scale != 1.0) s.optimizer->ScaleGrads(c.clip_scale);
+    s.optimizer->Step(LearningRateAt(tr, step_), step_ + 1);
+    s.optimizer->ReleaseGrads();
+    if (HostSteps(s)) TiedToDevice(s);
+    ledger_.Release(Tier::kDevice, s.grad_bytes);
+    RETURN_IF_ERROR(Evict(k, StepsOnDevice(k)));
     return FinishWrite(k);
   }
 
   Trial trial_;
   std::shared_ptr<const TokenDataset> data_;
   PartitionPlan plan_;
+  Placement on_;           // the device computed on; discrete: separate device copies
+  DeviceStreams streams_;  // compute, prefetch and write-back streams on it
   TierLedger ledger_;
   std::unique_ptr<DiskTier> disk_;
   LayerSequence model_;
   std::vector<Shard> shards_;
-  NamedTensors pinned_;  // every shard's pinned parameters
+  NamedTensors pinned_;       // every shard's pinned parameters
+  NamedTensors pinned_host_;  // discrete devices: their host copies
   std::map<std::string, size_t> global_order_;
   std::map<size_t, torch::Tensor> norms_;  // global parameter index -> gradient norm
   std::optional<StepInProgress> cur_;      // the step under way, if any
@@ -745,14 +1036,15 @@ class ExecutorFactory : public ExecutorFactoryInterface {
  public:
   explicit ExecutorFactory(ExecutorOptions options)
       : options_(std::move(options)),
-        in_memory_(MakeInMemoryExecutorFactory({0, options_.flops_per_second})) {
+        in_memory_(MakeInMemoryExecutorFactory({0, options_.flops_per_second, options_.devices})) {
     if (options_.threads > 0) ConfigureCpuThreads(options_.threads);
+    ConfigureCudaAllocator();
     KeepFreedHostMemory();
   }
 
   StatusOr<Admission> Admit(const Trial& given, const TokenDataset& data) override {
     RETURN_IF_ERROR(CheckModelAndData(given, data));
-    Trial trial = given;
+    Trial trial = WithDeviceBudget(given, options_.devices);
     RETURN_IF_ERROR(ResolveModel(&trial));
     PartitionOptions po = PartitionOptionsFor(trial);
     po.flops_per_second = options_.flops_per_second;
@@ -760,6 +1052,10 @@ class ExecutorFactory : public ExecutorFactoryInterface {
     po.host_optimizer_bytes_per_second = options_.host_optimizer_bytes_per_second;
     if (options_.optimizer_placement && po.state_tier == StateTier::kHost) {
       po.optimizer_placement = options_.optimizer_placement;
+    }
+    // A stashed autograd graph would stay in a discrete device's memory: shards recompute.
+    if (options_.devices.DiscreteMemoryBytes() > 0 || options_.devices.simulate_discrete) {
+      po.host_activation_budget = 0;
     }
     auto admission = PlanAdmission(trial, po);
     if (!admission.ok()) return admission.status().WithContext("trial " + trial.name);
@@ -800,16 +1096,19 @@ class ExecutorFactory : public ExecutorFactoryInterface {
 
   StatusOr<std::unique_ptr<TrialExecutorInterface>> Build(const Trial& given,
                                                           std::shared_ptr<const TokenDataset> data,
-                                                          const Admission& admission) override {
-    Trial trial = given;
+                                                          const Admission& admission,
+                                                          int device) override {
+    Trial trial = WithDeviceBudget(given, options_.devices);
     RETURN_IF_ERROR(ResolveModel(&trial));
+    ASSIGN_OR_RETURN(Placement on, PlaceOn(options_.devices, device));
     const PartitionPlan& plan = admission.plan;
     if (plan.shards.size() == 1 && plan.state_tier == StateTier::kHost &&
         plan.shards[0].optimizer == OptimizerPlacement::kDevice) {
-      return in_memory_->Build(trial, std::move(data), admission);  // the plan checked the budget
+      // The plan checked the budget.
+      return in_memory_->Build(trial, std::move(data), admission, device);
     }
     try {
-      auto exec = std::make_unique<SpillingExecutor>(trial, std::move(data), plan, options_);
+      auto exec = std::make_unique<SpillingExecutor>(trial, std::move(data), plan, options_, on);
       RETURN_IF_ERROR(exec->Init().WithContext("setting up " + trial.name));
       return std::unique_ptr<TrialExecutorInterface>(std::move(exec));
     } catch (const c10::Error& e) {

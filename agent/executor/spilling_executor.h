@@ -20,6 +20,8 @@ struct ExecutorOptions {
   double host_optimizer_bytes_per_second = 0;
   /// Overrides where sharded trials' optimizers step (common/partitioner.h); unset: by cost.
   std::optional<OptimizerPlacement> optimizer_placement;
+  /// Where trials train (Build's `device` indexes these); empty: one CPU device.
+  ExecutorDevices devices = {};
 };
 
 /// The executor factory `hydra run` and the agent use. Plans each trial's shards against

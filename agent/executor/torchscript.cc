@@ -40,6 +40,14 @@ class TorchScriptLayer : public SequentialLayer {
       for (char& ch : name) ch = ch == '.' ? '_' : ch;
       register_parameter("p" + std::to_string(i++) + "_" + name, p.value, /*requires_grad=*/true);
     }
+    // Its buffers too (a causal mask, position ids), so that moving the layer to a GPU moves
+    // them with it; a buffer shared with an earlier child moves once, through either.
+    int b = 0;
+    for (const auto& buf : child_.named_buffers(/*recurse=*/true)) {
+      std::string name = buf.name;
+      for (char& ch : name) ch = ch == '.' ? '_' : ch;
+      register_buffer("b" + std::to_string(b++) + "_" + name, buf.value);
+    }
   }
 
   torch::Tensor forward(const torch::Tensor& input) override {
@@ -267,10 +275,10 @@ Status SaveStateDictForPython(const LayerSequence& model, const std::string& pat
       auto* ts = dynamic_cast<const TorchScriptLayer*>(layer.get());
       if (ts == nullptr) return InvalidArgumentError("not a TorchScript model");
       for (const auto& p : ts->child().named_parameters(true)) {
-        dict.insert(ts->child_name() + "." + p.name, p.value.detach().clone());
+        dict.insert(ts->child_name() + "." + p.name, p.value.detach().cpu().clone());
       }
       for (const auto& b : ts->child().named_buffers(true)) {
-        dict.insert(ts->child_name() + "." + b.name, b.value.detach().clone());
+        dict.insert(ts->child_name() + "." + b.name, b.value.detach().cpu().clone());
       }
     }
     const std::vector<char> bytes = torch::pickle_save(dict);

@@ -98,6 +98,7 @@ AgentService::AgentService(AgentConfig config, executor::ExecutorFactoryInterfac
     : config_(std::move(config)), metrics_(metrics) {
   TrialSchedulerOptions options;
   options.devices = static_cast<int>(std::max<size_t>(1, config_.devices.size()));
+  options.device_memory_bytes = DiscreteDeviceMemory(config_.devices);
   options.host_memory_bytes = config_.host_memory_bytes;
   options.spill_dir = config_.spill_dir;
   options.refuse_over_host_memory = true;

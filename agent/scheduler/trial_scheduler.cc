@@ -294,6 +294,28 @@ Status TrialScheduler::RequestStop(const std::string& key, const char* state,
   return OkStatus();
 }
 
+int TrialScheduler::BoundDevice(const Slot& slot) const {
+  // Read under mu_ while no one has claimed the slot: its executor does not change then.
+  return slot.exec && !slot.running ? slot.exec->BoundDevice() : -1;
+}
+
+int64_t TrialScheduler::DeviceNeed(const Slot& slot) const {
+  return slot.p.admission.plan.peak_device_bytes;
+}
+
+int64_t TrialScheduler::DeviceMemoryFree(int device) const {
+  const auto& memory = options_.device_memory_bytes;
+  if (static_cast<size_t>(device) >= memory.size() || memory[device] <= 0) return -1;
+  int64_t free = memory[device];
+  for (const auto& s : slots_) {
+    if (s->done || (!s->running && !s->exec)) continue;
+    // A claimed trial's executor is not ours to read: count it where it last ran.
+    const int bound = s->running ? s->device : BoundDevice(*s);
+    if (bound == device) free -= DeviceNeed(*s);
+  }
+  return free;
+}
+
 int64_t TrialScheduler::LimitOf(const Slot& slot) const {
   const int64_t steps = slot.r.trial.training.steps;
   return slot.step_limit > 0 ? std::min(slot.step_limit, steps) : steps;
@@ -314,8 +336,23 @@ TrialScheduler::Slot* TrialScheduler::ClaimStopRequested() {
   return nullptr;
 }
 
-TrialScheduler::Slot* TrialScheduler::ClaimParkable() {
+void TrialScheduler::ParkClaimed(Slot& slot, std::unique_lock<std::mutex>& lock) {
+  lock.unlock();
+  Status parked = Park(slot);
+  if (!parked.ok()) {
+    EndClaimed(slot, kTrialInterrupted, "checkpoint while waiting: " + parked.message());
+  }
+  lock.lock();
+  if (parked.ok()) {
+    slot.admitted = false;
+    slot.started = false;
+    slot.running = false;
+  }
+}
+
+TrialScheduler::Slot* TrialScheduler::ClaimParkable(int device) {
   for (auto& s : slots_) {
+    if (device >= 0 && BoundDevice(*s) != device) continue;
     if (s->admitted && s->started && !s->done && !s->running && AtLimit(*s)) {
       s->running = true;
       return s.get();
@@ -604,25 +641,23 @@ void TrialScheduler::Worker(int device) {
       lock.lock();
       continue;
     }
-    if (Slot* park = blocked ? ClaimParkable() : nullptr) {
-      lock.unlock();
-      Status parked = Park(*park);
-      if (!parked.ok()) {
-        EndClaimed(*park, kTrialInterrupted, "checkpoint while waiting: " + parked.message());
-      }
-      lock.lock();
-      if (parked.ok()) {
-        park->admitted = false;
-        park->started = false;
-        park->running = false;
-      }
+    if (Slot* park = blocked ? ClaimParkable(-1) : nullptr) {
+      ParkClaimed(*park, lock);
       continue;
     }
+    const int64_t device_free = DeviceMemoryFree(device);
+    bool device_full = false;  // a trial waits for this device's memory
     std::vector<RunnableTrial> runnable;
     std::vector<Slot*> candidates;  // runnable[i] is candidates[i]
     for (auto& s : slots_) {
       if (s->done || !s->admitted || s->running || !s->announced) continue;
       if (s->stop_requested || (s->started && AtLimit(*s))) continue;  // waits for a decision
+      const int bound = BoundDevice(*s);
+      if (bound >= 0 && bound != device) continue;  // its state is on another device
+      if (bound < 0 && device_free >= 0 && DeviceNeed(*s) > device_free) {
+        device_full = true;
+        continue;
+      }
       // Remaining time: to the step the trial may reach now (its early-stopping limit).
       const double remaining =
           s->est_step_seconds * static_cast<double>(std::max<int64_t>(0, LimitOf(*s) - s->r.step));
@@ -630,6 +665,11 @@ void TrialScheduler::Worker(int device) {
       candidates.push_back(s.get());
     }
     if (runnable.empty()) {
+      // Trials waiting at an early-stopping limit may hold the memory another one needs.
+      if (Slot* park = device_full ? ClaimParkable(device) : nullptr) {
+        ParkClaimed(*park, lock);
+        continue;
+      }
       cv_.wait(lock);
       continue;
     }
@@ -733,7 +773,7 @@ Status TrialScheduler::Start(Slot& slot) {
   if (slot.p.fence) RETURN_IF_ERROR(slot.p.fence());
   TrialResult* r = &slot.r;
   const Trial& trial = r->trial;
-  auto created = factory_->Build(trial, slot.p.data, slot.p.admission);
+  auto created = factory_->Build(trial, slot.p.data, slot.p.admission, slot.device);
   if (!created.ok()) return created.status();
   slot.exec = std::move(created).value();
   const auto stats = slot.exec->stats();

@@ -42,6 +42,11 @@ class TrialObserverInterface {
 
 struct TrialSchedulerOptions {
   int devices = 1;  ///< devices (worker threads) training trials at once
+  /// Memory of each device whose trials keep state on it (a GPU; an executor's BoundDevice):
+  /// such trials are started on a device only while the device peaks (plans'
+  /// peak_device_bytes) of the trials bound to it fit. Empty, or 0 for a device: no limit
+  /// (CPU devices, whose trials move between them freely).
+  std::vector<int64_t> device_memory_bytes = {};
   /// Host memory the admitted trials' state may use; trials past it wait, in order, until
   /// earlier ones finish. <= 0: DefaultHostMemoryBytes() (75% of the RAM or of the cgroup's
   /// limit, whichever is less), read once at construction.
@@ -86,9 +91,10 @@ struct PreparedTrial {
 /// The node's device loop, shared by `hydra run` and hydra-agent: trials arrive (Submit), wait
 /// for host memory in order, and whenever a device is free it takes the admitted trial the
 /// policy picks (Sharded-LRTF: longest estimated remaining time) and runs its next optimizer
-/// step. Trials resume from the newest checkpoint in their directory, checkpoint as their
-/// training settings say, can be cancelled, and are checkpointed by Drain.
-/// Thread-safe.
+/// step. A trial whose executor is bound to a device (a GPU holding its state) runs only
+/// there until its executor is freed; others run on any device. Trials resume from the newest
+/// checkpoint in their directory, checkpoint as their training settings say, can be cancelled, and
+/// are checkpointed by Drain. Thread-safe.
 class TrialScheduler {
  public:
   /// `factory` and `observer` are borrowed and must outlive the scheduler. Starts the device
@@ -201,12 +207,22 @@ class TrialScheduler {
   // An ending trial's record: final losses (the last evaluation, the mean of the last 10
   // steps) and no time left.
   static void CloseRecord(TrialResult* r);
+  // Needs mu_ held: the device an idle trial's executor is bound to (-1: none or running);
+  // what the trial holds on a device it is bound to (its plan's peak); the memory left on
+  // `device` for another trial (-1: the device has no limit).
+  int BoundDevice(const Slot& slot) const;
+  int64_t DeviceNeed(const Slot& slot) const;
+  int64_t DeviceMemoryFree(int device) const;
   // Needs mu_ held: the step limit in effect, and whether the trial waits at it.
   int64_t LimitOf(const Slot& slot) const;
   bool AtLimit(const Slot& slot) const;
-  // Needs mu_ held: a claimable slot for StopClaimed, or a waiting admitted one to Park.
+  // Needs mu_ held: a claimable slot for StopClaimed, or a waiting admitted one to Park (bound
+  // to `device`, or any with -1).
   Slot* ClaimStopRequested();
-  Slot* ClaimParkable();
+  Slot* ClaimParkable(int device);
+  // Parks a slot claimed by ClaimParkable: checkpointed, its executor freed, out of admission
+  // until its limit rises (or Interrupted if the checkpoint fails). Unlocks `lock` meanwhile.
+  void ParkClaimed(Slot& slot, std::unique_lock<std::mutex>& lock);
 
   executor::ExecutorFactoryInterface* factory_;
   TrialObserverInterface* observer_;

@@ -6,8 +6,10 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "agent/executor/executor.h"
 
@@ -19,11 +21,13 @@ namespace hydra::fakes {
 class FakeExecutor : public executor::TrialExecutorInterface {
  public:
   FakeExecutor(const Trial& trial, std::function<void(const std::string&, int64_t)> on_step,
-               int64_t fail_at_step, std::chrono::milliseconds step_delay = {})
+               int64_t fail_at_step, std::chrono::milliseconds step_delay = {},
+               int bound_device = -1)
       : trial_(trial),
         on_step_(std::move(on_step)),
         fail_at_step_(fail_at_step),
-        step_delay_(step_delay) {}
+        step_delay_(step_delay),
+        bound_device_(bound_device) {}
 
   StatusOr<executor::StepMetrics> TrainStep() override {
     if (step_ == fail_at_step_)
@@ -52,12 +56,14 @@ class FakeExecutor : public executor::TrialExecutorInterface {
     return OkStatus();
   }
   executor::ExecutorStats stats() const override { return {1, 3, 1000}; }
+  int BoundDevice() const override { return bound_device_; }
 
  private:
   Trial trial_;
   std::function<void(const std::string&, int64_t)> on_step_;
   int64_t fail_at_step_;
   std::chrono::milliseconds step_delay_;
+  int bound_device_;
   double weight_ = 4.0;
   int64_t step_ = 0;
 };
@@ -69,12 +75,17 @@ class FakeExecutorFactory : public executor::ExecutorFactoryInterface {
     return PlanAdmission(trial, PartitionOptionsFor(trial));
   }
   StatusOr<std::unique_ptr<executor::TrialExecutorInterface>> Build(
-      const Trial& trial, std::shared_ptr<const executor::TokenDataset>,
-      const Admission&) override {
+      const Trial& trial, std::shared_ptr<const executor::TokenDataset>, const Admission&,
+      int device) override {
     ++created;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      built_on[trial.name].push_back(device);
+    }
     auto it = fail_at.find(trial.name);
-    return std::unique_ptr<executor::TrialExecutorInterface>(std::make_unique<FakeExecutor>(
-        trial, on_step, it == fail_at.end() ? -1 : it->second, step_delay));
+    return std::unique_ptr<executor::TrialExecutorInterface>(
+        std::make_unique<FakeExecutor>(trial, on_step, it == fail_at.end() ? -1 : it->second,
+                                       step_delay, bind_to_devices ? device : -1));
   }
 
   std::atomic<int> created{0};
@@ -82,6 +93,10 @@ class FakeExecutorFactory : public executor::ExecutorFactoryInterface {
   std::map<std::string, int64_t> fail_at;   ///< trial name -> step whose TrainStep fails
   std::map<std::string, bool> refuse;       ///< trial names Admit refuses
   std::function<void(const std::string&, int64_t)> on_step;  ///< after every step
+  /// Executors keep their state on the device they were built for (as on a GPU) and say so.
+  bool bind_to_devices = false;
+  std::mutex mu;
+  std::map<std::string, std::vector<int>> built_on;  ///< trial -> devices built on; guarded by mu
 };
 
 }  // namespace hydra::fakes

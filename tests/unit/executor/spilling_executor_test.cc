@@ -15,6 +15,7 @@
 #include "common/partitioner.h"
 #include "common/process_memory.h"
 #include "common/units.h"
+#include "tests/unit/executor/executor_testing.h"
 
 namespace hydra::executor {
 namespace {
@@ -23,21 +24,7 @@ namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
 Trial Small(const std::string& optimizer) {
-  Trial t;
-  t.name = "spill";
-  t.model.n_layer = 4;
-  t.model.n_embd = 64;
-  t.model.n_head = 4;
-  t.model.context_length = 32;
-  t.model.vocab_size = 256;
-  t.training.optimizer = optimizer;
-  t.training.learning_rate = optimizer == "sgd" ? 0.05 : 2e-3;
-  t.training.batch_size = 8;
-  t.training.steps = 30;
-  t.training.seed = 11;
-  t.dataset.resolved_path = std::string(HYDRA_SOURCE_DIR) + "/examples/data/corpus.txt";
-  t.dataset.eval_sequences = 16;
-  return t;
+  return testing::GptTrial("spill", optimizer, 4, 64, 4, 32, 11, 2e-3);
 }
 
 /// The largest budget (in 1% steps of the unsharded footprint) whose plan has >= `shards`.
@@ -61,6 +48,9 @@ struct Variant {
   bool disk;
   double link;                  // host link bandwidth; tiny forces recompute
   bool host_optimizer = false;  // the optimizer steps on the host (state never on the device)
+  /// The CPU as a discrete device (ExecutorDevices::simulate_discrete): shards are copied to
+  /// separate device tensors and back through DeviceStreams, as on a GPU.
+  bool discrete = false;
 };
 
 /// How close a spilled run must stay to the unsharded one.
@@ -79,12 +69,14 @@ class SpillingExecutorTest : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(spill_); }
 
-  std::unique_ptr<ExecutorFactoryInterface> Factory(double link = 0, bool host_optimizer = false) {
+  std::unique_ptr<ExecutorFactoryInterface> Factory(double link = 0, bool host_optimizer = false,
+                                                    bool discrete = false) {
     ExecutorOptions o;
     o.threads = 2;
     o.spill_dir = spill_.string();
     o.host_link_bytes_per_second = link;
     if (host_optimizer) o.optimizer_placement = OptimizerPlacement::kHost;
+    o.devices.simulate_discrete = discrete;
     return MakeExecutorFactory(o);
   }
 
@@ -96,14 +88,7 @@ class SpillingExecutorTest : public ::testing::Test {
   }
 
   std::vector<double> Losses(TrialExecutorInterface* e, int steps) {
-    std::vector<double> out;
-    for (int i = 0; i < steps; ++i) {
-      auto m = e->TrainStep();
-      EXPECT_TRUE(m.ok()) << m.status();
-      if (!m.ok()) break;
-      out.push_back(m->loss);
-    }
-    return out;
+    return testing::StepLosses(e, steps);
   }
 
   void ExpectVariantsTrackUnsharded(const Trial& base, const std::vector<Variant>& variants,
@@ -129,13 +114,16 @@ void SpillingExecutorTest::ExpectVariantsTrackUnsharded(const Trial& base,
     Trial t = base;
     if (v.per_layer) {
       t.resources.shard_boundaries = {1, 2, 3, 4, 5};
+    } else if (v.min_shards == 1) {
+      t.resources.device_memory_budget = BudgetFor(t, 2);
     } else {
       t.resources.device_memory_budget = BudgetFor(t, v.min_shards);
     }
     if (v.disk) t.resources.offload = "disk";
-    auto factory = Factory(v.link, v.host_optimizer);
+    auto factory = Factory(v.link, v.host_optimizer, v.discrete);
     auto exec = Make(factory.get(), t);
     ASSERT_TRUE(exec.ok()) << exec.status();
+    EXPECT_EQ((*exec)->BoundDevice(), v.discrete ? 0 : -1);
     EXPECT_GE(static_cast<size_t>((*exec)->stats().shards), v.per_layer ? 6u : v.min_shards);
     const auto losses = Losses(exec->get(), 30);
     ASSERT_EQ(losses.size(), expected.size());
@@ -168,6 +156,16 @@ TEST_F(SpillingExecutorTest, SpilledLossesEqualUnshardedTraining) {
       {"2 shards on disk", 2, false, true, 0},
       {"one layer per shard on disk, recompute", 0, true, true, 1.0},
       {"one layer per shard, optimizer on the host", 0, true, false, 0, true},
+      // The GPU's code paths (separate device copies, copies in and out, gradients down and
+      // weights up for the host optimizer) on the CPU.
+      {"discrete: 2 shards", 2, false, false, 0, false, true},
+      {"discrete: one layer per shard", 0, true, false, 0, false, true},
+      {"discrete: 2 shards on disk", 2, false, true, 0, false, true},
+      {"discrete: one layer per shard on disk", 0, true, true, 0, false, true},
+      {"discrete: one layer per shard, optimizer on the host", 0, true, false, 0, true, true},
+      // The 2-shard budget holds the whole model once its optimizer state stays on the host:
+      // one spilled shard (the last shard's path only).
+      {"discrete: one shard, optimizer on the host", 1, false, false, 0, true, true},
   };
   for (const char* opt : {"adamw", "sgd"}) {
     for (int mode = 0; mode < 2; ++mode) {
@@ -264,7 +262,7 @@ TEST_F(SpillingExecutorTest, TheExecutorRunsThePlanItsAdmissionCarries) {
             admitted->plan.total_state_bytes + admitted->plan.peak_device_bytes);
   EXPECT_EQ(admitted->disk_bytes, 0);
   EXPECT_GT(admitted->est_step_seconds, 0);
-  auto exec = factory->Build(t, *data, *admitted);
+  auto exec = factory->Build(t, *data, *admitted, 0);
   ASSERT_TRUE(exec.ok()) << exec.status();
   EXPECT_EQ(static_cast<size_t>((*exec)->stats().shards), admitted->plan.shards.size());
   // Build plans nothing itself: handed a plan cut per layer, it runs that one.
@@ -274,7 +272,7 @@ TEST_F(SpillingExecutorTest, TheExecutorRunsThePlanItsAdmissionCarries) {
   auto cut = PlanShards(t, per_layer);
   ASSERT_TRUE(cut.ok()) << cut.status();
   other.plan = *cut;
-  auto six = factory->Build(t, *data, other);
+  auto six = factory->Build(t, *data, other, 0);
   ASSERT_TRUE(six.ok()) << six.status();
   EXPECT_EQ((*six)->stats().shards, 6);
 }
@@ -294,7 +292,7 @@ TEST_F(SpillingExecutorTest, AnOptimizerOnTheHostKeepsItsStateOffTheDevice) {
   for (const auto& s : admitted->plan.shards) {
     EXPECT_EQ(s.optimizer, OptimizerPlacement::kHost);
   }
-  auto on_host = host_factory->Build(t, *data, *admitted);
+  auto on_host = host_factory->Build(t, *data, *admitted, 0);
   ASSERT_TRUE(on_host.ok()) << on_host.status();
   EXPECT_LT((*on_host)->stats().shards, (*on_device)->stats().shards);
   const auto device_losses = Losses(on_device->get(), 10);

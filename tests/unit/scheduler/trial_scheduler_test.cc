@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <set>
 
 #include "agent/executor/checkpoint.h"
 #include "common/partitioner.h"
@@ -30,9 +31,10 @@ class RecordingObserver : public TrialObserverInterface {
     std::lock_guard<std::mutex> lock(mu);
     messages.push_back(trial.name + ": " + m);
   }
-  void OnStep(const std::string&, int device, double, int64_t, bool) override {
+  void OnStep(const std::string& trial, int device, double, int64_t, bool) override {
     std::lock_guard<std::mutex> lock(mu);
     steps_per_device[device] += 1;
+    devices_of[trial].insert(device);
   }
   void OnCheckpoint(const std::string&, double seconds) override {
     std::lock_guard<std::mutex> lock(mu);
@@ -42,6 +44,7 @@ class RecordingObserver : public TrialObserverInterface {
   std::mutex mu;
   std::map<std::string, std::vector<std::string>> states;
   std::map<int, int> steps_per_device;
+  std::map<std::string, std::set<int>> devices_of;  // trial -> devices it stepped on
   std::vector<std::string> messages;
   int checkpoints = 0;
 };
@@ -56,13 +59,13 @@ class HoldingFactory : public executor::ExecutorFactoryInterface {
     return inner_->Admit(t, d);
   }
   StatusOr<std::unique_ptr<executor::TrialExecutorInterface>> Build(
-      const Trial& t, std::shared_ptr<const executor::TokenDataset> d,
-      const Admission& a) override {
+      const Trial& t, std::shared_ptr<const executor::TokenDataset> d, const Admission& a,
+      int device) override {
     {
       std::lock_guard<std::mutex> lock(mu);
       built_with.push_back(a);
     }
-    auto e = inner_->Build(t, d, a);
+    auto e = inner_->Build(t, d, a, device);
     if (!e.ok()) return e.status();
     return std::unique_ptr<executor::TrialExecutorInterface>(new Held(std::move(e).value(), &held));
   }
@@ -91,6 +94,7 @@ class HoldingFactory : public executor::ExecutorFactoryInterface {
       return e_->ImportState(step, s);
     }
     executor::ExecutorStats stats() const override { return e_->stats(); }
+    int BoundDevice() const override { return e_->BoundDevice(); }
 
    private:
     std::unique_ptr<executor::TrialExecutorInterface> e_;
@@ -527,6 +531,64 @@ TEST_F(TrialSchedulerTest, TheAdmissionIsMadeOnceAndEveryBuildOfTheTrialUsesIt) 
     EXPECT_EQ(a.est_step_seconds, 123.0);
     EXPECT_EQ(a.plan.peak_device_bytes, 4242);
   }
+}
+
+TEST_F(TrialSchedulerTest, ATrialBoundToADeviceRunsOnlyThere) {
+  // As on GPUs: an executor keeps its trial's state on the device it was built for. Without
+  // binding, steps of one trial land on both devices (the test below that this one mirrors).
+  factory_.bind_to_devices = true;
+  factory_.step_delay = std::chrono::milliseconds(1);
+  TrialScheduler s(&factory_, &observer_, {2});
+  for (const char* name : {"a", "b", "c"}) ASSERT_TRUE(Submit(s, MakeTrial(name, 40)).ok());
+  ASSERT_TRUE(s.WaitIdle(std::chrono::seconds(20)));
+  std::lock_guard<std::mutex> lock(observer_.mu);
+  std::lock_guard<std::mutex> built(factory_.mu);
+  for (const char* name : {"a", "b", "c"}) {
+    SCOPED_TRACE(name);
+    ASSERT_EQ(factory_.built_on[name].size(), 1u);
+    EXPECT_EQ(observer_.devices_of[name], std::set<int>{factory_.built_on[name][0]});
+  }
+  EXPECT_EQ(observer_.steps_per_device.size(), 2u) << "both devices trained";
+}
+
+TEST_F(TrialSchedulerTest, ADevicesMemoryHoldsOnlyTheTrialsThatFitIt) {
+  // One device whose memory holds one trial's plan at a time: the trials run one after the
+  // other there, each started only once the previous one's executor (and state) is gone. With
+  // room for both, round-robin interleaves them (Sharded-LRTF might not, by the fake's times).
+  factory_.bind_to_devices = true;
+  factory_.step_delay = std::chrono::milliseconds(1);
+  const Trial a = MakeTrial("a", 30), b = MakeTrial("b", 30);
+  auto planned = PlanAdmission(a, PartitionOptionsFor(a));
+  ASSERT_TRUE(planned.ok()) << planned.status();
+  const int64_t need = planned->plan.peak_device_bytes;
+  ASSERT_GT(need, 0);
+  auto order_with = [&](int64_t memory) {
+    std::vector<std::string> order;
+    std::mutex mu;
+    factory_.on_step = [&](const std::string& name, int64_t) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (order.empty() || order.back() != name) order.push_back(name);
+    };
+    fs::remove_all(dir_ / "ckpt");
+    std::atomic<bool> hold{true};  // both are queued before either runs
+    TrialSchedulerOptions o;
+    o.devices = 1;
+    o.device_memory_bytes = {memory};
+    o.hold = &hold;
+    {
+      TrialScheduler s(&factory_, &observer_, o, MakeRoundRobinPolicy());
+      EXPECT_TRUE(Submit(s, a).ok());
+      EXPECT_TRUE(Submit(s, b).ok());
+      hold = false;
+      EXPECT_TRUE(s.WaitIdle(std::chrono::seconds(20)));
+      EXPECT_EQ(s.Get("a")->state, kTrialSucceeded);
+      EXPECT_EQ(s.Get("b")->state, kTrialSucceeded);
+    }
+    factory_.on_step = nullptr;
+    return order;
+  };
+  EXPECT_EQ(order_with(need * 3 / 2), (std::vector<std::string>{"a", "b"})) << "never interleaved";
+  EXPECT_GT(order_with(need * 2).size(), 2u) << "interleaved";
 }
 
 TEST_F(TrialSchedulerTest, BusySecondsGrowOnlyOnDevicesThatRan) {

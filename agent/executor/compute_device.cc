@@ -1,0 +1,154 @@
+#include "agent/executor/compute_device.h"
+
+#include <cstdlib>
+
+#ifdef HYDRA_WITH_CUDA
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace hydra::executor {
+
+torch::Device TorchDevice(const DeviceSpec& device) {
+  if (device.kind == DeviceKind::kCuda) {
+    return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(device.index));
+  }
+  return torch::Device(torch::kCPU);
+}
+
+StatusOr<Placement> PlaceOn(const ExecutorDevices& devices, int index) {
+  ASSIGN_OR_RETURN(DeviceSpec spec, devices.At(index));
+  Placement p;
+  p.device = TorchDevice(spec);
+  p.discrete = devices.Discrete(spec);
+  p.bound = p.discrete ? index : -1;
+  return p;
+}
+
+void ConfigureCudaAllocator() {
+#ifdef HYDRA_WITH_CUDA
+  // overwrite = 0: a user's own setting wins.
+  ::setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True", 0);
+#endif
+}
+
+#ifdef HYDRA_WITH_CUDA
+namespace {
+
+using Event = at::cuda::CUDAEvent;
+
+struct Streams {
+  c10::cuda::CUDAStream compute, in, out;
+};
+
+Streams& Of(const std::shared_ptr<void>& p) { return *static_cast<Streams*>(p.get()); }
+
+std::shared_ptr<void> Record(const c10::cuda::CUDAStream& stream) {
+  auto e = std::make_shared<Event>();
+  e->record(stream);
+  return e;
+}
+
+}  // namespace
+#endif
+
+bool StreamMark::Reached() const {
+#ifdef HYDRA_WITH_CUDA
+  if (event_) return static_cast<Event*>(event_.get())->query();
+#endif
+  return true;
+}
+
+void StreamMark::Synchronize() const {
+#ifdef HYDRA_WITH_CUDA
+  if (event_) static_cast<Event*>(event_.get())->synchronize();
+#endif
+}
+
+DeviceStreams::DeviceStreams(torch::Device device) : device_(device) {
+#ifdef HYDRA_WITH_CUDA
+  if (device.is_cuda()) {
+    const auto i = device.index();
+    cuda_ = std::make_shared<Streams>(Streams{c10::cuda::getStreamFromPool(false, i),
+                                              c10::cuda::getStreamFromPool(false, i),
+                                              c10::cuda::getStreamFromPool(false, i)});
+  }
+#endif
+}
+
+DeviceStreams::~DeviceStreams() = default;
+
+DeviceStreams::ComputeScope::ComputeScope(DeviceStreams& streams) {
+#ifdef HYDRA_WITH_CUDA
+  if (streams.cuda_) {
+    guard_ = std::make_shared<c10::cuda::CUDAStreamGuard>(Of(streams.cuda_).compute);
+  }
+#else
+  (void)streams;
+#endif
+}
+
+DeviceStreams::ComputeScope::~ComputeScope() = default;
+
+StreamMark DeviceStreams::MarkCompute() {
+  StreamMark m;
+#ifdef HYDRA_WITH_CUDA
+  if (cuda_) m.event_ = Record(Of(cuda_).compute);
+#endif
+  return m;
+}
+
+void DeviceStreams::ComputeWaits(const StreamMark& mark) {
+#ifdef HYDRA_WITH_CUDA
+  if (cuda_ && mark.event_) static_cast<Event*>(mark.event_.get())->block(Of(cuda_).compute);
+#else
+  (void)mark;
+#endif
+}
+
+StreamMark DeviceStreams::CopyIn(const std::vector<torch::Tensor>& dst,
+                                 const std::vector<torch::Tensor>& src, const StreamMark& after) {
+  return Copy(0, dst, src, after);
+}
+
+StreamMark DeviceStreams::CopyOut(const std::vector<torch::Tensor>& dst,
+                                  const std::vector<torch::Tensor>& src, const StreamMark& after) {
+  return Copy(1, dst, src, after);
+}
+
+StreamMark DeviceStreams::Copy(int which, const std::vector<torch::Tensor>& dst,
+                               const std::vector<torch::Tensor>& src, const StreamMark& after) {
+  torch::NoGradGuard no_grad;
+  StreamMark m;
+#ifdef HYDRA_WITH_CUDA
+  if (cuda_) {
+    Streams& s = Of(cuda_);
+    const c10::cuda::CUDAStream& stream = which == 0 ? s.in : s.out;
+    // After the compute issued so far: the device memory was allocated on the compute stream
+    // (a block it may still be using for earlier work) or holds what it computed.
+    static_cast<Event*>(Record(s.compute).get())->block(stream);
+    if (after.event_) static_cast<Event*>(after.event_.get())->block(stream);
+    c10::cuda::CUDAStreamGuard guard(stream);
+    for (size_t i = 0; i < dst.size(); ++i) {
+      dst[i].copy_(src[i], /*non_blocking=*/true);
+      // The device side is used by this stream: the allocator must not reuse it before.
+      const torch::Tensor& on_device = which == 0 ? dst[i] : src[i];
+      on_device.record_stream(stream);
+    }
+    m.event_ = Record(stream);
+    return m;
+  }
+#else
+  (void)which, (void)after;
+#endif
+  for (size_t i = 0; i < dst.size(); ++i) dst[i].copy_(src[i]);
+  return m;
+}
+
+torch::Tensor HostTensorFor(const torch::Device& device, at::IntArrayRef shape,
+                            torch::ScalarType dtype) {
+  return torch::zeros(shape, torch::TensorOptions().dtype(dtype).pinned_memory(device.is_cuda()));
+}
+
+}  // namespace hydra::executor

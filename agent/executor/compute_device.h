@@ -1,0 +1,106 @@
+#pragma once
+// Torch-facing: include only from executor translation units.
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <vector>
+
+#include "agent/executor/executor.h"
+#include "common/devices.h"
+
+namespace hydra::executor {
+
+/// The torch device a DeviceSpec computes on: the CPU for CPU devices, (kCUDA, index) for GPUs.
+torch::Device TorchDevice(const DeviceSpec& device);
+
+/// Where an executor built for one of a factory's devices computes.
+struct Placement {
+  torch::Device device = torch::kCPU;
+  bool discrete = false;  ///< its memory is apart from the host's (ExecutorDevices::Discrete)
+  int bound = -1;         ///< TrialExecutorInterface::BoundDevice: the index if discrete, else -1
+};
+/// The placement on device `index` of `devices`; INVALID_ARGUMENT for an unknown index.
+StatusOr<Placement> PlaceOn(const ExecutorDevices& devices, int index);
+
+/// Makes LibTorch's CUDA caching allocator grow its segments in place (expandable segments)
+/// unless PYTORCH_CUDA_ALLOC_CONF already says otherwise: a spilling executor frees and
+/// allocates shard-sized blocks all the time, which fragments fixed segments (the Hydra
+/// prototype needed max_split_size_mb). Must run before the first CUDA allocation; idempotent.
+/// Nothing in a build without CUDA.
+void ConfigureCudaAllocator();
+
+/// A point in one stream's work that other streams, or the host, can wait for. On a CPU device
+/// every mark is already reached. Copyable; empty marks are reached.
+class StreamMark {
+ public:
+  StreamMark() = default;
+  /// True once the work before the mark is done (never blocks).
+  bool Reached() const;
+  /// Blocks the calling thread until the work before the mark is done.
+  void Synchronize() const;
+
+ private:
+  friend class DeviceStreams;
+  std::shared_ptr<void> event_;  // at::cuda::CUDAEvent in the CUDA build; null: reached
+};
+
+/// The streams an executor uses on one device (issue 17: "compute on its own stream, prefetch
+/// and write-back on dedicated copy streams ordered with CUDA events"). Compute runs on a
+/// stream of its own (ComputeScope makes it the calling thread's current stream); copies into
+/// the device run on a prefetch stream and copies out on a write-back stream, each ordered
+/// after the marks it is given, so a prefetch and a write-back overlap the compute between
+/// them, and nothing synchronises the whole device. Memory a copy reads or writes is handed to
+/// the caching allocator as used by that stream (record_stream), so it is not reused before
+/// the copy is done.
+/// On a CPU device the same calls copy at once and every mark is reached: the executor's
+/// logic is the same, which is how CPU tests exercise it. Not thread-safe: one executor's
+/// thread at a time.
+class DeviceStreams {
+ public:
+  explicit DeviceStreams(torch::Device device);
+  ~DeviceStreams();
+  DeviceStreams(const DeviceStreams&) = delete;
+  DeviceStreams& operator=(const DeviceStreams&) = delete;
+
+  torch::Device device() const { return device_; }
+  bool is_cuda() const { return device_.is_cuda(); }
+
+  /// While alive, the calling thread's LibTorch work on this device goes to the compute stream.
+  class ComputeScope {
+   public:
+    explicit ComputeScope(DeviceStreams& streams);
+    ~ComputeScope();
+    ComputeScope(const ComputeScope&) = delete;
+    ComputeScope& operator=(const ComputeScope&) = delete;
+
+   private:
+    std::shared_ptr<void> guard_;  // c10::cuda::CUDAStreamGuard in the CUDA build
+  };
+
+  /// The point the compute stream has reached in the work issued so far.
+  StreamMark MarkCompute();
+  /// Makes the compute stream wait for `mark` (the host does not wait).
+  void ComputeWaits(const StreamMark& mark);
+
+  /// Copies each src[i] into dst[i] on the prefetch stream (asynchronously where the host side
+  /// is pinned), after `after`; returns the mark of the copies' end.
+  StreamMark CopyIn(const std::vector<torch::Tensor>& dst, const std::vector<torch::Tensor>& src,
+                    const StreamMark& after);
+  /// The same on the write-back stream (device to host).
+  StreamMark CopyOut(const std::vector<torch::Tensor>& dst, const std::vector<torch::Tensor>& src,
+                     const StreamMark& after);
+
+ private:
+  StreamMark Copy(int which, const std::vector<torch::Tensor>& dst,
+                  const std::vector<torch::Tensor>& src, const StreamMark& after);
+  torch::Device device_;
+  std::shared_ptr<void> cuda_;  // the three streams in the CUDA build
+};
+
+/// Host memory for a device's copies: pinned (page-locked, so copies to and from a GPU are
+/// asynchronous DMA) when `device` is a GPU; plain memory for a CPU device. Zero-filled.
+torch::Tensor HostTensorFor(const torch::Device& device, at::IntArrayRef shape,
+                            torch::ScalarType dtype);
+
+}  // namespace hydra::executor

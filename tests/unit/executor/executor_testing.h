@@ -1,0 +1,46 @@
+#pragma once
+// Helpers shared by the executor tests.
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "agent/executor/executor.h"
+
+namespace hydra::executor::testing {
+
+/// A GPT-2 trial of the given shape on the repository's example corpus (byte vocabulary),
+/// batch 8, 30 steps, 16 validation sequences; learning rate 0.05 for SGD, else `adamw_lr`.
+inline Trial GptTrial(const std::string& name, const std::string& optimizer, int64_t layers,
+                      int64_t embd, int64_t heads, int64_t context, int64_t seed, double adamw_lr) {
+  Trial t;
+  t.name = name;
+  t.model.n_layer = layers;
+  t.model.n_embd = embd;
+  t.model.n_head = heads;
+  t.model.context_length = context;
+  t.model.vocab_size = 256;
+  t.training.optimizer = optimizer;
+  t.training.learning_rate = optimizer == "sgd" ? 0.05 : adamw_lr;
+  t.training.batch_size = 8;
+  t.training.steps = 30;
+  t.training.seed = seed;
+  t.dataset.resolved_path = std::string(HYDRA_SOURCE_DIR) + "/examples/data/corpus.txt";
+  t.dataset.eval_sequences = 16;
+  return t;
+}
+
+/// The losses of `steps` training steps; a failed step fails the test and ends the list.
+inline std::vector<double> StepLosses(TrialExecutorInterface* e, int steps) {
+  std::vector<double> out;
+  for (int i = 0; i < steps; ++i) {
+    auto m = e->TrainStep();
+    EXPECT_TRUE(m.ok()) << m.status();
+    if (!m.ok()) break;
+    out.push_back(m->loss);
+  }
+  return out;
+}
+
+}  // namespace hydra::executor::testing

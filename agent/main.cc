@@ -73,6 +73,8 @@ std::string WithPort(const std::string& address, int port) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before anything touches a GPU: the caching allocator reads its settings once.
+  hydra::executor::ConfigureCudaAllocator();
   CLI::App app{
       "hydra-agent: the Hydra node agent. Trains the trials hydra-controller assigns over gRPC "
       "on this node's devices (shard spilling + Sharded-LRTF), checkpoints them to shared "
@@ -104,7 +106,7 @@ int main(int argc, char** argv) {
   app.add_option("--devices", devices_flag,
                  "Devices and their memory budget: cpu:N or cpu:N,budget=4Gi (default budget: "
                  "the host memory for trials); cuda, cuda:0,2 or cuda:0,budget=20Gi name GPUs "
-                 "(found and checked; training on them is not in this version)")
+                 "(the CUDA build, scripts/build-cuda.sh)")
       ->capture_default_str();
   app.add_option("--threads", threads, "CPU threads for training, shared by the devices")
       ->check(CLI::Range(1, 1024))

@@ -373,6 +373,8 @@ int Export(const std::string& run_dir, const std::string& trial, const std::stri
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before anything touches a GPU: the caching allocator reads its settings once.
+  hydra::executor::ConfigureCudaAllocator();
   CLI::App app{
       "hydra: train many models at once (model selection) with model spilling and shard "
       "parallelism.\nRuns a MultiModelJob manifest on this machine, without a cluster."};
@@ -404,7 +406,7 @@ int main(int argc, char** argv) {
   run->add_option("--devices", ra.devices,
                   "Devices that train trials at once: cpu:N splits the threads into N CPU "
                   "devices; auto: one per thread, at most one per trial; cuda, cuda:0,2: GPUs "
-                  "(found and checked; training on them is not in this version)")
+                  "(the CUDA build, scripts/build-cuda.sh)")
       ->capture_default_str();
   run->add_option("--host-memory", ra.host_memory,
                   "Host memory the admitted trials may use (e.g. 16Gi); others wait in order "

@@ -127,7 +127,9 @@ say ""
 
 # --- 5. the GPU benchmark --------------------------------------------------------------------
 # HYDRA_GPU_BENCH=smoke runs a small shape only; =none skips it.
-if [ "${HYDRA_GPU_BENCH:-full}" != none ]; then
+if [ "$CUDA_OK" != True ]; then
+  say "5. GPU benchmark skipped: torch sees no GPU here"
+elif [ "${HYDRA_GPU_BENCH:-full}" != none ]; then
   start=$SECONDS
   bench_args=(--gpu cuda:0)
   [ "${HYDRA_GPU_BENCH:-full}" = smoke ] && bench_args+=(--smoke)

@@ -1,9 +1,8 @@
 #include "agent/executor/compute_device.h"
 
-#include <cstdlib>
-
 #ifdef HYDRA_WITH_CUDA
 #include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
@@ -26,10 +25,11 @@ StatusOr<Placement> PlaceOn(const ExecutorDevices& devices, int index) {
   return p;
 }
 
-void ConfigureCudaAllocator() {
+void SynchronizeDevice(const torch::Device& device) {
 #ifdef HYDRA_WITH_CUDA
-  // overwrite = 0: a user's own setting wins.
-  ::setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True", 0);
+  if (device.is_cuda()) c10::cuda::device_synchronize();
+#else
+  (void)device;
 #endif
 }
 

@@ -23,12 +23,9 @@ struct Placement {
 /// The placement on device `index` of `devices`; INVALID_ARGUMENT for an unknown index.
 StatusOr<Placement> PlaceOn(const ExecutorDevices& devices, int index);
 
-/// Makes LibTorch's CUDA caching allocator grow its segments in place (expandable segments)
-/// unless PYTORCH_CUDA_ALLOC_CONF already says otherwise: a spilling executor frees and
-/// allocates shard-sized blocks all the time, which fragments fixed segments (the Hydra
-/// prototype needed max_split_size_mb). Must run before the first CUDA allocation; idempotent.
-/// Nothing in a build without CUDA.
-void ConfigureCudaAllocator();
+/// Waits for all work on a GPU (every stream): for set-up and teardown only, never in the
+/// steady state. Nothing on a CPU device.
+void SynchronizeDevice(const torch::Device& device);
 
 /// A point in one stream's work that other streams, or the host, can wait for. On a CPU device
 /// every mark is already reached. Copyable; empty marks are reached.

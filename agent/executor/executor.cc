@@ -30,7 +30,7 @@ Status CheckModelAndData(const Trial& trial, const TokenDataset& data) {
 }
 
 StatusOr<DeviceSpec> ExecutorDevices::At(int index) const {
-  if (devices.empty() && index == 0) return CpuDevice(0, 0);
+  if (devices.empty() && index >= 0) return CpuDevice(index, 0);
   if (index < 0 || static_cast<size_t>(index) >= devices.size()) {
     return InvalidArgumentError("no device " + std::to_string(index) + " among the " +
                                 std::to_string(std::max<size_t>(devices.size(), 1)) +

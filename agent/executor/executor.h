@@ -85,7 +85,8 @@ class TrialExecutorInterface {
 
 /// The devices an executor factory builds executors for.
 struct ExecutorDevices {
-  std::vector<DeviceSpec> devices;  ///< by index (Build's `device`); empty: one CPU device
+  /// By index (Build's `device`); empty: CPU devices, as many as the caller runs.
+  std::vector<DeviceSpec> devices;
   /// Makes CPU devices behave as discrete ones: a spilled shard is copied to separate device
   /// tensors and back, and executors stay on the device they were built for, as on a GPU. For
   /// tests, so that the GPU's code paths run on machines without one.

@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include <cstdlib>
 #include <cstring>
 
 #include "common/units.h"
@@ -15,6 +16,14 @@ bool CudaCompiledIn() {
   return true;
 #else
   return false;
+#endif
+}
+
+void ConfigureCudaAllocator() {
+#ifdef HYDRA_WITH_CUDA
+  // A user's own setting wins, under either name (PYTORCH_ALLOC_CONF is 2.x's own).
+  if (std::getenv("PYTORCH_ALLOC_CONF") != nullptr) return;
+  ::setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True", /*overwrite=*/0);
 #endif
 }
 

@@ -10,6 +10,14 @@ namespace hydra::executor {
 /// Whether this build can reach GPUs (built with -DHYDRA_WITH_CUDA=ON, scripts/build-cuda.sh).
 bool CudaCompiledIn();
 
+/// Makes LibTorch's CUDA caching allocator grow its segments in place (expandable segments)
+/// unless PYTORCH_CUDA_ALLOC_CONF or PYTORCH_ALLOC_CONF already says something: a spilling
+/// executor frees and allocates shard-sized blocks all the time, which fragments fixed
+/// segments (the Hydra prototype needed max_split_size_mb). The allocator reads its settings
+/// once, at the first CUDA allocation: main() calls this before anything touches a GPU.
+/// Idempotent; nothing in a build without CUDA.
+void ConfigureCudaAllocator();
+
 /// The GPUs visible to CUDA (CUDA_VISIBLE_DEVICES applies): index, name, UUID, total and free
 /// memory. Empty when the driver sees no device; FAILED_PRECONDITION naming the cause when this
 /// build has no CUDA or the driver cannot be used.

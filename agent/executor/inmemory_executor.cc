@@ -7,6 +7,7 @@
 #include "agent/executor/compute_device.h"
 #include "agent/executor/cpu_threads.h"
 #include "agent/executor/gpt2.h"
+#include "agent/executor/gpus.h"
 #include "agent/executor/host_allocator.h"
 #include "agent/executor/optimizer.h"
 #include "agent/executor/precision.h"
@@ -31,6 +32,9 @@ class InMemoryExecutor : public TrialExecutorInterface, private ReturnsHostMemor
         optimizer_(params_, trial.training),
         streams_(device),
         bound_device_(bound_device) {
+    // The moves and the optimizer's state ran on the default stream, which the compute stream
+    // does not wait for.
+    SynchronizeDevice(device);
     for (const auto& [name, p] : params_) stats_.parameters += p.numel();
     stats_.shards = 1;
     stats_.peak_device_bytes = EstimateTrialFootprint(trial).total_bytes();
@@ -63,6 +67,9 @@ class InMemoryExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     } catch (const c10::Error& e) {
       return InternalError("training step " + std::to_string(step_) + " of " + trial_.name + ": " +
                            e.what_without_backtrace());
+    } catch (const std::exception& e) {  // TorchScript's interpreter throws these
+      return InternalError("training step " + std::to_string(step_) + " of " + trial_.name + ": " +
+                           e.what());
     }
     ++step_;
     m.tokens = tr.batch_size * TokensPerSample(trial_);
@@ -106,6 +113,11 @@ class InMemoryExecutor : public TrialExecutorInterface, private ReturnsHostMemor
 
   ExecutorStats stats() const override { return stats_; }
   int BoundDevice() const override { return bound_device_; }
+
+  ~InMemoryExecutor() override {
+    // Kernels of a failed step may still use the memory about to be freed.
+    streams_.MarkCompute().Synchronize();
+  }
 
  private:
   static LayerSequence MovedTo(LayerSequence model, torch::Device device) {

@@ -13,6 +13,7 @@
 #include "agent/executor/cpu_threads.h"
 #include "agent/executor/disk_tier.h"
 #include "agent/executor/gpt2.h"
+#include "agent/executor/gpus.h"
 #include "agent/executor/host_allocator.h"
 #include "agent/executor/inmemory_executor.h"
 #include "agent/executor/optimizer.h"
@@ -89,6 +90,8 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
                   : nullptr) {}
 
   ~SpillingExecutor() override {
+    // Kernels of a step abandoned halfway may still use the memory about to be freed.
+    streams_.MarkCompute().Synchronize();
     for (auto& s : shards_) {
       if (s.write.valid()) s.write.wait();
       for (Part* p : {&s.weights, &s.state}) {
@@ -120,7 +123,11 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     for (const auto& [name, p] : model_.NamedParameters()) {
       global_order_[name] = global_order_.size();
     }
-    if (on_.discrete) MoveResidentsToDevice();
+    if (on_.discrete) {
+      MoveResidentsToDevice();
+      // Set-up ran on the default stream, which the compute stream does not wait for.
+      SynchronizeDevice(on_.device);
+    }
     int64_t pinned_bytes = 0;
     for (const auto& [n, t] : pinned_) pinned_bytes += 2 * t.numel() * t.element_size();
     return ledger_.Acquire(Tier::kDevice, pinned_bytes, "tied parameters and their gradients");
@@ -214,6 +221,10 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       cur_.reset();
       return InternalError("training step " + std::to_string(step_) + " of " + trial_.name + ": " +
                            e.what_without_backtrace());
+    } catch (const std::exception& e) {  // TorchScript's interpreter throws these
+      cur_.reset();
+      return InternalError("training step " + std::to_string(step_) + " of " + trial_.name + ": " +
+                           e.what());
     }
     cur_->seconds +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -982,8 +993,10 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       RETURN_IF_ERROR(FinishWrites());
     }
     Shard& s = shards_[k];
-    RETURN_IF_ERROR(Fetch(k, true));
-    RETURN_IF_ERROR(Wait(k));
+    if (!HostSteps(s)) {  // a host-stepped shard needs nothing on the device to step
+      RETURN_IF_ERROR(Fetch(k, true));
+      RETURN_IF_ERROR(Wait(k));
+    }
     RETURN_IF_ERROR(
         ledger_.Acquire(Tier::kDevice, s.grad_bytes, "gradients of shard " + std::to_string(k)));
     if (disk_) {

@@ -6,6 +6,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "agent/executor/executor.h"
+
 namespace hydra::executor {
 namespace {
 
@@ -69,6 +71,38 @@ TEST(GpusTest, TheExecutorsTrainOnCudaDevicesOnlyInACudaBuild) {
   EXPECT_THAT(s.message(), HasSubstr("cuda:0 (NVIDIA H100 80GB HBM3"));
   EXPECT_THAT(s.message(), HasSubstr("scripts/build-cuda.sh"));
   EXPECT_THAT(s.message(), HasSubstr("--devices cpu:N"));
+}
+
+TEST(GpusTest, ExecutorDevicesNameTheDeviceABuildIsFor) {
+  ExecutorDevices none;  // the CPU devices of however many workers the scheduler runs
+  ASSERT_TRUE(none.At(3).ok());
+  EXPECT_EQ(none.At(3)->name, "cpu:3");
+  EXPECT_FALSE(none.Discrete(*none.At(0)));
+  EXPECT_EQ(none.DiscreteMemoryBytes(), 0);
+  EXPECT_EQ(none.At(-1).status().code(), StatusCode::kInvalidArgument);
+
+  DeviceSpec gpu;
+  gpu.kind = DeviceKind::kCuda;
+  gpu.name = "cuda:0";
+  gpu.memory_bytes = int64_t{40} << 30;
+  DeviceSpec small = gpu;
+  small.name = "cuda:1";
+  small.index = 1;
+  small.memory_bytes = int64_t{20} << 30;
+  ExecutorDevices gpus{{gpu, small}};
+  EXPECT_EQ(gpus.At(1)->name, "cuda:1");
+  const auto missing = gpus.At(2);
+  EXPECT_EQ(missing.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(missing.status().message(), HasSubstr("no device 2 among the 2"));
+  EXPECT_TRUE(gpus.Discrete(gpu));
+  EXPECT_EQ(gpus.DiscreteMemoryBytes(), int64_t{20} << 30) << "the smallest GPU";
+
+  // A trial that names no budget gets the GPUs' memory; one that names one keeps it.
+  Trial t;
+  EXPECT_EQ(WithDeviceBudget(t, gpus).resources.device_memory_budget, int64_t{20} << 30);
+  EXPECT_FALSE(WithDeviceBudget(t, none).resources.device_memory_budget.has_value());
+  t.resources.device_memory_budget = 1 << 30;
+  EXPECT_EQ(WithDeviceBudget(t, gpus).resources.device_memory_budget, 1 << 30);
 }
 
 }  // namespace

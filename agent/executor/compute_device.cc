@@ -5,6 +5,7 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
 #endif
 
 namespace hydra::executor {
@@ -23,6 +24,24 @@ StatusOr<Placement> PlaceOn(const ExecutorDevices& devices, int index) {
   p.discrete = devices.Discrete(spec);
   p.bound = p.discrete ? index : -1;
   return p;
+}
+
+SlabPinning PinningFor(const torch::Device& device) {
+#ifdef HYDRA_WITH_CUDA
+  if (device.is_cuda()) {
+    return {[](void* data, size_t bytes) {
+              if (cudaHostRegister(data, bytes, cudaHostRegisterDefault) == cudaSuccess) {
+                return true;
+              }
+              cudaGetLastError();  // not sticky: the slab stays plain memory
+              return false;
+            },
+            [](void* data) { cudaHostUnregister(data); }};
+  }
+#else
+  (void)device;
+#endif
+  return {};
 }
 
 void SynchronizeDevice(const torch::Device& device) {

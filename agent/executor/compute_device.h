@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "agent/executor/executor.h"
+#include "agent/executor/slab_pool.h"
 #include "common/devices.h"
 
 namespace hydra::executor {
@@ -22,6 +23,10 @@ struct Placement {
 };
 /// The placement on device `index` of `devices`; INVALID_ARGUMENT for an unknown index.
 StatusOr<Placement> PlaceOn(const ExecutorDevices& devices, int index);
+
+/// How the disk tier's slabs are pinned for `device`: page-locked in place (cudaHostRegister)
+/// for a GPU, so its copies from them are asynchronous; nothing for a CPU device.
+SlabPinning PinningFor(const torch::Device& device);
 
 /// Waits for all work on a GPU (every stream): for set-up and teardown only, never in the
 /// steady state. Nothing on a CPU device.

@@ -3,6 +3,7 @@
 #include <malloc.h>
 #include <sys/statvfs.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <map>
@@ -108,6 +109,14 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   /// to be whole in memory.
   Status Init() {
     if (disk_) RETURN_IF_ERROR(disk_->Init());
+    if (disk_ && on_.discrete) {
+      // Enough for the parts a step has in host memory at once: the shard computing, the next
+      // one read ahead and the previous one being written back.
+      size_t largest = 0;
+      for (const auto& s : plan_.shards) largest = std::max<size_t>(largest, s.state_bytes);
+      slabs_ =
+          std::make_unique<SlabPool>(3 * largest + 16 * kSpillAlignment, PinningFor(on_.device));
+    }
     Status status;
     size_t next = 0;
     auto built = BuildModel(trial_, [&](const LayerSequence& seq, size_t layer) {
@@ -545,7 +554,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     }
     size_t total = 0;
     const auto offsets = SpillLayout(sizes, &total);
-    p.slab = AlignedSlab::Allocate(total);
+    p.slab = slabs_ ? slabs_->Get(total) : AlignedSlab::Allocate(total);
     if (on_.discrete) p.host.assign(ts.size(), torch::Tensor());
     std::vector<MutableBytes> parts;
     torch::NoGradGuard g;
@@ -1035,6 +1044,8 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   DeviceStreams streams_;  // compute, prefetch and write-back streams on it
   TierLedger ledger_;
   std::unique_ptr<DiskTier> disk_;
+  /// Discrete devices with the disk tier: pinned slabs, reused (disk -> pinned -> device).
+  std::unique_ptr<SlabPool> slabs_;
   LayerSequence model_;
   std::vector<Shard> shards_;
   NamedTensors pinned_;       // every shard's pinned parameters

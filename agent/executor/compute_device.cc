@@ -85,18 +85,39 @@ void StreamMark::Synchronize() const {
 #endif
 }
 
-DeviceStreams::DeviceStreams(torch::Device device) : device_(device) {
+namespace {
+
+/// The compute, prefetch and write-back streams on a GPU; null on a CPU.
+std::shared_ptr<void> StreamsOn(torch::Device device) {
 #ifdef HYDRA_WITH_CUDA
   if (device.is_cuda()) {
     const auto i = device.index();
-    cuda_ = std::make_shared<Streams>(Streams{c10::cuda::getStreamFromPool(false, i),
-                                              c10::cuda::getStreamFromPool(false, i),
-                                              c10::cuda::getStreamFromPool(false, i)});
+    return std::make_shared<Streams>(Streams{c10::cuda::getStreamFromPool(false, i),
+                                             c10::cuda::getStreamFromPool(false, i),
+                                             c10::cuda::getStreamFromPool(false, i)});
   }
 #endif
+  (void)device;
+  return nullptr;
 }
 
+}  // namespace
+
+DeviceStreams::DeviceStreams(torch::Device device) : device_(device), cuda_(StreamsOn(device)) {}
+
 DeviceStreams::~DeviceStreams() = default;
+
+void DeviceStreams::MoveTo(torch::Device device) {
+#ifdef HYDRA_WITH_CUDA
+  if (cuda_) {
+    Of(cuda_).compute.synchronize();
+    Of(cuda_).in.synchronize();
+    Of(cuda_).out.synchronize();
+  }
+#endif
+  cuda_ = StreamsOn(device);
+  device_ = device;
+}
 
 DeviceStreams::ComputeScope::ComputeScope(DeviceStreams& streams) {
 #ifdef HYDRA_WITH_CUDA

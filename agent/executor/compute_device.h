@@ -68,6 +68,9 @@ class DeviceStreams {
   torch::Device device() const { return device_; }
   bool is_cuda() const { return device_.is_cuda(); }
 
+  /// Waits for everything issued on the three streams, then uses new streams on `device`.
+  void MoveTo(torch::Device device);
+
   /// While alive, the calling thread's LibTorch work on this device goes to the compute stream.
   class ComputeScope {
    public:

@@ -81,6 +81,13 @@ class TrialExecutorInterface {
   /// moves between them for free, while a GPU keeps a trial's resident state (the in-memory
   /// executor's whole model, the spilling executor's tied weights and the step under way).
   virtual int BoundDevice() const { return -1; }
+  /// Moves what the executor keeps on its device to `device` (another GPU of the factory; a
+  /// device-to-device copy), between steps only: FAILED_PRECONDITION within a step. Nothing to
+  /// do for an executor that is bound to no device.
+  virtual Status MoveTo(int device) {
+    (void)device;
+    return OkStatus();
+  }
 };
 
 /// The devices an executor factory builds executors for.

@@ -24,14 +24,16 @@ class InMemoryExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   /// `model` is built in host memory; it moves to `device` (the factory's device `index`)
   /// before the optimizer allocates its state there.
   InMemoryExecutor(const Trial& trial, std::shared_ptr<const TokenDataset> data,
-                   LayerSequence model, torch::Device device, int bound_device)
+                   LayerSequence model, torch::Device device, int bound_device,
+                   ExecutorDevices devices)
       : trial_(trial),
         data_(std::move(data)),
         model_(MovedTo(std::move(model), device)),
         params_(model_.NamedParameters()),
         optimizer_(params_, trial.training),
         streams_(device),
-        bound_device_(bound_device) {
+        bound_device_(bound_device),
+        devices_(std::move(devices)) {
     // The moves and the optimizer's state ran on the default stream, which the compute stream
     // does not wait for.
     SynchronizeDevice(device);
@@ -114,6 +116,26 @@ class InMemoryExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   ExecutorStats stats() const override { return stats_; }
   int BoundDevice() const override { return bound_device_; }
 
+  /// The whole model, its gradients and optimizer state go to the other GPU (a
+  /// device-to-device copy).
+  Status MoveTo(int device) override {
+    if (bound_device_ < 0 || device == bound_device_) return OkStatus();
+    ASSIGN_OR_RETURN(Placement to, PlaceOn(devices_, device));
+    try {
+      torch::NoGradGuard g;
+      streams_.MoveTo(to.device);
+      model_ = MovedTo(std::move(model_), to.device);  // the layers keep their tensors
+      for (auto& [name, p] : params_) p.mutable_grad() = torch::Tensor();  // fresh next step
+      for (auto& [name, t] : optimizer_.NamedState()) t.set_data(t.to(to.device));
+      SynchronizeDevice(to.device);
+      bound_device_ = to.bound;
+      return OkStatus();
+    } catch (const c10::Error& e) {
+      return InternalError("moving " + trial_.name + " to " + to.device.str() + ": " +
+                           e.what_without_backtrace());
+    }
+  }
+
   ~InMemoryExecutor() override {
     // Kernels of a failed step may still use the memory about to be freed.
     streams_.MarkCompute().Synchronize();
@@ -144,7 +166,8 @@ class InMemoryExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   std::vector<std::pair<std::string, torch::Tensor>> params_;
   Optimizer optimizer_;
   DeviceStreams streams_;
-  int bound_device_;  // -1: any device may run it
+  int bound_device_;         // -1: any device may run it
+  ExecutorDevices devices_;  // the factory's, for MoveTo
   ExecutorStats stats_;
   int64_t step_ = 0;
 };
@@ -197,7 +220,7 @@ class InMemoryExecutorFactory : public ExecutorFactoryInterface {
     try {
       ASSIGN_OR_RETURN(LayerSequence model, BuildModel(trial));
       return std::unique_ptr<TrialExecutorInterface>(std::make_unique<InMemoryExecutor>(
-          trial, std::move(data), std::move(model), on.device, on.bound));
+          trial, std::move(data), std::move(model), on.device, on.bound, options_.devices));
     } catch (const c10::Error& e) {
       return InternalError("building " + trial.name + ": " + e.what_without_backtrace());
     }

@@ -83,6 +83,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
         data_(std::move(data)),
         plan_(std::move(plan)),
         on_(on),
+        devices_(options.devices),
         streams_(on.device),
         ledger_(trial.resources.device_memory_budget.value_or(0)),
         disk_(plan_.state_tier == StateTier::kDisk
@@ -385,6 +386,34 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   }
 
   int BoundDevice() const override { return on_.bound; }
+
+  /// Between steps every shard is off the device: only the tied weights and the buffers move,
+  /// and the streams follow.
+  Status MoveTo(int device) override {
+    if (!on_.discrete || device == on_.bound) return OkStatus();
+    if (InStep()) return FailedPreconditionError(trial_.name + " is within a step");
+    ASSIGN_OR_RETURN(Placement to, PlaceOn(devices_, device));
+    try {
+      for (auto& s : shards_) {
+        for (Part* p : {&s.weights, &s.state}) {
+          p->in_done.Synchronize();
+          p->out_done.Synchronize();  // the next copy in, on the new device, reads the host copy
+        }
+      }
+      streams_.MoveTo(to.device);
+      on_ = to;
+      MoveResidentsToDevice();
+      for (auto& s : shards_) {
+        LeaveDevice(s.weights);  // empty tensors, now of the new device
+        if (!HostSteps(s)) LeaveDevice(s.state);
+      }
+      SynchronizeDevice(on_.device);
+      return OkStatus();
+    } catch (const c10::Error& e) {
+      return InternalError("moving " + trial_.name + " to " + to.device.str() + ": " +
+                           e.what_without_backtrace());
+    }
+  }
 
  private:
   // ---- residency ----------------------------------------------------------------------------
@@ -1040,8 +1069,9 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   Trial trial_;
   std::shared_ptr<const TokenDataset> data_;
   PartitionPlan plan_;
-  Placement on_;           // the device computed on; discrete: separate device copies
-  DeviceStreams streams_;  // compute, prefetch and write-back streams on it
+  Placement on_;             // the device computed on; discrete: separate device copies
+  ExecutorDevices devices_;  // the factory's, for MoveTo
+  DeviceStreams streams_;    // compute, prefetch and write-back streams on it
   TierLedger ledger_;
   std::unique_ptr<DiskTier> disk_;
   /// Discrete devices with the disk tier: pinned slabs, reused (disk -> pinned -> device).

@@ -299,6 +299,12 @@ int TrialScheduler::BoundDevice(const Slot& slot) const {
   return slot.exec && !slot.running ? slot.exec->BoundDevice() : -1;
 }
 
+bool TrialScheduler::MayMoveFrom(const Slot& slot, int bound) const {
+  // Between steps only, and only while its own device runs another trial.
+  return bound >= 0 && static_cast<size_t>(bound) < running_since_.size() &&
+         running_since_[bound] >= 0 && !slot.exec->InStep();
+}
+
 int64_t TrialScheduler::DeviceNeed(const Slot& slot) const {
   return slot.p.admission.plan.peak_device_bytes;
 }
@@ -647,22 +653,29 @@ void TrialScheduler::Worker(int device) {
     }
     const int64_t device_free = DeviceMemoryFree(device);
     bool device_full = false;  // a trial waits for this device's memory
-    std::vector<RunnableTrial> runnable;
-    std::vector<Slot*> candidates;  // runnable[i] is candidates[i]
+    // Trials this device may run: unbound ones, those bound here, and (only when none of
+    // those is runnable) ones whose device is busy with another trial, moved here.
+    std::vector<RunnableTrial> runnable, movable;
+    std::vector<Slot*> candidates, movers;  // runnable[i] is candidates[i]; likewise movers
     for (auto& s : slots_) {
       if (s->done || !s->admitted || s->running || !s->announced) continue;
       if (s->stop_requested || (s->started && AtLimit(*s))) continue;  // waits for a decision
       const int bound = BoundDevice(*s);
-      if (bound >= 0 && bound != device) continue;  // its state is on another device
-      if (bound < 0 && device_free >= 0 && DeviceNeed(*s) > device_free) {
-        device_full = true;
+      const bool here = bound < 0 || bound == device;
+      if (!here && !MayMoveFrom(*s, bound)) continue;
+      if (bound != device && device_free >= 0 && DeviceNeed(*s) > device_free) {
+        device_full = device_full || here;
         continue;
       }
       // Remaining time: to the step the trial may reach now (its early-stopping limit).
       const double remaining =
           s->est_step_seconds * static_cast<double>(std::max<int64_t>(0, LimitOf(*s) - s->r.step));
-      runnable.push_back({s->index, remaining, s->ready_since, s->r.step});
-      candidates.push_back(s.get());
+      (here ? runnable : movable).push_back({s->index, remaining, s->ready_since, s->r.step});
+      (here ? candidates : movers).push_back(s.get());
+    }
+    if (runnable.empty()) {
+      runnable.swap(movable);
+      candidates.swap(movers);
     }
     if (runnable.empty()) {
       // Trials waiting at an early-stopping limit may hold the memory another one needs.
@@ -691,6 +704,11 @@ void TrialScheduler::Worker(int device) {
     Clock::time_point t0, t1;
     try {
       if (!slot.started) s = Start(slot);
+      // Taken from a busy device: what the executor keeps on a device comes here first.
+      if (s.ok() && slot.exec && slot.exec->BoundDevice() >= 0 &&
+          slot.exec->BoundDevice() != device) {
+        s = slot.exec->MoveTo(device);
+      }
       bool at_limit = false;  // a trial resumed at (or past) its early-stopping limit waits
       {
         std::lock_guard<std::mutex> relock(mu_);

@@ -91,8 +91,10 @@ struct PreparedTrial {
 /// The node's device loop, shared by `hydra run` and hydra-agent: trials arrive (Submit), wait
 /// for host memory in order, and whenever a device is free it takes the admitted trial the
 /// policy picks (Sharded-LRTF: longest estimated remaining time) and runs its next optimizer
-/// step. A trial whose executor is bound to a device (a GPU holding its state) runs only
-/// there until its executor is freed; others run on any device. Trials resume from the newest
+/// step. A trial whose executor is bound to a device (a GPU holding its state) runs there,
+/// unless that device is busy with another trial and another device has nothing of its own to
+/// run: the trial then moves (TrialExecutorInterface::MoveTo) between its steps; others run on
+/// any device. Trials resume from the newest
 /// checkpoint in their directory, checkpoint as their training settings say, can be cancelled, and
 /// are checkpointed by Drain. Thread-safe.
 class TrialScheduler {
@@ -211,6 +213,9 @@ class TrialScheduler {
   // what the trial holds on a device it is bound to (its plan's peak); the memory left on
   // `device` for another trial (-1: the device has no limit).
   int BoundDevice(const Slot& slot) const;
+  // Needs mu_ held: whether an idle trial bound to device `bound` may move to another device
+  // (between its steps, while `bound` runs another trial).
+  bool MayMoveFrom(const Slot& slot, int bound) const;
   int64_t DeviceNeed(const Slot& slot) const;
   int64_t DeviceMemoryFree(int device) const;
   // Needs mu_ held: the step limit in effect, and whether the trial waits at it.

@@ -15,6 +15,13 @@
 
 namespace hydra::fakes {
 
+/// What executors bound to devices did (FakeExecutorFactory::bind_to_devices).
+struct DeviceLog {
+  std::mutex mu;
+  std::map<std::string, std::vector<int>> stepped_on;  ///< trial -> its bound device per step
+  std::map<std::string, std::vector<int>> moves;       ///< trial -> devices it moved to
+};
+
 /// A torch-free executor whose "model" is one double that decays towards a floor set by the
 /// learning rate; the loss of a step is a pure function of the state, so interrupted and
 /// resumed runs can be compared exactly.
@@ -22,12 +29,13 @@ class FakeExecutor : public executor::TrialExecutorInterface {
  public:
   FakeExecutor(const Trial& trial, std::function<void(const std::string&, int64_t)> on_step,
                int64_t fail_at_step, std::chrono::milliseconds step_delay = {},
-               int bound_device = -1)
+               int bound_device = -1, DeviceLog* log = nullptr)
       : trial_(trial),
         on_step_(std::move(on_step)),
         fail_at_step_(fail_at_step),
         step_delay_(step_delay),
-        bound_device_(bound_device) {}
+        bound_device_(bound_device),
+        log_(log) {}
 
   StatusOr<executor::StepMetrics> TrainStep() override {
     if (step_ == fail_at_step_)
@@ -35,6 +43,10 @@ class FakeExecutor : public executor::TrialExecutorInterface {
     if (step_delay_.count() > 0) std::this_thread::sleep_for(step_delay_);
     weight_ = weight_ * (1.0 - trial_.training.learning_rate * 100) + 0.01 * (step_ % 3);
     ++step_;
+    if (log_) {
+      std::lock_guard<std::mutex> lock(log_->mu);
+      log_->stepped_on[trial_.name].push_back(bound_device_);
+    }
     if (on_step_) on_step_(trial_.name, step_);
     executor::StepMetrics m;
     m.loss = 1.0 + weight_;
@@ -57,6 +69,15 @@ class FakeExecutor : public executor::TrialExecutorInterface {
   }
   executor::ExecutorStats stats() const override { return {1, 3, 1000}; }
   int BoundDevice() const override { return bound_device_; }
+  Status MoveTo(int device) override {
+    if (bound_device_ < 0 || device == bound_device_) return OkStatus();
+    bound_device_ = device;
+    if (log_) {
+      std::lock_guard<std::mutex> lock(log_->mu);
+      log_->moves[trial_.name].push_back(device);
+    }
+    return OkStatus();
+  }
 
  private:
   Trial trial_;
@@ -64,6 +85,7 @@ class FakeExecutor : public executor::TrialExecutorInterface {
   int64_t fail_at_step_;
   std::chrono::milliseconds step_delay_;
   int bound_device_;
+  DeviceLog* log_;
   double weight_ = 4.0;
   int64_t step_ = 0;
 };
@@ -85,7 +107,7 @@ class FakeExecutorFactory : public executor::ExecutorFactoryInterface {
     auto it = fail_at.find(trial.name);
     return std::unique_ptr<executor::TrialExecutorInterface>(
         std::make_unique<FakeExecutor>(trial, on_step, it == fail_at.end() ? -1 : it->second,
-                                       step_delay, bind_to_devices ? device : -1));
+                                       step_delay, bind_to_devices ? device : -1, &devices));
   }
 
   std::atomic<int> created{0};
@@ -95,6 +117,7 @@ class FakeExecutorFactory : public executor::ExecutorFactoryInterface {
   std::function<void(const std::string&, int64_t)> on_step;  ///< after every step
   /// Executors keep their state on the device they were built for (as on a GPU) and say so.
   bool bind_to_devices = false;
+  DeviceLog devices;  ///< what bound executors did
   std::mutex mu;
   std::map<std::string, std::vector<int>> built_on;  ///< trial -> devices built on; guarded by mu
 };

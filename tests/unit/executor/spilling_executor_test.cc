@@ -306,6 +306,39 @@ TEST_F(SpillingExecutorTest, AnOptimizerOnTheHostKeepsItsStateOffTheDevice) {
   EXPECT_LE((*on_host)->stats().peak_device_bytes, admitted->plan.peak_device_bytes);
 }
 
+TEST_F(SpillingExecutorTest, ATrialMovesToAnotherDeviceBetweenSteps) {
+  // Two CPU devices treated as discrete ones (as two GPUs): a trial bound to device 0 moves to
+  // device 1 after 5 steps and trains on with exactly the losses of a trial that stayed.
+  for (bool spilled : {true, false}) {
+    SCOPED_TRACE(spilled ? "spilled (4 shards)" : "unsharded");
+    Trial t = Small("adamw");
+    if (spilled) t.resources.device_memory_budget = BudgetFor(t, 4);
+    ExecutorOptions o;
+    o.threads = 2;
+    o.spill_dir = spill_.string();
+    o.devices.devices = {CpuDevice(0, 0), CpuDevice(1, 0)};
+    o.devices.simulate_discrete = true;
+    auto factory = MakeExecutorFactory(o);
+    auto stays = Make(factory.get(), t);
+    auto moves = Make(factory.get(), t);
+    ASSERT_TRUE(stays.ok() && moves.ok());
+    const auto expected = Losses(stays->get(), 10);
+    auto first = Losses(moves->get(), 5);
+    EXPECT_EQ((*moves)->BoundDevice(), 0);
+    ASSERT_TRUE((*moves)->MoveTo(1).ok());
+    EXPECT_EQ((*moves)->BoundDevice(), 1);
+    EXPECT_EQ((*moves)->MoveTo(2).code(), StatusCode::kInvalidArgument) << "no such device";
+    const auto rest = Losses(moves->get(), 5);
+    first.insert(first.end(), rest.begin(), rest.end());
+    EXPECT_EQ(first, expected);
+    if (spilled) {
+      ASSERT_TRUE((*moves)->RunTask().ok());  // the first task of a step
+      EXPECT_TRUE((*moves)->InStep());
+      EXPECT_EQ((*moves)->MoveTo(0).code(), StatusCode::kFailedPrecondition) << "within a step";
+    }
+  }
+}
+
 TEST_F(SpillingExecutorTest, LayerTooBigIsRefusedBeforeTraining) {
   Trial t = Small("adamw");
   t.resources.device_memory_budget = 64 << 10;

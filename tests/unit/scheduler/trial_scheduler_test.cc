@@ -34,7 +34,7 @@ class RecordingObserver : public TrialObserverInterface {
   void OnStep(const std::string& trial, int device, double, int64_t, bool) override {
     std::lock_guard<std::mutex> lock(mu);
     steps_per_device[device] += 1;
-    devices_of[trial].insert(device);
+    step_devices[trial].push_back(device);
   }
   void OnCheckpoint(const std::string&, double seconds) override {
     std::lock_guard<std::mutex> lock(mu);
@@ -44,7 +44,7 @@ class RecordingObserver : public TrialObserverInterface {
   std::mutex mu;
   std::map<std::string, std::vector<std::string>> states;
   std::map<int, int> steps_per_device;
-  std::map<std::string, std::set<int>> devices_of;  // trial -> devices it stepped on
+  std::map<std::string, std::vector<int>> step_devices;  // trial -> the device of each step
   std::vector<std::string> messages;
   int checkpoints = 0;
 };
@@ -533,22 +533,58 @@ TEST_F(TrialSchedulerTest, TheAdmissionIsMadeOnceAndEveryBuildOfTheTrialUsesIt) 
   }
 }
 
-TEST_F(TrialSchedulerTest, ATrialBoundToADeviceRunsOnlyThere) {
-  // As on GPUs: an executor keeps its trial's state on the device it was built for. Without
-  // binding, steps of one trial land on both devices (the test below that this one mirrors).
+TEST_F(TrialSchedulerTest, ATrialBoundToADeviceRunsWhereItsExecutorIs) {
+  // As on GPUs: an executor keeps its trial's state on the device it was built for, and every
+  // step runs on the device its executor is on at that step (without binding, steps of one
+  // trial land on any device).
   factory_.bind_to_devices = true;
   factory_.step_delay = std::chrono::milliseconds(1);
   TrialScheduler s(&factory_, &observer_, {2});
   for (const char* name : {"a", "b", "c"}) ASSERT_TRUE(Submit(s, MakeTrial(name, 40)).ok());
   ASSERT_TRUE(s.WaitIdle(std::chrono::seconds(20)));
   std::lock_guard<std::mutex> lock(observer_.mu);
-  std::lock_guard<std::mutex> built(factory_.mu);
+  std::lock_guard<std::mutex> log(factory_.devices.mu);
   for (const char* name : {"a", "b", "c"}) {
     SCOPED_TRACE(name);
-    ASSERT_EQ(factory_.built_on[name].size(), 1u);
-    EXPECT_EQ(observer_.devices_of[name], std::set<int>{factory_.built_on[name][0]});
+    EXPECT_EQ(observer_.step_devices[name].size(), 40u);
+    EXPECT_EQ(observer_.step_devices[name], factory_.devices.stepped_on[name]);
   }
   EXPECT_EQ(observer_.steps_per_device.size(), 2u) << "both devices trained";
+}
+
+TEST_F(TrialSchedulerTest, AnIdleDeviceTakesOverATrialWhoseDeviceIsBusy) {
+  // Device 1 holds one trial at a time, device 0 two. Three trials of 60 steps: the one on
+  // device 1 ends when the two sharing device 0 are half done; device 1, with nothing of its
+  // own left, takes one of them over between its steps (MoveTo), and every step still runs
+  // where the trial's executor is.
+  factory_.bind_to_devices = true;
+  factory_.step_delay = std::chrono::milliseconds(2);
+  Trial probe = MakeTrial("probe", 60);
+  auto planned = PlanAdmission(probe, PartitionOptionsFor(probe));
+  ASSERT_TRUE(planned.ok()) << planned.status();
+  const int64_t need = planned->plan.peak_device_bytes;
+  std::atomic<bool> hold{true};
+  TrialSchedulerOptions o;
+  o.devices = 2;
+  o.device_memory_bytes = {2 * need, need};
+  o.hold = &hold;
+  TrialScheduler s(&factory_, &observer_, o, MakeRoundRobinPolicy());
+  for (const char* name : {"a", "b", "c"}) ASSERT_TRUE(Submit(s, MakeTrial(name, 60)).ok());
+  hold = false;
+  ASSERT_TRUE(s.WaitIdle(std::chrono::seconds(30)));
+  std::lock_guard<std::mutex> lock(observer_.mu);
+  std::lock_guard<std::mutex> log(factory_.devices.mu);
+  int moved = 0;
+  for (const char* name : {"a", "b", "c"}) {
+    SCOPED_TRACE(name);
+    EXPECT_EQ(s.Get(name)->state, kTrialSucceeded);
+    EXPECT_EQ(observer_.step_devices[name], factory_.devices.stepped_on[name]);
+    for (int to : factory_.devices.moves[name]) {
+      EXPECT_EQ(to, 1) << "only device 1 ran out of work";
+      ++moved;
+    }
+  }
+  EXPECT_EQ(moved, 1);
 }
 
 TEST_F(TrialSchedulerTest, ADevicesMemoryHoldsOnlyTheTrialsThatFitIt) {

@@ -33,10 +33,11 @@ void UseCpuThreadsFor(Precision precision) {
   const int width = g_openblas_width.load();
   if (width <= 0) return;
   const int want = precision == Precision::kBf16 ? width : 1;
-  thread_local int current = 0;  // 0: not set on this thread yet
-  if (current == want) return;
+  // Read, not remembered: ConfigureCpuThreads may have set the pool since this thread last
+  // asked (a per-thread cache of the last setting went stale then, and a bf16 step ran on one
+  // thread: other float sums than the same trial's elsewhere).
+  if (torch::get_num_threads() == want) return;
   torch::set_num_threads(want);
-  current = want;
 }
 
 }  // namespace hydra::executor

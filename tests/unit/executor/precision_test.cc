@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "agent/executor/cpu_threads.h"
 #include "agent/executor/inmemory_executor.h"
 
 namespace hydra::executor {
@@ -73,6 +74,20 @@ std::unique_ptr<TrialExecutorInterface> Make(ExecutorFactoryInterface* factory, 
   auto exec = factory->Create(t, *data);
   EXPECT_TRUE(exec.ok()) << exec.status();
   return exec.ok() ? std::move(exec).value() : nullptr;
+}
+
+TEST(CpuThreadsTest, Bf16StepsGetEveryThreadAfterTheThreadingIsConfiguredAgain) {
+  const std::string how = ConfigureCpuThreads(2);
+  if (how.rfind("OpenBLAS", 0) != 0) GTEST_SKIP() << "the BLAS is not OpenBLAS: " << how;
+  UseCpuThreadsFor(Precision::kBf16);
+  EXPECT_EQ(torch::get_num_threads(), 2);
+  UseCpuThreadsFor(Precision::kFp32);
+  EXPECT_EQ(torch::get_num_threads(), 1) << "fp32 GEMMs are OpenBLAS's";
+  UseCpuThreadsFor(Precision::kBf16);
+  ConfigureCpuThreads(2);  // another executor factory on this thread
+  EXPECT_EQ(torch::get_num_threads(), 1);
+  UseCpuThreadsFor(Precision::kBf16);
+  EXPECT_EQ(torch::get_num_threads(), 2) << "a stale per-thread setting kept one thread";
 }
 
 TEST(Bf16TrainingTest, MasterWeightsAndOptimizerStateStayFp32) {

@@ -60,6 +60,9 @@ int main(int argc, char** argv) {
   app.add_option("--init", init,
                  "start from this Hugging Face GPT-2 model.safetensors (spec.model.init)");
   std::string devices = "cpu:1", optimizer = "auto";
+  bool bf16_transit = false;
+  app.add_flag("--bf16-transit", bf16_transit,
+               "bf16 on a GPU with the optimizer on the host: matrix weights travel as bf16");
   app.add_option("--devices", devices, "cpu:1, or a GPU: cuda:0 (the CUDA build)")
       ->capture_default_str();
   app.add_option("--optimizer", optimizer,
@@ -101,6 +104,7 @@ int main(int argc, char** argv) {
   }
   const hydra::DeviceSpec device = found->front();
   options.devices.devices = {device};
+  options.bf16_weight_transit = bf16_transit;
   auto rates = hydra::executor::MeasureLinkRates(device);
   if (rates.ok()) {
     options.host_link_bytes_per_second = rates->host_link_bytes_per_second;
@@ -155,6 +159,7 @@ int main(int argc, char** argv) {
                               {"device", device.name},
                               {"deviceModel", device.model},
                               {"optimizer", optimizer},
+                              {"bf16Transit", bf16_transit},
                               {"hostLinkBytesPerSecond", options.host_link_bytes_per_second},
                               {"precision", precision},
                               {"offload", offload},

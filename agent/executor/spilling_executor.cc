@@ -47,6 +47,8 @@ struct Part {
   /// otherwise, and `host` holds the host copies.
   NamedTensors tensors;
   std::vector<torch::Tensor> host;  // discrete devices: the host copies, when in host memory
+  /// bf16 weight transit: per tensor, the pinned bf16 copy it travels as (undefined: as is).
+  std::vector<torch::Tensor> transit;
   std::vector<std::vector<int64_t>> shapes;  // kept while the tensors are empty (on disk)
   std::optional<PartResidency> at;           // where it is; the ledger follows
   // Disk tier: the page-aligned memory the host side lives in once read back (O_DIRECT I/O),
@@ -73,6 +75,8 @@ struct Shard {
   /// Discrete devices: the weights' gradients in host memory, while clipping waits for every
   /// shard's norm.
   std::vector<torch::Tensor> host_grads;
+  /// bf16 weight transit: the fp32 sums of the bf16 weights' gradients over the micro-batches.
+  std::vector<torch::Tensor> grad_sums;
 };
 
 class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemoryWhenDone {
@@ -84,6 +88,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
         plan_(std::move(plan)),
         on_(on),
         devices_(options.devices),
+        options_bf16_transit_(options.bf16_weight_transit),
         streams_(on.device),
         ledger_(trial.resources.device_memory_budget.value_or(0)),
         disk_(plan_.state_tier == StateTier::kDisk
@@ -183,6 +188,9 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       for (const auto& [n, t] : p->tensors) p->shapes.push_back(t.sizes().vec());
       p->at.emplace(&ledger_, (p == &s.weights ? "weights" : "optimizer state") + shard,
                     Bytes(p->tensors), rests_in);
+    }
+    if (HostSteps(s) && options_bf16_transit_ && trial_.training.precision == Precision::kBf16) {
+      s.weights.transit = TransitCopies(seq, s);
     }
     if (on_.discrete) {  // the host copies hold the part now: nothing is on the device yet
       LeaveDevice(s.weights);
@@ -296,6 +304,10 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       DeviceStreams::ComputeScope on_device(streams_);
       for (const auto& [n, t] : pinned_) out.push_back(TensorToBuffer(n, t));
       for (size_t k = 0; k < shards_.size(); ++k) {
+        if (HostSteps(shards_[k])) {  // the host copies are the masters
+          for (const auto& [n, t] : HostMasters(k)) out.push_back(TensorToBuffer(n, t));
+          continue;
+        }
         RETURN_IF_ERROR(Fetch(k, true));
         RETURN_IF_ERROR(Wait(k));
         for (const Part* p : {&shards_[k].weights, &shards_[k].state}) {
@@ -352,6 +364,10 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       pinned_host_[i].second.copy_(pinned_[i].second);
     }
     for (size_t k = 0; k < shards_.size(); ++k) {
+      if (HostSteps(shards_[k])) {  // the host copies are the masters
+        RETURN_IF_ERROR(CopyBuffersInto(state, HostMasters(k), /*allow_extra=*/true));
+        continue;
+      }
       RETURN_IF_ERROR(Fetch(k, true));
       RETURN_IF_ERROR(Wait(k));
       NamedTensors all = shards_[k].weights.tensors;
@@ -634,6 +650,15 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     for (size_t i = 0; i < ts.size(); ++i) out.emplace_back(names[i].first, ts[i]);
     return out;
   }
+  /// A host-stepped shard's fp32 masters: its weights' host copies and its optimizer state
+  /// (which never leaves the host).
+  NamedTensors HostMasters(size_t k) const {
+    const Shard& s = shards_[k];
+    NamedTensors all = Named(s.weights.tensors, s.weights.host);
+    all.insert(all.end(), s.state.tensors.begin(), s.state.tensors.end());
+    return all;
+  }
+
   /// The tensors holding part p's bytes in host memory.
   std::vector<torch::Tensor> HostSide(const Part& p) const {
     return on_.discrete ? p.host : Values(p.tensors);
@@ -680,14 +705,64 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   /// the prefetch stream (after the last copy out of them); Wait makes compute wait for it.
   void Upload(Part& p) {
     torch::NoGradGuard g;
-    std::vector<torch::Tensor> dev;
+    std::vector<torch::Tensor> dev, src = p.host;
+    if (!p.transit.empty()) p.in_done.Synchronize();  // the last upload read the bf16 copies
     for (size_t i = 0; i < p.tensors.size(); ++i) {
-      const auto opts =
-          torch::TensorOptions().dtype(p.tensors[i].second.scalar_type()).device(on_.device);
+      if (!p.transit.empty() && p.transit[i].defined()) {
+        p.transit[i].copy_(p.host[i]);  // rounded to bf16 as autocast rounds
+        src[i] = p.transit[i];
+      }
+      const auto opts = torch::TensorOptions().dtype(src[i].scalar_type()).device(on_.device);
       dev.push_back(torch::empty(p.shapes[i], opts));
     }
-    p.in_done = streams_.CopyIn(dev, p.host, p.out_done);
+    p.in_done = streams_.CopyIn(dev, src, p.out_done);
     for (size_t i = 0; i < dev.size(); ++i) p.tensors[i].second.set_data(dev[i]);
+  }
+
+  /// bf16 weight transit: pinned bf16 copies for the weights of shard s's matrix products
+  /// (Linear and Conv2d weights: autocast computes with their bf16 casts only). Not their
+  /// biases: LibTorch's autocast adds those unrounded (measured: a bf16 bias changes the sums).
+  std::vector<torch::Tensor> TransitCopies(const LayerSequence& seq, const Shard& s) const {
+    std::map<std::string, bool> cast;
+    for (int i = s.plan.first_layer; i <= s.plan.last_layer; ++i) {
+      for (const auto& m : seq.layers[i]->named_modules("", /*include_self=*/false)) {
+        if (!m.value()->as<torch::nn::Linear>() && !m.value()->as<torch::nn::Conv2d>()) continue;
+        cast[seq.names[i] + "." + m.key() + ".weight"] = true;
+      }
+    }
+    std::vector<torch::Tensor> out;
+    for (size_t i = 0; i < s.weights.tensors.size(); ++i) {
+      const bool bf16 = cast.count(s.weights.tensors[i].first) > 0;
+      out.push_back(bf16 ? HostTensorFor(on_.device, s.weights.shapes[i], torch::kBFloat16)
+                         : torch::Tensor());
+    }
+    return out;
+  }
+
+  /// bf16 weight transit, after each micro-batch's backward of shard k: the bf16 weights'
+  /// gradients join their fp32 sums (as autocast's fp32 masters accumulate them).
+  void SumTransitGrads(size_t k) {
+    Shard& s = shards_[k];
+    if (s.weights.transit.empty()) return;
+    torch::NoGradGuard g;
+    s.grad_sums.resize(s.weights.tensors.size());
+    for (size_t i = 0; i < s.weights.tensors.size(); ++i) {
+      auto& t = s.weights.tensors[i].second;
+      if (!s.weights.transit[i].defined() || !t.grad().defined()) continue;
+      auto& sum = s.grad_sums[i];
+      sum = sum.defined() ? sum.add_(t.grad()) : t.grad().to(torch::kFloat);
+      t.mutable_grad() = torch::Tensor();
+    }
+  }
+
+  /// bf16 weight transit, once shard k's backward is done: the fp32 sums become the
+  /// gradients that go to the host optimizer.
+  void TakeTransitGrads(size_t k) {
+    Shard& s = shards_[k];
+    for (size_t i = 0; i < s.grad_sums.size(); ++i) {
+      if (s.grad_sums[i].defined()) s.weights.tensors[i].second.mutable_grad() = s.grad_sums[i];
+    }
+    s.grad_sums.clear();
   }
 
   /// Discrete: part p's device tensors (newer than the host copies) are copied out on the
@@ -817,6 +892,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   /// every shard's gradient norm), then frees its gradients.
   Status AfterBackward(size_t k, bool clipping) {
     Shard& s = shards_[k];
+    TakeTransitGrads(k);
     if (clipping) {
       // The step waits for every shard's gradient norm: the gradients leave the device for the
       // host tier, or for the disk with the rest of the shard's state.
@@ -977,6 +1053,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       auto in = Leaf(c.inputs[L][a], L);
       auto loss = ShardLoss(L, in, c.targets[a]);
       (c.A == 1 ? loss : loss / c.A).backward();
+      SumTransitGrads(L);
       c.loss_sum.add_(loss.detach().to(torch::kDouble));
       if (L > 0) c.grad_out[a] = in.grad();
     }
@@ -1007,6 +1084,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
         out = ForwardShard(k, in);  // recompute from the saved input
       }
       torch::autograd::backward({out}, {c.grad_out[a]});
+      SumTransitGrads(k);
       c.outputs[k][a] = torch::Tensor();
       c.grad_out[a] = k > 0 ? in.grad() : torch::Tensor();
     }
@@ -1069,9 +1147,10 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   Trial trial_;
   std::shared_ptr<const TokenDataset> data_;
   PartitionPlan plan_;
-  Placement on_;             // the device computed on; discrete: separate device copies
-  ExecutorDevices devices_;  // the factory's, for MoveTo
-  DeviceStreams streams_;    // compute, prefetch and write-back streams on it
+  Placement on_;               // the device computed on; discrete: separate device copies
+  ExecutorDevices devices_;    // the factory's, for MoveTo
+  bool options_bf16_transit_;  // ExecutorOptions::bf16_weight_transit
+  DeviceStreams streams_;      // compute, prefetch and write-back streams on it
   TierLedger ledger_;
   std::unique_ptr<DiskTier> disk_;
   /// Discrete devices with the disk tier: pinned slabs, reused (disk -> pinned -> device).

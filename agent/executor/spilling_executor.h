@@ -20,6 +20,12 @@ struct ExecutorOptions {
   double host_optimizer_bytes_per_second = 0;
   /// Overrides where sharded trials' optimizers step (common/partitioner.h); unset: by cost.
   std::optional<OptimizerPlacement> optimizer_placement;
+  /// Issue 18 item 2: on a GPU, a bf16 trial's shards whose optimizer steps on the host send
+  /// the weights of their matrix products (Linear and Conv2d weights, which autocast casts to
+  /// bf16 anyway) to the device as bf16, cast on the host: half those weights' copy
+  /// traffic, with the same numbers as autocast's own cast (the gradients come back and are
+  /// accumulated in fp32). Off by default until bench/spill.sh --gpu shows it pays.
+  bool bf16_weight_transit = false;
   /// Where trials train (Build's `device` indexes these); empty: one CPU device.
   ExecutorDevices devices = {};
 };

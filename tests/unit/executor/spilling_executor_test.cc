@@ -339,6 +339,40 @@ TEST_F(SpillingExecutorTest, ATrialMovesToAnotherDeviceBetweenSteps) {
   }
 }
 
+TEST_F(SpillingExecutorTest, Bf16WeightTransitChangesNoNumber) {
+  // Issue 18 item 2 on a simulated discrete device: a bf16 trial whose optimizer steps on the
+  // host, its matrix weights sent to the device as bf16 (cast on the host) and their gradients
+  // summed in fp32, trains to exactly the losses of the same trial sending fp32 weights for
+  // autocast to cast; with micro-batches and clipping too.
+  for (int mode = 0; mode < 2; ++mode) {
+    SCOPED_TRACE(mode ? "accumulation and clipping" : "one micro-batch");
+    Trial t = Small("adamw");
+    t.training.precision = Precision::kBf16;
+    t.resources.shard_boundaries = {1, 2, 3, 4, 5};
+    if (mode == 1) {
+      t.training.gradient_accumulation_steps = 2;
+      t.training.grad_clip_norm = 0.5;
+    }
+    std::vector<std::vector<double>> runs;
+    for (bool transit : {false, true}) {
+      ExecutorOptions o;
+      o.threads = 2;
+      o.spill_dir = spill_.string();
+      o.optimizer_placement = OptimizerPlacement::kHost;
+      o.devices.simulate_discrete = true;
+      o.bf16_weight_transit = transit;
+      auto exec = Make(MakeExecutorFactory(o).get(), t);
+      ASSERT_TRUE(exec.ok()) << exec.status();
+      runs.push_back(Losses(exec->get(), 10));
+      auto state = (*exec)->ExportState();
+      ASSERT_TRUE(state.ok());
+      for (const auto& b : *state) EXPECT_EQ(b.dtype, "float32") << b.name << ": masters stay fp32";
+    }
+    ASSERT_EQ(runs[0].size(), 10u);
+    EXPECT_EQ(runs[0], runs[1]);
+  }
+}
+
 TEST_F(SpillingExecutorTest, LayerTooBigIsRefusedBeforeTraining) {
   Trial t = Small("adamw");
   t.resources.device_memory_budget = 64 << 10;

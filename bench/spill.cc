@@ -18,6 +18,30 @@
 #include "common/partitioner.h"
 #include "common/process_memory.h"
 
+#ifdef HYDRA_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
+namespace {
+
+/// The caching allocator's peaks on a GPU since the last reset (allocated, reserved: their
+/// ratio is the fragmentation the spilling's constant frees and allocations leave); zeros on a
+/// CPU device or in a build without CUDA.
+std::pair<int64_t, int64_t> AllocatorPeaks(const hydra::DeviceSpec& device, bool reset) {
+#ifdef HYDRA_WITH_CUDA
+  if (device.kind == hydra::DeviceKind::kCuda) {
+    const auto index = static_cast<c10::DeviceIndex>(device.index);
+    if (reset) c10::cuda::CUDACachingAllocator::resetPeakStats(index);
+    const auto st = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
+    return {st.allocated_bytes[0].peak, st.reserved_bytes[0].peak};
+  }
+#endif
+  (void)device, (void)reset;
+  return {0, 0};
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   CLI::App app{"Tokens/s of one GPT-2 trial trained by the shard-spilling executor"};
   hydra::Trial t;
@@ -140,6 +164,7 @@ int main(int argc, char** argv) {
   double loss = 0;
   for (int i = 0; i < warmup; ++i) loss = (*exec)->TrainStep()->loss;
   const auto before = (*exec)->stats();
+  AllocatorPeaks(device, /*reset=*/true);
   const auto start = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < t.training.steps; ++i) {
     auto m = (*exec)->TrainStep();
@@ -153,6 +178,7 @@ int main(int argc, char** argv) {
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const auto after = (*exec)->stats();
+  const auto [allocated_peak, reserved_peak] = AllocatorPeaks(device, /*reset=*/false);
   stop();
   const double steps = static_cast<double>(t.training.steps);
   std::cout << nlohmann::json{{"budgetFraction", fraction},
@@ -177,6 +203,8 @@ int main(int argc, char** argv) {
                               {"setupSeconds", setup_seconds},
                               {"init", init},
                               {"peakDeviceBytes", after.peak_device_bytes},
+                              {"allocatorPeakBytes", allocated_peak},
+                              {"reservedPeakBytes", reserved_peak},
                               {"baselineResidentBytes", baseline},
                               {"peakResidentBytes", sampler.peak()},
                               {"diskReadBytesPerStep",

@@ -38,29 +38,32 @@ if [ -n "$GPU" ]; then
   # context 1024, at 100%, 50% and 25% of the footprint with the state in host memory and 25%
   # with it on disk, the optimizer where the measured link puts it; tokens/s as ratios to the
   # unspilled run, and PyTorch eager (bench/train_throughput.py) on the same GPU and shape.
-  SHAPES=("medium 24 1024 16 8" "xl 48 1600 25 4")
+  # name layers width heads batch context vocabulary
+  SHAPES=("medium 24 1024 16 8 1024 50257" "xl 48 1600 25 4 1024 50257")
   STEPS="--steps 3 --warmup 1"
-  if ((SMOKE)); then SHAPES=("smoke 4 256 4 4"); STEPS="--steps 2 --warmup 1"; fi
+  if ((SMOKE)); then SHAPES=("smoke 8 128 4 4 64 256"); STEPS="--steps 2 --warmup 1"; fi
   OUT=$(mktemp)
-  trap 'rm -rf "$SPILL_DIR" "$OUT"' EXIT
+  trap 'rm -rf "$SPILL_DIR" "$OUT" "$OUT.err"' EXIT
   for shape in "${SHAPES[@]}"; do
     set -- $shape
-    name=$1 dims="--layers $2 --embd $3 --heads $4 --ctx 1024 --vocab 50257 --batch $5"
+    name=$1 ctx=$6 vocab=$7 dims="--layers $2 --embd $3 --heads $4 --ctx $6 --vocab $7 --batch $5"
     CFGS=("1.0 host" "0.5 host" "0.25 host" "0.25 disk")
     # bf16: issue 18 item 2 side by side, matrix weights sent as bf16 to a host-stepped optimizer.
     [ "$PRECISION" = bf16 ] && CFGS+=("0.25 host --optimizer=host" "0.25 host --optimizer=host --bf16-transit")
     for cfg in "${CFGS[@]}"; do
       set -- $cfg
       # shellcheck disable=SC2086
-      if ! "$BIN" --devices "$GPU" --corpus "$CORPUS" $dims $STEPS --budget-fraction "$1" \
-          --offload "$2" "${@:3}" --spill-dir "$SPILL_DIR" --precision "$PRECISION" >>"$OUT" 2>"$OUT.err"; then
+      if line=$("$BIN" --devices "$GPU" --corpus "$CORPUS" $dims $STEPS --budget-fraction "$1" \
+          --offload "$2" "${@:3}" --spill-dir "$SPILL_DIR" --precision "$PRECISION" 2>"$OUT.err"); then
+        echo "{\"shape\": \"$name\", ${line#\{}" >>"$OUT"
+      else
         echo "{\"shape\": \"$name\", \"budgetFraction\": $1, \"offload\": \"$2\", \"error\": $("$PY" -c 'import json,sys; print(json.dumps(open(sys.argv[1]).read()[-300:]))' "$OUT.err")}" >>"$OUT"
       fi
     done
     set -- $shape
     # shellcheck disable=SC2086
     "$PY" bench/train_throughput.py --device "$GPU" --corpus "$CORPUS" --layers "$2" --embd "$3" \
-      --heads "$4" --ctx 1024 --vocab 50257 --batch "$5" --steps 5 --warmup 2 \
+      --heads "$4" --ctx "$ctx" --vocab "$vocab" --batch "$5" --steps 5 --warmup 2 \
       --precision "$PRECISION" 2>"$OUT.err" | sed "s/^{/{\"shape\": \"$name\", /" >>"$OUT" ||
       echo "{\"shape\": \"$name\", \"impl\": \"pytorch-eager\", \"error\": \"$(tail -n 1 "$OUT.err" | tr -d '\"')\"}" >>"$OUT"
   done
@@ -70,7 +73,7 @@ runs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 shapes = {}
 for r in runs:
     shapes.setdefault(r.get("shape") or "", []).append(r)
-print("| shape | budget | state tier | shards | optimizer per shard (d/h) | tokens/s | ratio to unspilled | device peak (ledger) |")
+print("| shape | budget | state tier | shards | optimizer per shard (d/h) | tokens/s | ratio to unspilled | device peak: ledger / allocator / reserved |")
 print("|---|---|---|---|---|---|---|---|")
 for name, rs in shapes.items():
     spill = [r for r in rs if r.get("impl") != "pytorch-eager"]
@@ -86,7 +89,8 @@ for name, rs in shapes.items():
               f"({r['budgetBytes'] / 2**30:.1f} GiB) | {r['offload']} | {r['shards']} | "
               f"{r['optimizerPlacements']}{' + bf16 transit' if r.get('bf16Transit') else ''} | "
               f"{r['tokensPerSecond']:.0f} | {ratio} | "
-              f"{r['peakDeviceBytes'] / 2**30:.1f} GiB |")
+              f"{r['peakDeviceBytes'] / 2**30:.2f} / {r.get('allocatorPeakBytes', 0) / 2**30:.2f} / "
+              f"{r.get('reservedPeakBytes', 0) / 2**30:.2f} GiB |")
     for e in eager:
         if "error" in e:
             print(f"| {name}: PyTorch eager, same GPU | - | - | - | - | failed: {e['error'][-100:]} | - | - |")

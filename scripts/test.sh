@@ -49,7 +49,8 @@ bash scripts/build-cuda.sh
 build-cuda/tests/unit/executor/gpus_test
 build-cuda/tests/unit/executor/cuda_executor_test  # skips: no GPU here
 # The GPU code paths of the executors on the CPU, against torch 2.11 (build/ has 1.13).
-build-cuda/tests/unit/executor/spilling_executor_test --gtest_filter='*Unsharded*:*Checkpoint*'
+build-cuda/tests/unit/executor/spilling_executor_test \
+  --gtest_filter='*Unsharded*:*Checkpoint*:*Moves*:*Transit*'
 # The CUDA build's hydra trains the example on the CPU (torch 2.11 there, 1.13 in build/).
 cuda_run="$(mktemp -d)"
 build-cuda/cli/hydra run examples/tiny-sweep.yaml -o "$cuda_run/out" --progress quiet >/dev/null

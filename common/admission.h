@@ -14,7 +14,8 @@ namespace hydra {
 struct Admission {
   PartitionPlan plan;
   /// Host memory the trial holds while admitted: its state in the host tier, and the device
-  /// tier's peak (on a CPU device the device tier is host memory too).
+  /// tier's peak (on a CPU device the device tier is host memory too; for a GPU the executor
+  /// factory leaves it out: executor::HostBytesOnGpus).
   int64_t host_bytes = 0;
   int64_t disk_bytes = 0;  ///< its spill files at most (SpillDiskBytes)
   /// First estimate of an optimizer step: the plan's shard estimates, at the compute rate the

@@ -48,6 +48,25 @@ int64_t ExecutorDevices::DiscreteMemoryBytes() const {
   return least;
 }
 
+bool ExecutorDevices::HasGpus() const {
+  for (const auto& d : devices) {
+    if (d.kind == DeviceKind::kCuda) return true;
+  }
+  return false;
+}
+
+void HostBytesOnGpus(const ExecutorDevices& devices, Admission* admission) {
+  if (!devices.HasGpus()) return;
+  const PartitionPlan& p = admission->plan;
+  if (p.state_tier == StateTier::kHost) {
+    admission->host_bytes = p.total_state_bytes;
+    return;
+  }
+  int64_t largest = 0;
+  for (const auto& s : p.shards) largest = std::max(largest, s.state_bytes);
+  admission->host_bytes = std::min(p.total_state_bytes, 3 * largest);
+}
+
 Trial WithDeviceBudget(const Trial& trial, const ExecutorDevices& devices) {
   Trial t = trial;
   const int64_t memory = devices.DiscreteMemoryBytes();

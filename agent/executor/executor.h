@@ -108,11 +108,18 @@ struct ExecutorDevices {
   /// The smallest memory of the discrete devices (the default budget of a trial that names
   /// none); 0 when the devices are not discrete.
   int64_t DiscreteMemoryBytes() const;
+  /// Whether any device is a GPU (its memory is not the host's).
+  bool HasGpus() const;
 };
 
 /// `trial` with spec.resources.deviceMemoryBudget set to the devices' memory when it names
 /// none and the devices are discrete (a GPU's memory is a hard limit; a CPU device's is not).
 Trial WithDeviceBudget(const Trial& trial, const ExecutorDevices& devices);
+
+/// On a GPU the device tier is not host memory: the host memory an admitted trial holds is its
+/// state in the host tier, or with the disk tier the pinned slabs of three shards at most
+/// (SlabPool). Changes `admission` only when `devices` has GPUs.
+void HostBytesOnGpus(const ExecutorDevices& devices, Admission* admission);
 
 /// A shape as messages show it: "[2,3]".
 std::string ShapeText(const std::vector<int64_t>& shape);

@@ -202,7 +202,9 @@ class InMemoryExecutorFactory : public ExecutorFactoryInterface {
     po.explicit_boundaries.clear();
     po.state_tier = StateTier::kHost;
     po.flops_per_second = options_.flops_per_second;
-    return PlanAdmission(trial, po);
+    ASSIGN_OR_RETURN(Admission admission, PlanAdmission(trial, po));
+    HostBytesOnGpus(options_.devices, &admission);
+    return admission;
   }
   Status Resolve(Trial* trial) override { return ResolveModel(trial); }
   bool WritesModelFiles(const Trial& trial) const override { return HasModelFiles(trial); }

@@ -1192,6 +1192,7 @@ class ExecutorFactory : public ExecutorFactoryInterface {
     }
     auto admission = PlanAdmission(trial, po);
     if (!admission.ok()) return admission.status().WithContext("trial " + trial.name);
+    HostBytesOnGpus(options_.devices, &*admission);
     if (admission->plan.state_tier == StateTier::kDisk) {
       RETURN_IF_ERROR(CheckSpillDirectory(trial, admission->disk_bytes));
     }

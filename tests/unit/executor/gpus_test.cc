@@ -97,6 +97,24 @@ TEST(GpusTest, ExecutorDevicesNameTheDeviceABuildIsFor) {
   EXPECT_TRUE(gpus.Discrete(gpu));
   EXPECT_EQ(gpus.DiscreteMemoryBytes(), int64_t{20} << 30) << "the smallest GPU";
 
+  EXPECT_TRUE(gpus.HasGpus());
+  EXPECT_FALSE(none.HasGpus());
+  // Host memory of an admitted trial on a GPU: its state in the host tier, or three shards'.
+  Admission a;
+  a.plan.state_tier = StateTier::kHost;
+  a.plan.total_state_bytes = 1000;
+  a.plan.peak_device_bytes = 400;
+  a.host_bytes = 1400;  // as on a CPU device, whose device tier is host memory
+  HostBytesOnGpus(none, &a);
+  EXPECT_EQ(a.host_bytes, 1400);
+  HostBytesOnGpus(gpus, &a);
+  EXPECT_EQ(a.host_bytes, 1000);
+  a.plan.state_tier = StateTier::kDisk;
+  a.plan.shards.resize(5);
+  for (auto& s : a.plan.shards) s.state_bytes = 200;
+  HostBytesOnGpus(gpus, &a);
+  EXPECT_EQ(a.host_bytes, 600);
+
   // A trial that names no budget gets the GPUs' memory; one that names one keeps it.
   Trial t;
   EXPECT_EQ(WithDeviceBudget(t, gpus).resources.device_memory_budget, int64_t{20} << 30);

@@ -46,7 +46,10 @@ SlabPinning PinningFor(const torch::Device& device) {
 
 void SynchronizeDevice(const torch::Device& device) {
 #ifdef HYDRA_WITH_CUDA
-  if (device.is_cuda()) c10::cuda::device_synchronize();
+  if (!device.is_cuda()) return;
+  // device_synchronize waits for the calling thread's current device only.
+  c10::cuda::CUDAGuard on(device.index());
+  c10::cuda::device_synchronize();
 #else
   (void)device;
 #endif

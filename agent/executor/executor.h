@@ -44,6 +44,10 @@ struct ExecutorStats {
   int64_t peak_device_bytes = 0;  ///< accounted device-tier peak (state + activations)
   int64_t disk_bytes_read = 0;    ///< spill traffic so far
   int64_t disk_bytes_written = 0;
+  /// Bytes copied from host memory to a discrete device's memory so far (a GPU's, or a
+  /// simulated one's): the spilled shards' uploads, as they travel (bf16 weight transit
+  /// halves its weights' share).
+  int64_t bytes_uploaded = 0;
 };
 
 /// Trains one trial. Not thread-safe: one thread drives an executor at a time.

@@ -103,11 +103,9 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       if (s.write.valid()) s.write.wait();
       for (Part* p : {&s.weights, &s.state}) {
         if (p->read.valid()) p->read.wait();
-        // A copy may still read or write the host memory about to be freed.
-        p->in_done.Synchronize();
-        p->out_done.Synchronize();
       }
     }
+    WaitForCopies();  // a copy may still read or write the host memory about to be freed
   }
 
   /// Builds the model layer by layer; each shard is set up (and, with the disk tier, written
@@ -115,14 +113,6 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   /// to be whole in memory.
   Status Init() {
     if (disk_) RETURN_IF_ERROR(disk_->Init());
-    if (disk_ && on_.discrete) {
-      // Enough for the parts a step has in host memory at once: the shard computing, the next
-      // one read ahead and the previous one being written back.
-      size_t largest = 0;
-      for (const auto& s : plan_.shards) largest = std::max<size_t>(largest, s.state_bytes);
-      slabs_ =
-          std::make_unique<SlabPool>(3 * largest + 16 * kSpillAlignment, PinningFor(on_.device));
-    }
     Status status;
     size_t next = 0;
     auto built = BuildModel(trial_, [&](const LayerSequence& seq, size_t layer) {
@@ -142,6 +132,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       MoveResidentsToDevice();
       // Set-up ran on the default stream, which the compute stream does not wait for.
       SynchronizeDevice(on_.device);
+      if (disk_) MakeSlabPool();
     }
     int64_t pinned_bytes = 0;
     for (const auto& [n, t] : pinned_) pinned_bytes += 2 * t.numel() * t.element_size();
@@ -398,6 +389,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       st.disk_bytes_read = disk_->bytes_read();
       st.disk_bytes_written = disk_->bytes_written();
     }
+    st.bytes_uploaded = bytes_uploaded_;
     return st;
   }
 
@@ -410,12 +402,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     if (InStep()) return FailedPreconditionError(trial_.name + " is within a step");
     ASSIGN_OR_RETURN(Placement to, PlaceOn(devices_, device));
     try {
-      for (auto& s : shards_) {
-        for (Part* p : {&s.weights, &s.state}) {
-          p->in_done.Synchronize();
-          p->out_done.Synchronize();  // the next copy in, on the new device, reads the host copy
-        }
-      }
+      WaitForCopies();  // the next copy in, on the new device, reads the host copies
       streams_.MoveTo(to.device);
       on_ = to;
       MoveResidentsToDevice();
@@ -591,12 +578,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   /// system refuses the slab.
   std::vector<MutableBytes> Materialize(Part& p) {
     const NamedTensors& ts = p.tensors;
-    std::vector<size_t> sizes;
-    for (size_t i = 0; i < ts.size(); ++i) {
-      int64_t n = 1;
-      for (int64_t d : p.shapes[i]) n *= d;
-      sizes.push_back(static_cast<size_t>(n * ts[i].second.element_size()));
-    }
+    const std::vector<size_t> sizes = PartSizes(p);
     size_t total = 0;
     const auto offsets = SpillLayout(sizes, &total);
     p.slab = slabs_ ? slabs_->Get(total) : AlignedSlab::Allocate(total);
@@ -619,6 +601,27 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     return parts;
   }
 
+  /// Bytes of each of part p's tensors, from its shapes (its tensors may be empty).
+  static std::vector<size_t> PartSizes(const Part& p) {
+    std::vector<size_t> sizes;
+    for (size_t i = 0; i < p.tensors.size(); ++i) {
+      int64_t n = 1;
+      for (int64_t d : p.shapes[i]) n *= d;
+      sizes.push_back(static_cast<size_t>(n * p.tensors[i].second.element_size()));
+    }
+    return sizes;
+  }
+
+  /// Waits for every part's copies in and out (host memory about to be freed or reused).
+  void WaitForCopies() {
+    for (auto& s : shards_) {
+      for (Part* p : {&s.weights, &s.state}) {
+        p->in_done.Synchronize();
+        p->out_done.Synchronize();
+      }
+    }
+  }
+
   static std::vector<ConstBytes> Spans(const std::vector<torch::Tensor>& ts) {
     std::vector<ConstBytes> parts;
     for (const auto& t : ts) {
@@ -632,6 +635,23 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   }
 
   // ---- discrete devices: the device copies ------------------------------------------------
+
+  /// Discrete with the disk tier: the pool of pinned slabs the disk reads into, holding the
+  /// parts a step has in host memory at once (the shard computing, the next one read ahead and
+  /// the previous one written back), each as its spill file lays it out (4 KiB per tensor).
+  void MakeSlabPool() {
+    size_t largest = 0;
+    for (const auto& s : shards_) {
+      size_t shard = 0;
+      for (const Part* p : {&s.weights, &s.state}) {
+        size_t total = 0;
+        SpillLayout(PartSizes(*p), &total);
+        shard += total;
+      }
+      largest = std::max(largest, shard);
+    }
+    slabs_ = std::make_unique<SlabPool>(3 * largest, PinningFor(on_.device));
+  }
 
   /// Whether shard s's optimizer steps on the host copies (a discrete device, placement host).
   bool HostSteps(const Shard& s) const {
@@ -716,6 +736,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       dev.push_back(torch::empty(p.shapes[i], opts));
     }
     p.in_done = streams_.CopyIn(dev, src, p.out_done);
+    for (const auto& t : src) bytes_uploaded_ += t.numel() * t.element_size();
     for (size_t i = 0; i < dev.size(); ++i) p.tensors[i].second.set_data(dev[i]);
   }
 
@@ -1163,6 +1184,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   std::map<size_t, torch::Tensor> norms_;  // global parameter index -> gradient norm
   std::optional<StepInProgress> cur_;      // the step under way, if any
   int64_t step_ = 0;
+  int64_t bytes_uploaded_ = 0;  // ExecutorStats::bytes_uploaded
 };
 
 class ExecutorFactory : public ExecutorFactoryInterface {

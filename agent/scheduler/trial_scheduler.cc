@@ -117,6 +117,7 @@ struct TrialScheduler::Slot {
   bool replaced = false;   // a later Submit of the same name took over
   bool announced = false;  // its Pending update went out: devices may take it
   int device = -1;
+  int moving_from = -1;      // while its executor moves here from another device (MoveTo)
   int64_t device_bytes = 0;  // accounted device peak, for DeviceBytesInUse
   double est_step_seconds = 0;
   double ready_since = 0;
@@ -294,15 +295,42 @@ Status TrialScheduler::RequestStop(const std::string& key, const char* state,
   return OkStatus();
 }
 
-int TrialScheduler::BoundDevice(const Slot& slot) const {
-  // Read under mu_ while no one has claimed the slot: its executor does not change then.
-  return slot.exec && !slot.running ? slot.exec->BoundDevice() : -1;
+int TrialScheduler::BoundDevice(const Slot& slot, bool claimed) const {
+  // Read under mu_ while no one else has claimed the slot: its executor does not change then.
+  return slot.exec && (claimed || !slot.running) ? slot.exec->BoundDevice() : -1;
 }
 
 bool TrialScheduler::MayMoveFrom(const Slot& slot, int bound) const {
   // Between steps only, and only while its own device runs another trial.
-  return bound >= 0 && static_cast<size_t>(bound) < running_since_.size() &&
-         running_since_[bound] >= 0 && !slot.exec->InStep();
+  return bound >= 0 && static_cast<size_t>(bound) < on_device_.size() &&
+         !on_device_[bound].empty() && !slot.exec->InStep();
+}
+
+TrialScheduler::Candidates TrialScheduler::CandidatesFor(int device) const {
+  const int64_t device_free = DeviceMemoryFree(device);
+  Candidates here, moved;  // moved: trials bound to a busy device, taken only if `here` is empty
+  for (auto& s : slots_) {
+    if (s->done || !s->admitted || s->running || !s->announced) continue;
+    if (s->stop_requested || (s->started && AtLimit(*s))) continue;  // waits for a decision
+    const int bound = BoundDevice(*s);
+    const bool mine = bound < 0 || bound == device;
+    if (!mine && !MayMoveFrom(*s, bound)) continue;
+    if (bound != device && device_free >= 0 && DeviceNeed(*s) > device_free) {
+      here.device_full = here.device_full || mine;
+      continue;
+    }
+    // Remaining time: to the step the trial may reach now (its early-stopping limit).
+    const double remaining =
+        s->est_step_seconds * static_cast<double>(std::max<int64_t>(0, LimitOf(*s) - s->r.step));
+    Candidates& to = mine ? here : moved;
+    to.runnable.push_back({s->index, remaining, s->ready_since, s->r.step});
+    to.slots.push_back(s.get());
+  }
+  if (here.runnable.empty()) {
+    here.runnable = std::move(moved.runnable);
+    here.slots = std::move(moved.slots);
+  }
+  return here;
 }
 
 int64_t TrialScheduler::DeviceNeed(const Slot& slot) const {
@@ -315,9 +343,10 @@ int64_t TrialScheduler::DeviceMemoryFree(int device) const {
   int64_t free = memory[device];
   for (const auto& s : slots_) {
     if (s->done || (!s->running && !s->exec)) continue;
-    // A claimed trial's executor is not ours to read: count it where it last ran.
+    // A claimed trial's executor is not ours to read: count it where it last ran, and on the
+    // device it is moving from until the move is done.
     const int bound = s->running ? s->device : BoundDevice(*s);
-    if (bound == device) free -= DeviceNeed(*s);
+    if (bound == device || (s->running && s->moving_from == device)) free -= DeviceNeed(*s);
   }
   return free;
 }
@@ -651,51 +680,24 @@ void TrialScheduler::Worker(int device) {
       ParkClaimed(*park, lock);
       continue;
     }
-    const int64_t device_free = DeviceMemoryFree(device);
-    bool device_full = false;  // a trial waits for this device's memory
-    // Trials this device may run: unbound ones, those bound here, and (only when none of
-    // those is runnable) ones whose device is busy with another trial, moved here.
-    std::vector<RunnableTrial> runnable, movable;
-    std::vector<Slot*> candidates, movers;  // runnable[i] is candidates[i]; likewise movers
-    for (auto& s : slots_) {
-      if (s->done || !s->admitted || s->running || !s->announced) continue;
-      if (s->stop_requested || (s->started && AtLimit(*s))) continue;  // waits for a decision
-      const int bound = BoundDevice(*s);
-      const bool here = bound < 0 || bound == device;
-      if (!here && !MayMoveFrom(*s, bound)) continue;
-      if (bound != device && device_free >= 0 && DeviceNeed(*s) > device_free) {
-        device_full = device_full || here;
-        continue;
-      }
-      // Remaining time: to the step the trial may reach now (its early-stopping limit).
-      const double remaining =
-          s->est_step_seconds * static_cast<double>(std::max<int64_t>(0, LimitOf(*s) - s->r.step));
-      (here ? runnable : movable).push_back({s->index, remaining, s->ready_since, s->r.step});
-      (here ? candidates : movers).push_back(s.get());
-    }
-    if (runnable.empty()) {
-      runnable.swap(movable);
-      candidates.swap(movers);
-    }
-    if (runnable.empty()) {
+    Candidates c = CandidatesFor(device);
+    if (c.runnable.empty()) {
       // Trials waiting at an early-stopping limit may hold the memory another one needs.
-      if (Slot* park = device_full ? ClaimParkable(device) : nullptr) {
+      if (Slot* park = c.device_full ? ClaimParkable(device) : nullptr) {
         ParkClaimed(*park, lock);
         continue;
       }
       cv_.wait(lock);
       continue;
     }
-    Slot& slot = *candidates[policy_->Pick(runnable)];
+    Slot& slot = *c.slots[policy_->Pick(c.runnable)];
     slot.running = true;
     slot.device = device;
+    const int bound = BoundDevice(slot, /*claimed=*/true);
+    slot.moving_from = bound >= 0 && bound != device ? bound : -1;
     on_device_[device].push_back(&slot);
+    running_since_[device] = Seconds(Clock::now() - start_);
     lock.unlock();
-    const auto picked = Clock::now();
-    {
-      std::lock_guard<std::mutex> relock(mu_);
-      running_since_[device] = Seconds(picked - start_);
-    }
 
     Status s;
     bool tasked = false, stepped = false, evaluated = false;
@@ -708,6 +710,10 @@ void TrialScheduler::Worker(int device) {
       if (s.ok() && slot.exec && slot.exec->BoundDevice() >= 0 &&
           slot.exec->BoundDevice() != device) {
         s = slot.exec->MoveTo(device);
+      }
+      {
+        std::lock_guard<std::mutex> relock(mu_);
+        slot.moving_from = -1;  // its old device's memory is free now
       }
       bool at_limit = false;  // a trial resumed at (or past) its early-stopping limit waits
       {

@@ -212,10 +212,19 @@ class TrialScheduler {
   // Needs mu_ held: the device an idle trial's executor is bound to (-1: none or running);
   // what the trial holds on a device it is bound to (its plan's peak); the memory left on
   // `device` for another trial (-1: the device has no limit).
-  int BoundDevice(const Slot& slot) const;
+  int BoundDevice(const Slot& slot, bool claimed = false) const;
   // Needs mu_ held: whether an idle trial bound to device `bound` may move to another device
   // (between its steps, while `bound` runs another trial).
   bool MayMoveFrom(const Slot& slot, int bound) const;
+  // Needs mu_ held: what a free `device` may run now (runnable[i] is slots[i]): unbound trials
+  // and those bound to it, or if there are none, trials bound to a busy device (moved here);
+  // device_full when one of its own waits for its memory.
+  struct Candidates {
+    std::vector<RunnableTrial> runnable;
+    std::vector<Slot*> slots;
+    bool device_full = false;
+  };
+  Candidates CandidatesFor(int device) const;
   int64_t DeviceNeed(const Slot& slot) const;
   int64_t DeviceMemoryFree(int device) const;
   // Needs mu_ held: the step limit in effect, and whether the trial waits at it.

@@ -172,6 +172,38 @@ TEST_F(CudaExecutorTest, TheAllocatorsPeakStaysWithinTheDeviceBudget) {
 #endif
 }
 
+TEST_F(CudaExecutorTest, ATrialMovesBetweenGpusWithTheLossesOfOneThatStayed) {
+  auto found = FindDevices(*ParseDevicesRequest("cuda"), 0);
+  if (!found.ok() || found->size() < 2) GTEST_SKIP() << "needs two GPUs";
+  for (bool spilled : {true, false}) {
+    SCOPED_TRACE(spilled ? "spilled (3 shards, disk)" : "unsharded");
+    Trial t = Medium("adamw");
+    if (spilled) {
+      t.resources.device_memory_budget = EstimateTrialFootprint(t).total_bytes() / 3;
+      t.resources.offload = "disk";
+    }
+    ExecutorOptions o;
+    o.spill_dir = spill_.string();
+    o.devices.devices = {(*found)[0], (*found)[1]};
+    auto factory = MakeExecutorFactory(o);
+    auto data = TokenDataset::Open(t.dataset, t.model.context_length + 1);
+    ASSERT_TRUE(data.ok());
+    auto stays = factory->Create(t, *data, 0);
+    auto moves = factory->Create(t, *data, 0);
+    ASSERT_TRUE(stays.ok() && moves.ok());
+    const auto expected = Losses(stays->get(), 10);
+    auto losses = Losses(moves->get(), 5);
+    ASSERT_TRUE((*moves)->MoveTo(1).ok());
+    EXPECT_EQ((*moves)->BoundDevice(), 1);
+    const auto rest = Losses(moves->get(), 5);
+    losses.insert(losses.end(), rest.begin(), rest.end());
+    ASSERT_EQ(losses.size(), expected.size());
+    for (size_t i = 0; i < losses.size(); ++i) {
+      EXPECT_NEAR(losses[i], expected[i], 1e-5 * std::fabs(expected[i])) << "step " << i;
+    }
+  }
+}
+
 TEST_F(CudaExecutorTest, CopiesOnTheirStreamsOverlapCompute) {
   REQUIRE_GPU(gpu);
   const torch::Device dev = TorchDevice(gpu);

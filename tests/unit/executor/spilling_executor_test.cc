@@ -354,6 +354,7 @@ TEST_F(SpillingExecutorTest, Bf16WeightTransitChangesNoNumber) {
       t.training.grad_clip_norm = 0.5;
     }
     std::vector<std::vector<double>> runs;
+    std::vector<int64_t> uploaded;
     for (bool transit : {false, true}) {
       ExecutorOptions o;
       o.threads = 2;
@@ -364,12 +365,16 @@ TEST_F(SpillingExecutorTest, Bf16WeightTransitChangesNoNumber) {
       auto exec = Make(MakeExecutorFactory(o).get(), t);
       ASSERT_TRUE(exec.ok()) << exec.status();
       runs.push_back(Losses(exec->get(), 10));
+      uploaded.push_back((*exec)->stats().bytes_uploaded);
       auto state = (*exec)->ExportState();
       ASSERT_TRUE(state.ok());
       for (const auto& b : *state) EXPECT_EQ(b.dtype, "float32") << b.name << ": masters stay fp32";
     }
     ASSERT_EQ(runs[0].size(), 10u);
     EXPECT_EQ(runs[0], runs[1]);
+    // The matrix weights, most of every block's, went up at half the bytes.
+    EXPECT_GT(uploaded[1], 0);
+    EXPECT_LT(uploaded[1], uploaded[0] * 6 / 10) << uploaded[1] << " of " << uploaded[0];
   }
 }
 

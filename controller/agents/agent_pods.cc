@@ -204,8 +204,9 @@ int DesiredAgents(int64_t busy_pods, int64_t unplaced_trials, const AgentsSpec& 
 }
 
 std::vector<std::string> AgentPodsToRemove(std::vector<AgentPodLoad> pods, int desired) {
+  // Gated, unscheduled, starting, ready: the enum's order is the way to serving.
   std::sort(pods.begin(), pods.end(), [](const AgentPodLoad& a, const AgentPodLoad& b) {
-    return a.serving != b.serving ? !a.serving : a.index > b.index;
+    return a.phase != b.phase ? a.phase < b.phase : a.index > b.index;
   });
   std::vector<std::string> out;
   int excess = static_cast<int>(pods.size()) - desired;

@@ -11,6 +11,7 @@
 #include "common/job.h"
 #include "common/status.h"
 #include "controller/agents/agent_certs.h"
+#include "controller/agents/pod_state.h"
 
 namespace hydra::controller {
 
@@ -74,14 +75,16 @@ int DesiredAgents(int64_t busy_pods, int64_t unplaced_trials, const AgentsSpec& 
 struct AgentPodLoad {
   std::string name;
   int index = 0;
-  int trials = 0;       ///< trials it trains now
-  bool serving = true;  ///< its agent is Ready (else it waits: gated, unscheduled, starting)
+  int trials = 0;  ///< trials it trains now
+  AgentPodPhase phase = AgentPodPhase::kReady;
 };
 
 /// Which pods to delete to come down to `desired`: idle ones only (a pod training a trial keeps
-/// it until the trial ends or moves), those still waiting first (they cost nothing yet but keep
-/// an autoscaler adding nodes), then the highest index, so the pods that stay have the lowest
-/// names. A deleted agent checkpoints what it holds before it exits.
+/// it until the trial ends or moves), those furthest from serving first (a gated pod holds no
+/// quota yet, an unscheduled one keeps an autoscaler adding nodes for nothing, a starting one
+/// already holds its node and quota and serves in seconds), then the highest index, so the
+/// pods that stay have the lowest names. A deleted agent checkpoints what it holds before it
+/// exits.
 std::vector<std::string> AgentPodsToRemove(std::vector<AgentPodLoad> pods, int desired);
 
 /// The lowest indices not in use, `count` of them: the pods to create.

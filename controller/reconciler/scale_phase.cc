@@ -113,7 +113,7 @@ void CreatePods(const ReconcileContext& ctx, Pass& pass, int count, int64_t unpl
     }
   }
   std::vector<AgentPodLoad> all;
-  for (const auto& p : pass.pods.pods) all.push_back({p.name, p.index, 0, true});
+  for (const auto& p : pass.pods.pods) all.push_back({p.name, p.index, 0, p.phase});
   std::vector<std::string> created;
   const AgentPodOptions options = PodOptions(ctx, pass);
   for (int index : FreeAgentIndices(all, count)) {
@@ -143,7 +143,7 @@ void CreatePods(const ReconcileContext& ctx, Pass& pass, int count, int64_t unpl
 void RemoveIdlePods(const ReconcileContext& ctx, Pass& pass) {
   std::vector<AgentPodLoad> live;
   for (const auto* p : pass.pods.Live()) {
-    live.push_back({p->name, p->index, TrialsOn(pass, *p), p->phase == AgentPodPhase::kReady});
+    live.push_back({p->name, p->index, TrialsOn(pass, *p), p->phase});
   }
   std::vector<std::string> deleted;
   for (const auto& name : AgentPodsToRemove(live, pass.pods.desired)) {

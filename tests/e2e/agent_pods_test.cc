@@ -478,8 +478,10 @@ TEST_F(AgentPodsTest, KueueAdmitsAgentPodsAsItsQuotaAllows) {
   ASSERT_EQ(Sh("kubectl apply -f " + (work_ / "flavor.yaml").string()).first, 0);
   ASSERT_EQ(queue("team-q", "gpus", 1).first, 0);
   ASSERT_EQ(queue("team-z", "none", 0).first, 0);
+  // Trials of 5000 steps (about 20 s each here) outlast an admitted pod's start by far: the
+  // second agent must find one still waiting (1500 steps, 7 s, did not always).
   const std::string sweep =
-      Manifest("team-q", "sweep", "{grid: {learningRate: [1.0e-3, 2.0e-3, 3.0e-3]}}", 1500, 3,
+      Manifest("team-q", "sweep", "{grid: {learningRate: [1.0e-3, 2.0e-3, 3.0e-3]}}", 5000, 3,
                "{kueue.x-k8s.io/queue-name: gpus}");
   const std::string starved =
       Manifest("team-z", "starved", "{}", 50, 1, "{kueue.x-k8s.io/queue-name: none}");

@@ -214,11 +214,24 @@ TEST(AgentPodsTest, DesiredAgentsAreTheBusyOnesAndRoomForTheWaitingTrials) {
 }
 
 TEST(AgentPodsTest, WaitingPodsAreRemovedBeforeServingOnes) {
-  const std::vector<AgentPodLoad> pods = {
-      {"j-agent-0", 0, 0, false}, {"j-agent-1", 1, 0, true}, {"j-agent-2", 2, 0, true}};
+  const std::vector<AgentPodLoad> pods = {{"j-agent-0", 0, 0, AgentPodPhase::kUnscheduled},
+                                          {"j-agent-1", 1, 0, AgentPodPhase::kReady},
+                                          {"j-agent-2", 2, 0, AgentPodPhase::kReady}};
   EXPECT_THAT(AgentPodsToRemove(pods, 2), ElementsAre("j-agent-0"))
       << "a pending pod keeps an autoscaler adding nodes for nothing";
   EXPECT_THAT(AgentPodsToRemove(pods, 1), ElementsAre("j-agent-0", "j-agent-2"));
+}
+
+TEST(AgentPodsTest, PodsFurthestFromServingGoFirst) {
+  // Kueue admitted agent-2 (it starts on a node) while agent-1 still waits at the gate: the
+  // gated one goes, whatever the indices (a starting pod serves in seconds and holds the quota).
+  const std::vector<AgentPodLoad> pods = {{"j-agent-0", 0, 1, AgentPodPhase::kReady},
+                                          {"j-agent-1", 1, 0, AgentPodPhase::kGated},
+                                          {"j-agent-2", 2, 0, AgentPodPhase::kStarting},
+                                          {"j-agent-3", 3, 0, AgentPodPhase::kUnscheduled}};
+  EXPECT_THAT(AgentPodsToRemove(pods, 3), ElementsAre("j-agent-1"));
+  EXPECT_THAT(AgentPodsToRemove(pods, 2), ElementsAre("j-agent-1", "j-agent-3"));
+  EXPECT_THAT(AgentPodsToRemove(pods, 1), ElementsAre("j-agent-1", "j-agent-3", "j-agent-2"));
 }
 
 TEST(AgentPodsTest, OnlyIdlePodsAreRemovedHighestIndexFirst) {

@@ -211,6 +211,10 @@ int main(int argc, char** argv) {
   hydra::executor::ExecutorOptions exec_options;
   exec_options.threads = per_device_threads;
   exec_options.devices.devices = *devices;
+  if (auto capped = hydra::executor::CapGpuMemory(*devices); !capped.ok()) {
+    std::cerr << "error: " << capped.message() << "\n";
+    return 2;
+  }
   if (!devices->empty() && devices->front().kind == hydra::DeviceKind::kCuda) {
     // Where spilled shards' optimizers step depends on the host link and the host's optimizer.
     auto rates = hydra::executor::MeasureLinkRates(devices->front());

@@ -280,6 +280,10 @@ int Run(const RunArgs& a) {
   exec_options.threads = threads;
   exec_options.devices.devices = device_specs;
   if (gpus) {
+    if (auto capped = hydra::executor::CapGpuMemory(device_specs); !capped.ok()) {
+      std::cerr << "error: " << capped.message() << "\n";
+      return 2;
+    }
     // Where spilled shards' optimizers step depends on the host link and the host's optimizer.
     auto rates = hydra::executor::MeasureLinkRates(device_specs[0]);
     if (rates.ok()) {

@@ -1,7 +1,12 @@
 #include "agent/executor/compute_device.h"
 
+#include <algorithm>
+
+#include "agent/executor/gpus.h"
+
 #ifdef HYDRA_WITH_CUDA
 #include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -42,6 +47,33 @@ SlabPinning PinningFor(const torch::Device& device) {
   (void)device;
 #endif
   return {};
+}
+
+Status CapGpuMemory(const std::vector<DeviceSpec>& devices) {
+#ifdef HYDRA_WITH_CUDA
+  for (const auto& d : devices) {
+    if (d.kind != DeviceKind::kCuda || d.memory_bytes <= 0) continue;
+    try {
+      const auto index = static_cast<c10::DeviceIndex>(d.index);
+      torch::empty({1}, torch::TensorOptions(TorchDevice(d)));  // initializes the allocator
+      size_t free_bytes = 0, total_bytes = 0;
+      c10::cuda::CUDAGuard on(index);
+      if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess || total_bytes == 0) {
+        cudaGetLastError();
+        return FailedPreconditionError("cannot read the memory of " + d.name);
+      }
+      const double fraction =
+          std::min(1.0, static_cast<double>(d.memory_bytes) / static_cast<double>(total_bytes));
+      c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, index);
+    } catch (const c10::Error& e) {
+      return FailedPreconditionError("capping the memory of " + d.name + ": " +
+                                     e.what_without_backtrace());
+    }
+  }
+#else
+  (void)devices;
+#endif
+  return OkStatus();
 }
 
 void SynchronizeDevice(const torch::Device& device) {

@@ -18,6 +18,13 @@ bool CudaCompiledIn();
 /// Idempotent; nothing in a build without CUDA.
 void ConfigureCudaAllocator();
 
+/// Caps LibTorch's caching allocator on each GPU of `devices` at that GPU's budget
+/// (DeviceSpec::memory_bytes, from --devices budget= or 90% of its free memory): the trials of
+/// this process never hold more, so what other processes use on a shared GPU stays theirs, and
+/// an executor whose ledger is wrong fails with CUDA's out-of-memory error instead of taking
+/// it. Nothing for CPU devices or in a build without CUDA; FAILED_PRECONDITION if CUDA fails.
+Status CapGpuMemory(const std::vector<DeviceSpec>& devices);
+
 /// The GPUs visible to CUDA (CUDA_VISIBLE_DEVICES applies): index, name, UUID, total and free
 /// memory. Empty when the driver sees no device; FAILED_PRECONDITION naming the cause when this
 /// build has no CUDA or the driver cannot be used.

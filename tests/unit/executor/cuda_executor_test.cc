@@ -204,6 +204,21 @@ TEST_F(CudaExecutorTest, ATrialMovesBetweenGpusWithTheLossesOfOneThatStayed) {
   }
 }
 
+TEST_F(CudaExecutorTest, TheCachingAllocatorIsCappedAtTheGpusBudget) {
+  REQUIRE_GPU(gpu);
+  DeviceSpec capped = gpu;
+  capped.memory_bytes = int64_t{1} << 30;
+  ASSERT_TRUE(CapGpuMemory({capped}).ok());
+  const torch::Device dev = TorchDevice(gpu);
+  EXPECT_NO_THROW(torch::empty({int64_t{128} << 20}, torch::TensorOptions(dev)));  // 512 MiB
+  EXPECT_THROW(torch::empty({int64_t{512} << 20}, torch::TensorOptions(dev)), c10::Error)
+      << "2 GiB past a 1 GiB cap";
+  DeviceSpec whole = gpu;
+  whole.memory_bytes = int64_t{1} << 50;  // the cap back at the whole GPU for the other tests
+  ASSERT_TRUE(CapGpuMemory({whole}).ok());
+  EXPECT_NO_THROW(torch::empty({int64_t{512} << 20}, torch::TensorOptions(dev)));
+}
+
 TEST_F(CudaExecutorTest, CopiesOnTheirStreamsOverlapCompute) {
   REQUIRE_GPU(gpu);
   const torch::Device dev = TorchDevice(gpu);

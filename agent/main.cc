@@ -215,19 +215,9 @@ int main(int argc, char** argv) {
     std::cerr << "error: " << capped.message() << "\n";
     return 2;
   }
-  if (!devices->empty() && devices->front().kind == hydra::DeviceKind::kCuda) {
-    // Where spilled shards' optimizers step depends on the host link and the host's optimizer.
-    auto rates = hydra::executor::MeasureLinkRates(devices->front());
-    if (rates.ok()) {
-      exec_options.host_link_bytes_per_second = rates->host_link_bytes_per_second;
-      exec_options.host_optimizer_bytes_per_second = rates->host_optimizer_bytes_per_second;
-      std::cerr << "host link " << rates->host_link_bytes_per_second / 1e9 << " GB/s to "
-                << devices->front().name << ", host AdamW "
-                << rates->host_optimizer_bytes_per_second / 1e9 << " GB/s\n";
-    } else {
-      std::cerr << "warning: " << rates.status().message()
-                << "; spilled shards' optimizers step on the device\n";
-    }
+  if (const std::string rates = hydra::executor::UseMeasuredLinkRates(&exec_options);
+      !rates.empty()) {
+    std::cerr << "hydra-agent: " << rates << "\n";
   }
   exec_options.spill_dir = spill_dir;
   auto factory = hydra::executor::MakeExecutorFactory(exec_options);

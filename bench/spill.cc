@@ -129,10 +129,8 @@ int main(int argc, char** argv) {
   const hydra::DeviceSpec device = found->front();
   options.devices.devices = {device};
   options.bf16_weight_transit = bf16_transit;
-  auto rates = hydra::executor::MeasureLinkRates(device);
-  if (rates.ok()) {
-    options.host_link_bytes_per_second = rates->host_link_bytes_per_second;
-    options.host_optimizer_bytes_per_second = rates->host_optimizer_bytes_per_second;
+  if (const std::string rates = hydra::executor::UseMeasuredLinkRates(&options); !rates.empty()) {
+    std::cerr << rates << "\n";  // stdout is the JSON line
   }
   if (optimizer != "auto") {
     options.optimizer_placement =

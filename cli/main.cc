@@ -284,18 +284,8 @@ int Run(const RunArgs& a) {
       std::cerr << "error: " << capped.message() << "\n";
       return 2;
     }
-    // Where spilled shards' optimizers step depends on the host link and the host's optimizer.
-    auto rates = hydra::executor::MeasureLinkRates(device_specs[0]);
-    if (rates.ok()) {
-      exec_options.host_link_bytes_per_second = rates->host_link_bytes_per_second;
-      exec_options.host_optimizer_bytes_per_second = rates->host_optimizer_bytes_per_second;
-      std::printf("host link %.1f GB/s to %s; host AdamW %.1f GB/s\n",
-                  rates->host_link_bytes_per_second / 1e9, device_specs[0].name.c_str(),
-                  rates->host_optimizer_bytes_per_second / 1e9);
-    } else {
-      std::cerr << "warning: " << rates.status().message()
-                << "; spilled shards' optimizers step on the device\n";
-    }
+    const std::string rates = hydra::executor::UseMeasuredLinkRates(&exec_options);
+    (rates.rfind("warning: ", 0) == 0 ? std::cerr : std::cout) << rates << "\n";
   }
   exec_options.spill_dir =
       a.spill_dir.empty() ? (std::filesystem::path(output) / "spill").string() : a.spill_dir;

@@ -64,7 +64,7 @@ void HostBytesOnGpus(const ExecutorDevices& devices, Admission* admission) {
   }
   int64_t largest = 0;
   for (const auto& s : p.shards) largest = std::max(largest, s.state_bytes);
-  admission->host_bytes = std::min(p.total_state_bytes, 3 * largest);
+  admission->host_bytes = std::min(p.total_state_bytes, kDiskShardsInHostMemory * largest);
 }
 
 Trial WithDeviceBudget(const Trial& trial, const ExecutorDevices& devices) {

@@ -120,9 +120,13 @@ struct ExecutorDevices {
 /// none and the devices are discrete (a GPU's memory is a hard limit; a CPU device's is not).
 Trial WithDeviceBudget(const Trial& trial, const ExecutorDevices& devices);
 
+/// Shards a spilling step on a GPU holds in host memory at once with the disk tier: the one
+/// computing, the next one read ahead and the previous one written back (its SlabPool's bound).
+inline constexpr int kDiskShardsInHostMemory = 3;
+
 /// On a GPU the device tier is not host memory: the host memory an admitted trial holds is its
-/// state in the host tier, or with the disk tier the pinned slabs of three shards at most
-/// (SlabPool). Changes `admission` only when `devices` has GPUs.
+/// state in the host tier, or with the disk tier the pinned slabs of kDiskShardsInHostMemory
+/// shards at most. Changes `admission` only when `devices` has GPUs.
 void HostBytesOnGpus(const ExecutorDevices& devices, Admission* admission);
 
 /// A shape as messages show it: "[2,3]".

@@ -1,6 +1,7 @@
 #include "agent/executor/pilot.h"
 
 #include <chrono>
+#include <cstdio>
 
 #include "agent/executor/compute_device.h"
 #include "agent/executor/cpu_threads.h"
@@ -113,6 +114,23 @@ StatusOr<LinkRates> MeasureLinkRates(const DeviceSpec& device) {
     return InternalError("measuring the host link of " + device.name + ": " +
                          e.what_without_backtrace());
   }
+}
+
+std::string UseMeasuredLinkRates(ExecutorOptions* options) {
+  const auto& devices = options->devices.devices;
+  if (devices.empty() || devices.front().kind != DeviceKind::kCuda) return "";
+  auto rates = MeasureLinkRates(devices.front());
+  if (!rates.ok()) {
+    return "warning: " + rates.status().message() +
+           "; spilled shards' optimizers step on the device";
+  }
+  options->host_link_bytes_per_second = rates->host_link_bytes_per_second;
+  options->host_optimizer_bytes_per_second = rates->host_optimizer_bytes_per_second;
+  char line[160];
+  std::snprintf(line, sizeof line, "host link %.1f GB/s to %s; host AdamW %.1f GB/s",
+                rates->host_link_bytes_per_second / 1e9, devices.front().name.c_str(),
+                rates->host_optimizer_bytes_per_second / 1e9);
+  return line;
 }
 
 }  // namespace hydra::executor

@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "agent/executor/spilling_executor.h"
 #include "common/devices.h"
 #include "common/job.h"
 #include "common/status.h"
@@ -38,5 +39,11 @@ struct LinkRates {
 /// (zeros: its optimizer steps where its state is). INTERNAL with LibTorch's message if a copy
 /// fails.
 StatusOr<LinkRates> MeasureLinkRates(const DeviceSpec& device);
+
+/// Measures the link rates of the first of `options->devices` when it is a GPU and sets
+/// options' host_link_bytes_per_second and host_optimizer_bytes_per_second from them (where
+/// spilled shards' optimizers step). Returns a line for the log: what was measured, or, from
+/// "warning: ", why the optimizers step on the device; empty for CPU devices.
+std::string UseMeasuredLinkRates(ExecutorOptions* options);
 
 }  // namespace hydra::executor

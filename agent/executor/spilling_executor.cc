@@ -159,7 +159,6 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     if (on_.discrete) {
       s.weights.host = HostCopies(s.weights.tensors);
       for (const auto& [n, t] : s.pinned) s.pinned_host.emplace_back(n, HostCopy(t));
-      pinned_host_.insert(pinned_host_.end(), s.pinned_host.begin(), s.pinned_host.end());
     }
     // On a discrete device a host-stepped optimizer updates the host copies, and its state is
     // made (and stays) in host memory.
@@ -351,8 +350,10 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       }
     }
     RETURN_IF_ERROR(CopyBuffersInto(state, pinned_, /*allow_extra=*/true));
-    for (size_t i = 0; i < pinned_host_.size(); ++i) {
-      pinned_host_[i].second.copy_(pinned_[i].second);
+    for (auto& s : shards_) {  // the host optimizer's copies of the tied weights too
+      for (size_t i = 0; i < s.pinned_host.size(); ++i) {
+        s.pinned_host[i].second.copy_(s.pinned[i].second);
+      }
     }
     for (size_t k = 0; k < shards_.size(); ++k) {
       if (HostSteps(shards_[k])) {  // the host copies are the masters
@@ -650,7 +651,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       }
       largest = std::max(largest, shard);
     }
-    slabs_ = std::make_unique<SlabPool>(3 * largest, PinningFor(on_.device));
+    slabs_ = std::make_unique<SlabPool>(kDiskShardsInHostMemory * largest, PinningFor(on_.device));
   }
 
   /// Whether shard s's optimizer steps on the host copies (a discrete device, placement host).
@@ -1178,8 +1179,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   std::unique_ptr<SlabPool> slabs_;
   LayerSequence model_;
   std::vector<Shard> shards_;
-  NamedTensors pinned_;       // every shard's pinned parameters
-  NamedTensors pinned_host_;  // discrete devices: their host copies
+  NamedTensors pinned_;  // every shard's pinned parameters
   std::map<std::string, size_t> global_order_;
   std::map<size_t, torch::Tensor> norms_;  // global parameter index -> gradient norm
   std::optional<StepInProgress> cur_;      // the step under way, if any

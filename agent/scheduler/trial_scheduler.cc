@@ -707,17 +707,11 @@ void TrialScheduler::Worker(int device) {
     try {
       if (!slot.started) s = Start(slot);
       // Taken from a busy device: what the executor keeps on a device comes here first.
-      if (s.ok() && slot.exec && slot.exec->BoundDevice() >= 0 &&
-          slot.exec->BoundDevice() != device) {
-        s = slot.exec->MoveTo(device);
-      }
-      {
-        std::lock_guard<std::mutex> relock(mu_);
-        slot.moving_from = -1;  // its old device's memory is free now
-      }
+      if (s.ok() && slot.moving_from >= 0) s = slot.exec->MoveTo(device);
       bool at_limit = false;  // a trial resumed at (or past) its early-stopping limit waits
       {
         std::lock_guard<std::mutex> relock(mu_);
+        slot.moving_from = -1;  // its old device's memory is free now
         at_limit = AtLimit(slot);
       }
       // Resumed at or past its limit without an evaluation there (a checkpoint of another

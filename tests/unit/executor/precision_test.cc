@@ -9,6 +9,7 @@
 
 #include "agent/executor/cpu_threads.h"
 #include "agent/executor/inmemory_executor.h"
+#include "tests/unit/executor/executor_testing.h"
 
 namespace hydra::executor {
 namespace {
@@ -49,22 +50,10 @@ TEST(PrecisionScopeTest, GradientsReachTheFp32MastersAsFp32) {
 }
 
 Trial SmallTrial(Precision precision, const std::string& optimizer) {
-  Trial t;
-  t.name = "bf16";
-  t.model.n_layer = 2;
-  t.model.n_embd = 64;
-  t.model.n_head = 4;
-  t.model.context_length = 32;
-  t.model.vocab_size = 256;
-  t.training.optimizer = optimizer;
-  t.training.learning_rate = optimizer == "sgd" ? 0.05 : 2e-3;
-  t.training.batch_size = 8;
+  Trial t = testing::GptTrial("bf16", optimizer, 2, 64, 4, 32, 7, 2e-3);
   t.training.steps = 40;
-  t.training.seed = 7;
   t.training.grad_clip_norm = 1.0;
   t.training.precision = precision;
-  t.dataset.resolved_path = std::string(HYDRA_SOURCE_DIR) + "/examples/data/corpus.txt";
-  t.dataset.eval_sequences = 16;
   return t;
 }
 

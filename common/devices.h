@@ -41,9 +41,14 @@ StatusOr<DevicesRequest> ParseDevicesRequest(const std::string& flag);
 
 /// A GPU as the CUDA runtime reports it.
 struct GpuInfo {
+  /// Who measured free_bytes: NVML reads it without a CUDA context; the CUDA runtime's
+  /// cudaMemGetInfo creates one on the GPU (the fallback where NVML is missing).
+  enum class FreeMemorySource { kCudaRuntime, kNvml };
+
   int index = 0;
   std::string name, uuid;
   int64_t total_bytes = 0, free_bytes = 0;
+  FreeMemorySource free_from = FreeMemorySource::kCudaRuntime;
 };
 
 /// A GPU's 16-byte UUID as NVML, nvidia-smi and dcgm-exporter write it:

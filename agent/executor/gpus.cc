@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "common/nvml.h"
 #include "common/units.h"
 
 namespace hydra::executor {
@@ -47,16 +48,46 @@ StatusOr<GpuInfo> Describe(int index) {
   std::memcpy(uuid, p.uuid.bytes, sizeof(uuid));
   g.uuid = FormatGpuUuid(uuid);
   g.total_bytes = static_cast<int64_t>(p.totalGlobalMem);
-  // The free memory needs the device's context (created here, once per process and GPU).
+  return g;
+}
+
+// The fallback where NVML cannot say: the free memory through the CUDA runtime, which creates
+// the device's context (once per process and GPU) to answer.
+Status MeasureFreeMemoryWithCuda(GpuInfo* g) {
   int previous = 0;
   cudaGetDevice(&previous);
   size_t free_bytes = 0, total_bytes = 0;
-  cudaError_t e = cudaSetDevice(index);
+  cudaError_t e = cudaSetDevice(g->index);
   if (e == cudaSuccess) e = cudaMemGetInfo(&free_bytes, &total_bytes);
   cudaSetDevice(previous);
-  if (e != cudaSuccess) return CudaError(e, "cudaMemGetInfo on cuda:" + std::to_string(index));
-  g.free_bytes = static_cast<int64_t>(free_bytes);
-  return g;
+  if (e != cudaSuccess) return CudaError(e, "cudaMemGetInfo on cuda:" + std::to_string(g->index));
+  g->free_bytes = static_cast<int64_t>(free_bytes);
+  g->free_from = GpuInfo::FreeMemorySource::kCudaRuntime;
+  return OkStatus();
+}
+
+// NVML's GPUs, or none when NVML is missing or fails (the CUDA runtime answers instead).
+std::vector<NvmlGpu> NvmlGpusOrNone() {
+  auto nvml = Nvml::Open();
+  if (!nvml.ok()) return {};
+  auto gpus = (*nvml)->Gpus();
+  return gpus.ok() ? *std::move(gpus) : std::vector<NvmlGpu>{};
+}
+
+}  // namespace
+#endif
+
+#ifndef HYDRA_WITH_CUDA
+namespace {
+
+// "; the NVIDIA driver here manages 2 GPUs: ...", or "" where NVML is missing or sees none.
+std::string GpusTheDriverManages() {
+  auto nvml = Nvml::Open();
+  if (!nvml.ok()) return "";
+  auto gpus = (*nvml)->Gpus();
+  if (!gpus.ok() || gpus->empty()) return "";
+  return "; the NVIDIA driver here manages " + std::to_string(gpus->size()) +
+         " GPU(s): " + DescribeNvmlGpus(*gpus);
 }
 
 }  // namespace
@@ -74,11 +105,16 @@ StatusOr<std::vector<GpuInfo>> DiscoverGpus() {
     ASSIGN_OR_RETURN(auto g, Describe(i));
     out.push_back(std::move(g));
   }
+  if (out.empty()) return out;
+  for (size_t i : TakeFreeMemoryFromNvml(NvmlGpusOrNone(), &out)) {
+    RETURN_IF_ERROR(MeasureFreeMemoryWithCuda(&out[i]));
+  }
   return out;
 #else
   return FailedPreconditionError(
       "this build has no CUDA (Debian's LibTorch is CPU-only): build with scripts/build-cuda.sh "
-      "against PyPI's CUDA LibTorch");
+      "against PyPI's CUDA LibTorch" +
+      GpusTheDriverManages());
 #endif
 }
 

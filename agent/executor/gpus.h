@@ -26,8 +26,11 @@ void ConfigureCudaAllocator();
 Status CapGpuMemory(const std::vector<DeviceSpec>& devices);
 
 /// The GPUs visible to CUDA (CUDA_VISIBLE_DEVICES applies): index, name, UUID, total and free
-/// memory. Empty when the driver sees no device; FAILED_PRECONDITION naming the cause when this
-/// build has no CUDA or the driver cannot be used.
+/// memory. The free memory comes from NVML (dlopen'd libnvidia-ml.so.1; no CUDA context is
+/// created), matched by UUID, and from cudaMemGetInfo only for a GPU NVML cannot describe.
+/// Empty when the driver sees no device; FAILED_PRECONDITION naming the cause when this build
+/// has no CUDA (saying which GPUs the driver manages, if NVML is there) or the driver cannot
+/// be used.
 StatusOr<std::vector<GpuInfo>> DiscoverGpus();
 
 /// The devices a --devices request (ParseDevicesRequest) names on this machine: CPU devices

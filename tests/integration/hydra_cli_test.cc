@@ -145,6 +145,40 @@ TEST_F(HydraCliTest, MissingDatasetIsAClearError) {
   EXPECT_THAT(out, HasSubstr("No such file"));
 }
 
+/// `--devices cuda` in the CPU build says so, and names the GPUs the NVIDIA driver manages
+/// (through NVML: here a fake libnvidia-ml.so.1 found on LD_LIBRARY_PATH) so the user sees that
+/// a CUDA build would use them. In a CUDA build (build-cuda/) the GPU tests cover --devices.
+TEST_F(HydraCliTest, CudaDevicesInTheCpuBuildNameTheDriversGpus) {
+  const std::vector<std::string> args = {
+      "run", (dir_ / "job.yaml").string(), "-o", (dir_ / "o").string(), "--devices", "cuda"};
+  std::string out;
+  EXPECT_EQ(RunHydra(args, &out), 2) << out;  // a usage error
+  EXPECT_THAT(out, HasSubstr("--devices: this build has no CUDA"));
+  EXPECT_THAT(out, Not(HasSubstr("the NVIDIA driver here")));
+
+  fs::create_directories(dir_ / "driver");
+  fs::create_symlink(FAKE_NVML_PATH, dir_ / "driver" / "libnvidia-ml.so.1");
+  const char* old_path = std::getenv("LD_LIBRARY_PATH");
+  const std::string kept = old_path ? ":" + std::string(old_path) : "";
+  ::setenv("LD_LIBRARY_PATH", ((dir_ / "driver").string() + kept).c_str(), 1);
+  ::setenv("HYDRA_FAKE_NVML_GPUS",
+           "GPU-11111111-2222-3333-4444-555555555555,NVIDIA H100 80GB HBM3,85899345920,"
+           "84000000000,1899345920",
+           1);
+  const int rc = RunHydra(args, &out);
+  if (old_path) {
+    ::setenv("LD_LIBRARY_PATH", kept.substr(1).c_str(), 1);
+  } else {
+    ::unsetenv("LD_LIBRARY_PATH");
+  }
+  ::unsetenv("HYDRA_FAKE_NVML_GPUS");
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_THAT(out, HasSubstr("scripts/build-cuda.sh"));
+  EXPECT_THAT(out, HasSubstr("the NVIDIA driver here manages 1 GPU(s): NVIDIA H100 80GB HBM3 "
+                             "(GPU-11111111-2222-3333-4444-555555555555)"));
+  EXPECT_FALSE(fs::exists(dir_ / "o" / "results.json"));
+}
+
 TEST_F(HydraCliTest, TheImageExampleTrainsBothFamilies) {
   // The example's own generator and manifest, with fewer images and steps.
   const std::string src = std::string(HYDRA_SOURCE_DIR) + "/examples/images/";

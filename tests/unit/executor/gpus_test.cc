@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "agent/executor/executor.h"
+#include "common/nvml.h"
 
 namespace hydra::executor {
 namespace {
@@ -49,6 +50,13 @@ TEST(GpusTest, DiscoveryMatchesTheBuildAndTheMachine) {
     EXPECT_GT(g.total_bytes, 0);
     EXPECT_GT(g.free_bytes, 0);
     EXPECT_LE(g.free_bytes, g.total_bytes);
+  }
+  // Where the driver's NVML is (every NVIDIA GPU node), it measured the free memory, so no CUDA
+  // context was created for discovery: CUDA's and NVML's UUIDs agree. (MIG instances are not in
+  // NVML's GPU list; they fall back to the CUDA runtime.)
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  if (Nvml::Open().ok() && !(visible && std::string(visible).find("MIG") != std::string::npos)) {
+    for (const auto& g : *gpus) EXPECT_EQ(g.free_from, GpuInfo::FreeMemorySource::kNvml) << g.uuid;
   }
   auto d = FindDevices(*ParseDevicesRequest("cuda"), 1000);
   ASSERT_TRUE(d.ok()) << d.status();

@@ -51,6 +51,12 @@ struct GpuInfo {
   FreeMemorySource free_from = FreeMemorySource::kCudaRuntime;
 };
 
+/// What LibTorch's caching allocator holds on a GPU now (c10's DeviceStats, current values).
+struct DeviceAllocatorBytes {
+  int64_t allocated = 0;  ///< in tensors
+  int64_t reserved = 0;   ///< taken from CUDA: allocated plus cached free blocks
+};
+
 /// A GPU's 16-byte UUID as NVML, nvidia-smi and dcgm-exporter write it:
 /// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", lower-case hex.
 std::string FormatGpuUuid(const unsigned char (&bytes)[16]);

@@ -76,6 +76,23 @@ Status CapGpuMemory(const std::vector<DeviceSpec>& devices) {
   return OkStatus();
 }
 
+std::optional<DeviceAllocatorBytes> CachingAllocatorBytes(const DeviceSpec& device) {
+#ifdef HYDRA_WITH_CUDA
+  if (device.kind != DeviceKind::kCuda) return std::nullopt;
+  try {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(
+        static_cast<c10::DeviceIndex>(device.index));
+    // Index 0: StatType::AGGREGATE, all pools (its namespace moved between torch releases).
+    return DeviceAllocatorBytes{stats.allocated_bytes[0].current, stats.reserved_bytes[0].current};
+  } catch (const c10::Error&) {
+    return std::nullopt;  // the allocator was never set up on this GPU
+  }
+#else
+  (void)device;
+  return std::nullopt;
+#endif
+}
+
 void SynchronizeDevice(const torch::Device& device) {
 #ifdef HYDRA_WITH_CUDA
   if (!device.is_cuda()) return;

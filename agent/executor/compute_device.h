@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "agent/executor/executor.h"
@@ -23,6 +24,10 @@ struct Placement {
 };
 /// The placement on device `index` of `devices`; INVALID_ARGUMENT for an unknown index.
 StatusOr<Placement> PlaceOn(const ExecutorDevices& devices, int index);
+
+/// LibTorch's caching allocator's current bytes on GPU `device` (CapGpuMemory initialised it);
+/// nullopt for a CPU device, a build without CUDA, or a GPU whose allocator is not set up.
+std::optional<DeviceAllocatorBytes> CachingAllocatorBytes(const DeviceSpec& device);
 
 /// How the disk tier's slabs are pinned for `device`: page-locked in place (cudaHostRegister)
 /// for a GPU, so its copies from them are asynchronous; nothing for a CPU device.

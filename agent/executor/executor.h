@@ -166,6 +166,13 @@ class ExecutorFactoryInterface {
     (void)trial;
     return OkStatus();
   }
+  /// On a GPU among this factory's devices (`device`, an index into them), its caching
+  /// allocator's bytes now; nullopt for a CPU device, a build without CUDA, or a factory that
+  /// does not train on GPUs.
+  virtual std::optional<DeviceAllocatorBytes> AllocatorBytes(int device) const {
+    (void)device;
+    return std::nullopt;
+  }
   /// Whether WriteModelFiles writes anything for `trial` (so the caller exports its state).
   virtual bool WritesModelFiles(const Trial& trial) const {
     (void)trial;

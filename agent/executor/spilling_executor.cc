@@ -1245,6 +1245,10 @@ class ExecutorFactory : public ExecutorFactoryInterface {
 
   Status Resolve(Trial* trial) override { return ResolveModel(trial); }
   bool WritesModelFiles(const Trial& trial) const override { return HasModelFiles(trial); }
+  std::optional<DeviceAllocatorBytes> AllocatorBytes(int device) const override {
+    auto spec = options_.devices.At(device);
+    return spec.ok() ? CachingAllocatorBytes(*spec) : std::nullopt;
+  }
   Status WriteModelFiles(const Trial& trial, const std::vector<NamedBuffer>& state,
                          const std::string& dir) override {
     return executor::WriteModelFiles(trial, state, dir);

@@ -43,6 +43,17 @@ struct AgentMetrics::Impl {
                      .Help("Device memory used by this agent's running trials, in bytes")
                      .Labels(node_labels)
                      .Register(*registry)),
+        allocated(BuildGauge()
+                      .Name(mn::kGpuAllocatorAllocatedBytes)
+                      .Help("Bytes in tensors of LibTorch's caching allocator on the GPU")
+                      .Labels(node_labels)
+                      .Register(*registry)),
+        reserved(BuildGauge()
+                     .Name(mn::kGpuAllocatorReservedBytes)
+                     .Help("Bytes LibTorch's caching allocator holds from CUDA on the GPU "
+                           "(allocated + cached)")
+                     .Labels(node_labels)
+                     .Register(*registry)),
         busy(BuildGauge()
                  .Name(mn::kDeviceBusyRatio)
                  .Help("Share of the last minute the device spent running training steps")
@@ -94,6 +105,8 @@ struct AgentMetrics::Impl {
   prometheus::Family<prometheus::Gauge>& mem_total;
   prometheus::Family<prometheus::Gauge>& mem_free;
   prometheus::Family<prometheus::Gauge>& mem_used;
+  prometheus::Family<prometheus::Gauge>& allocated;
+  prometheus::Family<prometheus::Gauge>& reserved;
   prometheus::Family<prometheus::Gauge>& busy;
   prometheus::Family<prometheus::Gauge>& step;
   prometheus::Family<prometheus::Gauge>& loss;
@@ -142,17 +155,33 @@ std::string AgentMetrics::Render() const {
   return prometheus::TextSerializer().Serialize(impl_->registry->Collect());
 }
 
-void AgentMetrics::SetDevice(const DeviceSpec& device, int64_t total_bytes, int64_t free_bytes,
-                             int64_t used_bytes, double busy_ratio) {
+namespace {
+
+prometheus::Labels DeviceLabels(const DeviceSpec& device) {
   prometheus::Labels l{{"device", device.name}};
   if (device.kind == DeviceKind::kCuda) {
     l["gpu"] = std::to_string(device.index);
     if (!device.uuid.empty()) l["UUID"] = device.uuid;
   }
+  return l;
+}
+
+}  // namespace
+
+void AgentMetrics::SetDevice(const DeviceSpec& device, int64_t total_bytes, int64_t free_bytes,
+                             int64_t used_bytes, double busy_ratio) {
+  const prometheus::Labels l = DeviceLabels(device);
   impl_->mem_total.Add(l).Set(static_cast<double>(total_bytes));
   impl_->mem_free.Add(l).Set(static_cast<double>(free_bytes));
   impl_->mem_used.Add(l).Set(static_cast<double>(used_bytes));
   impl_->busy.Add(l).Set(busy_ratio);
+}
+
+void AgentMetrics::SetGpuAllocator(const DeviceSpec& device, int64_t allocated_bytes,
+                                   int64_t reserved_bytes) {
+  const prometheus::Labels l = DeviceLabels(device);
+  impl_->allocated.Add(l).Set(static_cast<double>(allocated_bytes));
+  impl_->reserved.Add(l).Set(static_cast<double>(reserved_bytes));
 }
 
 void AgentMetrics::SetTrialsByState(const std::map<std::string, int64_t>& counts) {

@@ -13,6 +13,11 @@ inline constexpr char kAgentInfo[] = "hydra_agent_info";
 inline constexpr char kDeviceMemoryTotalBytes[] = "hydra_device_memory_total_bytes";
 inline constexpr char kDeviceMemoryFreeBytes[] = "hydra_device_memory_free_bytes";
 inline constexpr char kDeviceMemoryUsedBytes[] = "hydra_device_memory_used_bytes";
+// Gauges in bytes, GPUs only. Labels: node, device, gpu, UUID. What LibTorch's caching
+// allocator holds on the GPU now: allocated is in tensors, reserved is taken from CUDA
+// (allocated plus cached free blocks; reserved - allocated is the cache and its fragmentation).
+inline constexpr char kGpuAllocatorAllocatedBytes[] = "hydra_gpu_allocator_allocated_bytes";
+inline constexpr char kGpuAllocatorReservedBytes[] = "hydra_gpu_allocator_reserved_bytes";
 // Gauge in [0, 1]. Labels: node, device (+ gpu, UUID). Share of the last minute the device ran
 // steps.
 inline constexpr char kDeviceBusyRatio[] = "hydra_device_busy_ratio";

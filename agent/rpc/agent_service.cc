@@ -95,7 +95,7 @@ grpc::Status ToGrpc(const Status& status) {
 
 AgentService::AgentService(AgentConfig config, executor::ExecutorFactoryInterface* factory,
                            AgentMetrics* metrics)
-    : config_(std::move(config)), metrics_(metrics) {
+    : config_(std::move(config)), factory_(factory), metrics_(metrics) {
   TrialSchedulerOptions options;
   options.devices = static_cast<int>(std::max<size_t>(1, config_.devices.size()));
   options.device_memory_bytes = DiscreteDeviceMemory(config_.devices);
@@ -760,7 +760,19 @@ void AgentService::Tick() {
     metrics_->SetDevice(config_.devices[i], d.memory_total_bytes(), d.memory_free_bytes(),
                         d.memory_used_bytes(), d.busy_ratio());
   }
+  CheckAllocators(devices);
   metrics_->SetTrialsByState(counts);
+}
+
+void AgentService::CheckAllocators(const std::vector<v1::Device>& devices) {
+  for (size_t i = 0; i < devices.size(); ++i) {
+    const auto bytes = factory_->AllocatorBytes(static_cast<int>(i));
+    if (!bytes) continue;
+    metrics_->SetGpuAllocator(config_.devices[i], bytes->allocated, bytes->reserved);
+    const std::string said =
+        allocator_check_.Observe(config_.devices[i], devices[i].memory_used_bytes(), *bytes);
+    if (!said.empty()) std::fprintf(stderr, "hydra-agent: %s\n", said.c_str());
+  }
 }
 
 }  // namespace hydra::agent

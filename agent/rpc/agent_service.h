@@ -16,6 +16,7 @@
 
 #include "agent/executor/executor.h"
 #include "agent/metrics/agent_metrics.h"
+#include "agent/metrics/allocator_check.h"
 #include "agent/rpc/dedicated_job.h"
 #include "agent/scheduler/trial_scheduler.h"
 #include "common/devices.h"
@@ -134,8 +135,13 @@ class AgentService final : public v1::AgentService::Service, private TrialObserv
   /// Whether a progress stream wants this trial's events (needs mu_ held).
   bool Watched(const Trial& trial) const;
 
+  /// Each GPU's caching-allocator bytes to the metrics, checked against the ledger.
+  void CheckAllocators(const std::vector<v1::Device>& devices);
+
   AgentConfig config_;
+  executor::ExecutorFactoryInterface* factory_;
   AgentMetrics* metrics_;
+  AllocatorLedgerCheck allocator_check_;  // Tick's thread only
   std::unique_ptr<TrialScheduler> scheduler_;
 
   mutable std::mutex mu_;  // guards trials_, watchers_, spill_seen_, busy_history_, shut_down_,

@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -117,8 +118,16 @@ class FakeExecutorFactory : public executor::ExecutorFactoryInterface {
   std::function<void(const std::string&, int64_t)> on_step;  ///< after every step
   /// Executors keep their state on the device they were built for (as on a GPU) and say so.
   bool bind_to_devices = false;
+  std::optional<DeviceAllocatorBytes> AllocatorBytes(int device) const override {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = allocator.find(device);
+    if (it == allocator.end()) return std::nullopt;
+    return it->second;
+  }
+
   DeviceLog devices;  ///< what bound executors did
-  std::mutex mu;
+  mutable std::mutex mu;
+  std::map<int, DeviceAllocatorBytes> allocator;     ///< device -> AllocatorBytes; guarded by mu
   std::map<std::string, std::vector<int>> built_on;  ///< trial -> devices built on; guarded by mu
 };
 

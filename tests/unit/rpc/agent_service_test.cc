@@ -24,6 +24,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr int64_t kDeviceBytes = int64_t{1} << 30;
 
@@ -188,6 +189,51 @@ TEST_F(AgentServiceTest, AssignedTrialsTrainAndReportThroughStatusAndMetrics) {
   EXPECT_THAT(text, HasSubstr("hydra_device_memory_free_bytes{node=\"node-a\",device=\"cpu:0\"} "
                               "1073741824"));
   EXPECT_THAT(text, HasSubstr("hydra_checkpoint_duration_seconds_count{node=\"node-a\"}"));
+}
+
+/// On a GPU, the agent exports the caching allocator's bytes with dcgm-exporter's labels and
+/// says once when the allocator holds more than the trials' ledger accounts.
+TEST(AgentServiceGpuTest, AllocatorBytesAreExportedAndCheckedAgainstTheLedger) {
+  DeviceSpec gpu;
+  gpu.kind = DeviceKind::kCuda;
+  gpu.index = 0;
+  gpu.name = "cuda:0";
+  gpu.uuid = "GPU-11111111-2222-3333-4444-555555555555";
+  gpu.model = "NVIDIA H100 80GB HBM3";
+  gpu.memory_bytes = int64_t{70} << 30;
+  AgentConfig config;
+  config.node_name = "node-a";
+  config.version = "test";
+  config.devices = {gpu, CpuDevice(1, kDeviceBytes)};
+  fakes::FakeExecutorFactory factory;
+  factory.allocator[0] = {int64_t{3} << 30, int64_t{4} << 30};  // no trial: ledger 0
+  AgentMetrics metrics("node-a", "test");
+  ::testing::internal::CaptureStderr();
+  AgentService service(config, &factory, &metrics);  // ticks once
+  service.Tick();
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  const std::string text = metrics.Render();
+  EXPECT_THAT(text, HasSubstr("hydra_gpu_allocator_allocated_bytes{node=\"node-a\","
+                              "UUID=\"GPU-11111111-2222-3333-4444-555555555555\",device=\"cuda:0\","
+                              "gpu=\"0\"} 3221225472"));
+  EXPECT_THAT(text, HasSubstr("hydra_gpu_allocator_reserved_bytes{node=\"node-a\","
+                              "UUID=\"GPU-11111111-2222-3333-4444-555555555555\",device=\"cuda:0\","
+                              "gpu=\"0\"} 4294967296"));
+  EXPECT_THAT(text, Not(HasSubstr("device=\"cpu:1\",gpu")));  // a CPU device has no allocator
+  // Said once over two ticks.
+  const std::string line =
+      "hydra-agent: cuda:0 (GPU-11111111-2222-3333-4444-555555555555): "
+      "LibTorch's caching allocator holds 3.00 GiB in tensors";
+  ASSERT_THAT(said, HasSubstr(line));
+  EXPECT_EQ(said.find(line), said.rfind(line)) << said;
+  {
+    std::lock_guard<std::mutex> lock(factory.mu);
+    factory.allocator[0] = {0, int64_t{4} << 30};
+  }
+  ::testing::internal::CaptureStderr();
+  service.Tick();
+  EXPECT_THAT(::testing::internal::GetCapturedStderr(),
+              HasSubstr("back within the trials' ledger"));
 }
 
 struct BadRequest {

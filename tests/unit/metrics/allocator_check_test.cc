@@ -1,0 +1,46 @@
+#include "agent/metrics/allocator_check.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace hydra::agent {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int64_t kGiB = int64_t{1} << 30;
+
+DeviceSpec Gpu(int index) {
+  DeviceSpec d;
+  d.kind = DeviceKind::kCuda;
+  d.index = index;
+  d.name = "cuda:" + std::to_string(index);
+  d.uuid = "GPU-" + std::to_string(index);
+  return d;
+}
+
+TEST(AllocatorLedgerCheckTest, SaysOnceWhenAGpuGoesOverItsLedgerAndOnceWhenItIsBack) {
+  AllocatorLedgerCheck check;
+  const int64_t ledger = 10 * kGiB;
+  const int64_t edge = ledger + AllocatorLedgerCheck::SlackBytes(ledger);
+  EXPECT_EQ(check.Observe(Gpu(0), ledger, {edge, edge}), "");  // slack: not over
+  const std::string over = check.Observe(Gpu(0), ledger, {edge + 1, 12 * kGiB});
+  EXPECT_THAT(over, HasSubstr("cuda:0 (GPU-0): LibTorch's caching allocator holds"));
+  EXPECT_THAT(over, HasSubstr("12.0 GiB reserved"));
+  EXPECT_THAT(over, HasSubstr("accounts 10.0 GiB"));
+  EXPECT_EQ(check.Observe(Gpu(0), ledger, {11 * kGiB, 12 * kGiB}), "");  // still over: quiet
+  EXPECT_EQ(check.Observe(Gpu(1), ledger, {11 * kGiB, 12 * kGiB}).empty(), false);  // per GPU
+  EXPECT_THAT(check.Observe(Gpu(0), ledger, {9 * kGiB, 12 * kGiB}), HasSubstr("back within"));
+  EXPECT_EQ(check.Observe(Gpu(0), ledger, {9 * kGiB, 12 * kGiB}), "");
+}
+
+TEST(AllocatorLedgerCheckTest, TheSlackCoversWorkspacesAndGrowsWithTheLedger) {
+  EXPECT_EQ(AllocatorLedgerCheck::SlackBytes(0), int64_t{256} << 20);
+  EXPECT_EQ(AllocatorLedgerCheck::SlackBytes(20 * kGiB), (int64_t{256} << 20) + kGiB);
+  // An idle GPU whose allocator still holds a finished trial's tensors is over a zero ledger.
+  AllocatorLedgerCheck check;
+  EXPECT_NE(check.Observe(Gpu(0), 0, {kGiB, kGiB}), "");
+}
+
+}  // namespace
+}  // namespace hydra::agent

@@ -48,6 +48,9 @@ struct ExecutorStats {
   /// simulated one's): the spilled shards' uploads, as they travel (bf16 weight transit
   /// halves its weights' share).
   int64_t bytes_uploaded = 0;
+  /// bf16 weight transit: weight tensors cast to bf16 on the host so far (once per change of
+  /// the host copies, not per upload).
+  int64_t weight_casts = 0;
 };
 
 /// Trains one trial. Not thread-safe: one thread drives an executor at a time.

@@ -47,8 +47,11 @@ struct Part {
   /// otherwise, and `host` holds the host copies.
   NamedTensors tensors;
   std::vector<torch::Tensor> host;  // discrete devices: the host copies, when in host memory
-  /// bf16 weight transit: per tensor, the pinned bf16 copy it travels as (undefined: as is).
+  /// bf16 weight transit: per tensor, the pinned bf16 copy it travels as (undefined: as is),
+  /// cast from `host` once per change of the host copies (the host optimizer's step, an
+  /// import), not at every upload.
   std::vector<torch::Tensor> transit;
+  enum class TransitCopies { kStale, kCurrent } transit_copies = TransitCopies::kStale;
   std::vector<std::vector<int64_t>> shapes;  // kept while the tensors are empty (on disk)
   std::optional<PartResidency> at;           // where it is; the ledger follows
   // Disk tier: the page-aligned memory the host side lives in once read back (O_DIRECT I/O),
@@ -358,6 +361,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     for (size_t k = 0; k < shards_.size(); ++k) {
       if (HostSteps(shards_[k])) {  // the host copies are the masters
         RETURN_IF_ERROR(CopyBuffersInto(state, HostMasters(k), /*allow_extra=*/true));
+        HostCopiesChanged(k);
         continue;
       }
       RETURN_IF_ERROR(Fetch(k, true));
@@ -391,6 +395,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       st.disk_bytes_written = disk_->bytes_written();
     }
     st.bytes_uploaded = bytes_uploaded_;
+    st.weight_casts = weight_casts_;
     return st;
   }
 
@@ -727,18 +732,34 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   void Upload(Part& p) {
     torch::NoGradGuard g;
     std::vector<torch::Tensor> dev, src = p.host;
-    if (!p.transit.empty()) p.in_done.Synchronize();  // the last upload read the bf16 copies
+    if (!p.transit.empty()) CastTransitCopies(p);
     for (size_t i = 0; i < p.tensors.size(); ++i) {
-      if (!p.transit.empty() && p.transit[i].defined()) {
-        p.transit[i].copy_(p.host[i]);  // rounded to bf16 as autocast rounds
-        src[i] = p.transit[i];
-      }
+      if (!p.transit.empty() && p.transit[i].defined()) src[i] = p.transit[i];
       const auto opts = torch::TensorOptions().dtype(src[i].scalar_type()).device(on_.device);
       dev.push_back(torch::empty(p.shapes[i], opts));
     }
     p.in_done = streams_.CopyIn(dev, src, p.out_done);
     for (const auto& t : src) bytes_uploaded_ += t.numel() * t.element_size();
     for (size_t i = 0; i < dev.size(); ++i) p.tensors[i].second.set_data(dev[i]);
+  }
+
+  /// bf16 weight transit: part p's bf16 copies made from its host copies, if they changed
+  /// since the last cast (rounded to bf16 as autocast rounds).
+  void CastTransitCopies(Part& p) {
+    if (p.transit_copies == Part::TransitCopies::kCurrent) return;
+    p.in_done.Synchronize();  // the last upload read the old copies
+    for (size_t i = 0; i < p.transit.size(); ++i) {
+      if (!p.transit[i].defined()) continue;
+      p.transit[i].copy_(p.host[i]);
+      ++weight_casts_;
+    }
+    p.transit_copies = Part::TransitCopies::kCurrent;
+  }
+
+  /// Shard k's host copies changed (stepped on the host, or imported): its bf16 weights are
+  /// cast anew at their next upload.
+  void HostCopiesChanged(size_t k) {
+    shards_[k].weights.transit_copies = Part::TransitCopies::kStale;
   }
 
   /// bf16 weight transit: pinned bf16 copies for the weights of shard s's matrix products
@@ -947,7 +968,10 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     }
     s.optimizer->Step(LearningRateAt(trial_.training, step_), step_ + 1);
     s.optimizer->ReleaseGrads();
-    if (HostSteps(s)) TiedToDevice(s);
+    if (HostSteps(s)) {
+      HostCopiesChanged(k);
+      TiedToDevice(s);
+    }
     ledger_.Release(Tier::kDevice, s.grad_bytes);
     return OkStatus();
   }
@@ -1160,7 +1184,10 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     if (c.clip_scale != 1.0) s.optimizer->ScaleGrads(c.clip_scale);
     s.optimizer->Step(LearningRateAt(tr, step_), step_ + 1);
     s.optimizer->ReleaseGrads();
-    if (HostSteps(s)) TiedToDevice(s);
+    if (HostSteps(s)) {
+      HostCopiesChanged(k);
+      TiedToDevice(s);
+    }
     ledger_.Release(Tier::kDevice, s.grad_bytes);
     RETURN_IF_ERROR(Evict(k, StepsOnDevice(k)));
     return FinishWrite(k);
@@ -1185,6 +1212,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   std::optional<StepInProgress> cur_;      // the step under way, if any
   int64_t step_ = 0;
   int64_t bytes_uploaded_ = 0;  // ExecutorStats::bytes_uploaded
+  int64_t weight_casts_ = 0;    // ExecutorStats::weight_casts
 };
 
 class ExecutorFactory : public ExecutorFactoryInterface {

@@ -354,7 +354,7 @@ TEST_F(SpillingExecutorTest, Bf16WeightTransitChangesNoNumber) {
       t.training.grad_clip_norm = 0.5;
     }
     std::vector<std::vector<double>> runs;
-    std::vector<int64_t> uploaded;
+    std::vector<int64_t> uploaded, casts;
     for (bool transit : {false, true}) {
       ExecutorOptions o;
       o.threads = 2;
@@ -366,15 +366,27 @@ TEST_F(SpillingExecutorTest, Bf16WeightTransitChangesNoNumber) {
       ASSERT_TRUE(exec.ok()) << exec.status();
       runs.push_back(Losses(exec->get(), 10));
       uploaded.push_back((*exec)->stats().bytes_uploaded);
+      casts.push_back((*exec)->stats().weight_casts);
       auto state = (*exec)->ExportState();
       ASSERT_TRUE(state.ok());
       for (const auto& b : *state) EXPECT_EQ(b.dtype, "float32") << b.name << ": masters stay fp32";
+      if (!transit) continue;
+      // An import replaces the host copies: the bf16 copies (current after the evaluation's
+      // uploads) are cast anew from them.
+      const auto ahead = Losses(exec->get(), 3);
+      ASSERT_TRUE((*exec)->Evaluate().ok());
+      ASSERT_TRUE((*exec)->ImportState(10, *state).ok());
+      EXPECT_EQ(Losses(exec->get(), 3), ahead);
     }
     ASSERT_EQ(runs[0].size(), 10u);
     EXPECT_EQ(runs[0], runs[1]);
     // The matrix weights, most of every block's, went up at half the bytes.
     EXPECT_GT(uploaded[1], 0);
     EXPECT_LT(uploaded[1], uploaded[0] * 6 / 10) << uploaded[1] << " of " << uploaded[0];
+    // Cast once per host step, though each shard's weights go up for its forward and again
+    // for its backward (recompute): 4 blocks of 4 matrix weights, 10 steps.
+    EXPECT_EQ(casts[0], 0);
+    EXPECT_EQ(casts[1], 4 * 4 * 10);
   }
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "agent/executor/gpus.h"
+#include "common/units.h"
 
 #ifdef HYDRA_WITH_CUDA
 #include <ATen/cuda/CUDAEvent.h>
@@ -74,6 +75,41 @@ Status CapGpuMemory(const std::vector<DeviceSpec>& devices) {
   (void)devices;
 #endif
   return OkStatus();
+}
+
+namespace {
+
+bool IsOutOfMemory(const c10::Error& e) {
+  if (dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr) return true;
+  // LibTorch 1.13's CPU allocator fails with a plain c10::Error.
+  const std::string m = e.what_without_backtrace();
+  return m.find("DefaultCPUAllocator: can't allocate memory") != std::string::npos ||
+         m.find("DefaultCPUAllocator: not enough memory") != std::string::npos;
+}
+
+}  // namespace
+
+Status TorchErrorStatus(const c10::Error& e, const std::string& what, const torch::Device& device) {
+  const std::string message = e.what_without_backtrace();
+  if (!IsOutOfMemory(e)) return InternalError(what + ": " + message);
+  if (!device.is_cuda()) {
+    return ResourceExhaustedError(
+        what + " ran out of host memory: " + message +
+        ". Other trials or processes hold the machine's memory; hydra-agent --host-memory (or "
+        "hydra run --host-memory) bounds what trials may hold together");
+  }
+  DeviceSpec gpu;
+  gpu.kind = DeviceKind::kCuda;
+  gpu.index = device.index();
+  std::string held;
+  if (auto bytes = CachingAllocatorBytes(gpu)) {
+    held = " (LibTorch's caching allocator holds " + FormatBytes(bytes->allocated) +
+           " in tensors, " + FormatBytes(bytes->reserved) + " reserved)";
+  }
+  return ResourceExhaustedError(
+      what + " ran out of memory on " + device.str() + held + ": " + message +
+      ". A smaller spec.resources.deviceMemoryBudget cuts the trial into more, smaller shards; "
+      "other processes on the GPU may hold memory its budget counted on");
 }
 
 std::optional<DeviceAllocatorBytes> CachingAllocatorBytes(const DeviceSpec& device) {

@@ -25,6 +25,12 @@ struct Placement {
 /// The placement on device `index` of `devices`; INVALID_ARGUMENT for an unknown index.
 StatusOr<Placement> PlaceOn(const ExecutorDevices& devices, int index);
 
+/// A LibTorch error met while `what` ("training step 3 of t-1") ran on `device`, as a Status:
+/// RESOURCE_EXHAUSTED when it ran out of memory (c10::OutOfMemoryError, as CUDA's caching
+/// allocator throws it, or the CPU allocator's failure), naming the device, on a GPU what the
+/// caching allocator holds, and what to change; INTERNAL otherwise.
+Status TorchErrorStatus(const c10::Error& e, const std::string& what, const torch::Device& device);
+
 /// LibTorch's caching allocator's current bytes on GPU `device` (CapGpuMemory initialised it);
 /// nullopt for a CPU device, a build without CUDA, or a GPU whose allocator is not set up.
 std::optional<DeviceAllocatorBytes> CachingAllocatorBytes(const DeviceSpec& device);

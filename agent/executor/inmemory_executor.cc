@@ -67,8 +67,8 @@ class InMemoryExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       optimizer_.ZeroGrad();
       m.loss = loss_sum.item<double>() / static_cast<double>(tr.gradient_accumulation_steps);
     } catch (const c10::Error& e) {
-      return InternalError("training step " + std::to_string(step_) + " of " + trial_.name + ": " +
-                           e.what_without_backtrace());
+      return TorchErrorStatus(e, "training step " + std::to_string(step_) + " of " + trial_.name,
+                              Device());
     } catch (const std::exception& e) {  // TorchScript's interpreter throws these
       return InternalError("training step " + std::to_string(step_) + " of " + trial_.name + ": " +
                            e.what());
@@ -92,7 +92,7 @@ class InMemoryExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       }
       return total / static_cast<double>(sequences);
     } catch (const c10::Error& e) {
-      return InternalError("evaluating " + trial_.name + ": " + e.what_without_backtrace());
+      return TorchErrorStatus(e, "evaluating " + trial_.name, Device());
     }
   }
 
@@ -131,8 +131,7 @@ class InMemoryExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       bound_device_ = to.bound;
       return OkStatus();
     } catch (const c10::Error& e) {
-      return InternalError("moving " + trial_.name + " to " + to.device.str() + ": " +
-                           e.what_without_backtrace());
+      return TorchErrorStatus(e, "moving " + trial_.name + " to " + to.device.str(), to.device);
     }
   }
 
@@ -224,7 +223,7 @@ class InMemoryExecutorFactory : public ExecutorFactoryInterface {
       return std::unique_ptr<TrialExecutorInterface>(std::make_unique<InMemoryExecutor>(
           trial, std::move(data), std::move(model), on.device, on.bound, options_.devices));
     } catch (const c10::Error& e) {
-      return InternalError("building " + trial.name + ": " + e.what_without_backtrace());
+      return TorchErrorStatus(e, "building " + trial.name, on.device);
     }
   }
 

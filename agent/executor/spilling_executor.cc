@@ -230,8 +230,8 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       }
     } catch (const c10::Error& e) {
       cur_.reset();
-      return InternalError("training step " + std::to_string(step_) + " of " + trial_.name + ": " +
-                           e.what_without_backtrace());
+      return TorchErrorStatus(e, "training step " + std::to_string(step_) + " of " + trial_.name,
+                              on_.device);
     } catch (const std::exception& e) {  // TorchScript's interpreter throws these
       cur_.reset();
       return InternalError("training step " + std::to_string(step_) + " of " + trial_.name + ": " +
@@ -285,7 +285,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       }
       return total / static_cast<double>(sequences);
     } catch (const c10::Error& e) {
-      return InternalError("evaluating " + trial_.name + ": " + e.what_without_backtrace());
+      return TorchErrorStatus(e, "evaluating " + trial_.name, on_.device);
     }
   }
 
@@ -309,7 +309,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
         RETURN_IF_ERROR(Evict(k, false));
       }
     } catch (const c10::Error& e) {
-      return InternalError("exporting " + trial_.name + ": " + e.what_without_backtrace());
+      return TorchErrorStatus(e, "exporting " + trial_.name, on_.device);
     }
     return out;
   }
@@ -319,8 +319,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       DeviceStreams::ComputeScope on_device(streams_);
       return Import(step, state);
     } catch (const c10::Error& e) {
-      return InternalError("importing the state of " + trial_.name + ": " +
-                           e.what_without_backtrace());
+      return TorchErrorStatus(e, "importing the state of " + trial_.name, on_.device);
     }
   }
 
@@ -419,8 +418,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       SynchronizeDevice(on_.device);
       return OkStatus();
     } catch (const c10::Error& e) {
-      return InternalError("moving " + trial_.name + " to " + to.device.str() + ": " +
-                           e.what_without_backtrace());
+      return TorchErrorStatus(e, "moving " + trial_.name + " to " + to.device.str(), to.device);
     }
   }
 
@@ -1300,7 +1298,7 @@ class ExecutorFactory : public ExecutorFactoryInterface {
       RETURN_IF_ERROR(exec->Init().WithContext("setting up " + trial.name));
       return std::unique_ptr<TrialExecutorInterface>(std::move(exec));
     } catch (const c10::Error& e) {
-      return InternalError("building " + trial.name + ": " + e.what_without_backtrace());
+      return TorchErrorStatus(e, "building " + trial.name, on.device);
     }
   }
 

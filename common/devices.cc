@@ -104,9 +104,11 @@ StatusOr<DeviceSpec> CudaDevice(const GpuInfo& g, const std::optional<int64_t>& 
     return InvalidArgumentError("--devices: budget " + FormatBytes(*budget) + " is more than " +
                                 d.name + " (" + g.name + ") has: " + FormatBytes(g.total_bytes));
   }
+  const int64_t free = g.free_from == GpuInfo::FreeMemorySource::kNvml
+                           ? std::max<int64_t>(0, g.free_bytes - kCudaContextBytes)
+                           : g.free_bytes;
   d.memory_bytes =
-      budget ? *budget
-             : static_cast<int64_t>(kDefaultGpuBudgetShare * static_cast<double>(g.free_bytes));
+      budget ? *budget : static_cast<int64_t>(kDefaultGpuBudgetShare * static_cast<double>(free));
   if (d.memory_bytes <= 0) {
     return FailedPreconditionError("--devices: " + d.name + " (" + g.name +
                                    ") has no free memory; other processes hold all " +

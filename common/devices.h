@@ -61,6 +61,10 @@ struct DeviceAllocatorBytes {
 /// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", lower-case hex.
 std::string FormatGpuUuid(const unsigned char (&bytes)[16]);
 
+/// Room left on a GPU for this process's own CUDA context (LibTorch's kernels loaded lazily)
+/// when its free memory was read through NVML, before the context existed.
+inline constexpr int64_t kCudaContextBytes = int64_t{512} << 20;
+
 /// Share of a GPU's free memory that is its default budget: the rest is left for the CUDA
 /// context, cuBLAS workspaces and the caching allocator's slack.
 inline constexpr double kDefaultGpuBudgetShare = 0.9;

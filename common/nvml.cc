@@ -92,7 +92,8 @@ StatusOr<NvmlGpu> Describe(const Nvml::Api& api, unsigned index) {
 
 StatusOr<std::unique_ptr<Nvml>> Nvml::Open(const std::string& library) {
   // RTLD_LOCAL: NVML's symbols stay out of the global namespace (a fake one in tests too).
-  void* handle = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
+  // RTLD_NODELETE: never unmapped (LibTorch's CUDA code may hold the driver's NVML too).
+  void* handle = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
   if (handle == nullptr) {
     const char* why = dlerror();
     return NotFoundError("NVML: cannot load " + library + " (" + (why ? why : "unknown") +
@@ -118,13 +119,17 @@ Nvml::~Nvml() {
   dlclose(handle_);
 }
 
-StatusOr<std::vector<NvmlGpu>> Nvml::Gpus() const {
+StatusOr<std::vector<NvmlGpu>> Nvml::Gpus(std::vector<Status>* skipped) const {
   unsigned count = 0;
   RETURN_IF_ERROR(api_->Check(api_->device_count(&count), "nvmlDeviceGetCount_v2"));
   std::vector<NvmlGpu> out;
   for (unsigned i = 0; i < count; ++i) {
-    ASSIGN_OR_RETURN(auto g, Describe(*api_, i));
-    out.push_back(std::move(g));
+    auto g = Describe(*api_, i);
+    if (g.ok()) {
+      out.push_back(*std::move(g));
+    } else if (skipped != nullptr) {
+      skipped->push_back(g.status());
+    }
   }
   return out;
 }

@@ -35,9 +35,11 @@ class Nvml {
   Nvml(const Nvml&) = delete;
   Nvml& operator=(const Nvml&) = delete;
 
-  /// Every GPU the driver manages, in NVML's order. FAILED_PRECONDITION naming the GPU and the
-  /// call when NVML fails on one (a GPU fallen off the bus: "GPU is lost").
-  StatusOr<std::vector<NvmlGpu>> Gpus() const;
+  /// The GPUs the driver manages, in NVML's order. A GPU NVML fails on (fallen off the bus:
+  /// "GPU is lost"; a MIG parent an unprivileged caller may not read) is left out, and its
+  /// FAILED_PRECONDITION, naming the GPU and the call, goes to `skipped` if given: the others
+  /// are still described. An error only when NVML cannot count the GPUs.
+  StatusOr<std::vector<NvmlGpu>> Gpus(std::vector<Status>* skipped = nullptr) const;
 
   /// The driver's version ("580.95.05").
   StatusOr<std::string> DriverVersion() const;

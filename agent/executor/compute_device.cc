@@ -35,14 +35,21 @@ StatusOr<Placement> PlaceOn(const ExecutorDevices& devices, int index) {
 SlabPinning PinningFor(const torch::Device& device) {
 #ifdef HYDRA_WITH_CUDA
   if (device.is_cuda()) {
-    return {[](void* data, size_t bytes) {
+    // On the trial's GPU: a thread that has not touched CUDA would otherwise register the
+    // memory through (and create a context on) GPU 0.
+    const c10::DeviceIndex index = device.index();
+    return {[index](void* data, size_t bytes) {
+              c10::cuda::CUDAGuard on(index);
               if (cudaHostRegister(data, bytes, cudaHostRegisterDefault) == cudaSuccess) {
                 return true;
               }
               cudaGetLastError();  // not sticky: the slab stays plain memory
               return false;
             },
-            [](void* data) { cudaHostUnregister(data); }};
+            [index](void* data) {
+              c10::cuda::CUDAGuard on(index);
+              cudaHostUnregister(data);
+            }};
   }
 #else
   (void)device;

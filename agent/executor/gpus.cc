@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "common/nvml.h"
 #include "common/units.h"
@@ -52,14 +53,15 @@ StatusOr<GpuInfo> Describe(int index) {
 }
 
 // The fallback where NVML cannot say: the free memory through the CUDA runtime, which creates
-// the device's context (once per process and GPU) to answer.
+// the device's context (once per process and GPU) to answer. On a thread of its own, whose
+// current device goes with it: setting the caller's back would create GPU 0's context too.
 Status MeasureFreeMemoryWithCuda(GpuInfo* g) {
-  int previous = 0;
-  cudaGetDevice(&previous);
   size_t free_bytes = 0, total_bytes = 0;
-  cudaError_t e = cudaSetDevice(g->index);
-  if (e == cudaSuccess) e = cudaMemGetInfo(&free_bytes, &total_bytes);
-  cudaSetDevice(previous);
+  cudaError_t e = cudaSuccess;
+  std::thread([&] {
+    e = cudaSetDevice(g->index);
+    if (e == cudaSuccess) e = cudaMemGetInfo(&free_bytes, &total_bytes);
+  }).join();
   if (e != cudaSuccess) return CudaError(e, "cudaMemGetInfo on cuda:" + std::to_string(g->index));
   g->free_bytes = static_cast<int64_t>(free_bytes);
   g->free_from = GpuInfo::FreeMemorySource::kCudaRuntime;

@@ -359,8 +359,8 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     }
     for (size_t k = 0; k < shards_.size(); ++k) {
       if (HostSteps(shards_[k])) {  // the host copies are the masters
-        RETURN_IF_ERROR(CopyBuffersInto(state, HostMasters(k), /*allow_extra=*/true));
         HostCopiesChanged(k);
+        RETURN_IF_ERROR(CopyBuffersInto(state, HostMasters(k), /*allow_extra=*/true));
         continue;
       }
       RETURN_IF_ERROR(Fetch(k, true));
@@ -964,12 +964,10 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       GradsToHost(k, &grads, /*tied=*/!s.pinned.empty());
       for (size_t i = 0; i < grads.size(); ++i) s.weights.host[i].mutable_grad() = grads[i];
     }
+    if (HostSteps(s)) HostCopiesChanged(k);  // first: a step that throws may have begun
     s.optimizer->Step(LearningRateAt(trial_.training, step_), step_ + 1);
     s.optimizer->ReleaseGrads();
-    if (HostSteps(s)) {
-      HostCopiesChanged(k);
-      TiedToDevice(s);
-    }
+    if (HostSteps(s)) TiedToDevice(s);
     ledger_.Release(Tier::kDevice, s.grad_bytes);
     return OkStatus();
   }
@@ -1180,12 +1178,10 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     }
     if (on_.discrete) GradsForStep(k);
     if (c.clip_scale != 1.0) s.optimizer->ScaleGrads(c.clip_scale);
+    if (HostSteps(s)) HostCopiesChanged(k);  // first: a step that throws may have begun
     s.optimizer->Step(LearningRateAt(tr, step_), step_ + 1);
     s.optimizer->ReleaseGrads();
-    if (HostSteps(s)) {
-      HostCopiesChanged(k);
-      TiedToDevice(s);
-    }
+    if (HostSteps(s)) TiedToDevice(s);
     ledger_.Release(Tier::kDevice, s.grad_bytes);
     RETURN_IF_ERROR(Evict(k, StepsOnDevice(k)));
     return FinishWrite(k);

@@ -9,7 +9,8 @@ namespace hydra::agent::metric_names {
 inline constexpr char kAgentInfo[] = "hydra_agent_info";
 // Gauges in bytes. Labels: node, device (+ gpu, UUID on a GPU: dcgm-exporter's labels, for
 // joins). Total is the device's memory (a CPU device's
-// budget); used is what this agent's running trials hold; free = total - used.
+// budget); used is what this agent's running trials hold (on a GPU, every trial it holds,
+// between steps too); free = total - used.
 inline constexpr char kDeviceMemoryTotalBytes[] = "hydra_device_memory_total_bytes";
 inline constexpr char kDeviceMemoryFreeBytes[] = "hydra_device_memory_free_bytes";
 inline constexpr char kDeviceMemoryUsedBytes[] = "hydra_device_memory_used_bytes";

@@ -735,6 +735,7 @@ void AgentService::ForgetFinished() {
 }
 
 void AgentService::Tick() {
+  std::lock_guard<std::mutex> one_at_a_time(tick_mu_);
   ForgetFinished();
   const double now = Now();
   const auto busy = scheduler_->BusySeconds();

@@ -141,7 +141,8 @@ class AgentService final : public v1::AgentService::Service, private TrialObserv
   AgentConfig config_;
   executor::ExecutorFactoryInterface* factory_;
   AgentMetrics* metrics_;
-  AllocatorLedgerCheck allocator_check_;  // Tick's thread only
+  std::mutex tick_mu_;  // one Tick at a time (main's timer, Drain's gRPC thread); guards:
+  AllocatorLedgerCheck allocator_check_;
   std::unique_ptr<TrialScheduler> scheduler_;
 
   mutable std::mutex mu_;  // guards trials_, watchers_, spill_seen_, busy_history_, shut_down_,

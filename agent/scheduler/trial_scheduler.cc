@@ -605,8 +605,13 @@ std::vector<double> TrialScheduler::BusySeconds() const {
 
 int64_t TrialScheduler::DeviceBytesInUse(int device) const {
   std::lock_guard<std::mutex> lock(mu_);
-  int64_t bytes = 0;
   if (device < 0 || device >= static_cast<int>(on_device_.size())) return 0;
+  // A device with memory of its own (a GPU) holds the plans of the trials bound to it between
+  // their steps too: what admission counts there.
+  if (const int64_t free = DeviceMemoryFree(device); free >= 0) {
+    return options_.device_memory_bytes[device] - free;
+  }
+  int64_t bytes = 0;
   for (const Slot* s : on_device_[device]) bytes += s->device_bytes;
   return bytes;
 }

@@ -173,7 +173,10 @@ class TrialScheduler {
   /// Seconds each device has spent running steps, including the step running now.
   std::vector<double> BusySeconds() const;
 
-  /// Trials currently running a step on `device`, with their accounted device peak.
+  /// The device memory trials hold on `device`: on a device with memory of its own
+  /// (device_memory_bytes, a GPU) the plans' peaks of the trials bound to it, running or
+  /// between their steps; on a CPU device the accounted peaks of the trials running a step
+  /// there now.
   int64_t DeviceBytesInUse(int device) const;
 
   int devices() const { return static_cast<int>(busy_.size()); }

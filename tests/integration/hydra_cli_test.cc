@@ -149,6 +149,9 @@ TEST_F(HydraCliTest, MissingDatasetIsAClearError) {
 /// (through NVML: here a fake libnvidia-ml.so.1 found on LD_LIBRARY_PATH) so the user sees that
 /// a CUDA build would use them. In a CUDA build (build-cuda/) the GPU tests cover --devices.
 TEST_F(HydraCliTest, CudaDevicesInTheCpuBuildNameTheDriversGpus) {
+#ifdef HYDRA_WITH_CUDA
+  GTEST_SKIP() << "a CUDA build: gpus_test covers --devices cuda there";
+#endif
   const std::vector<std::string> args = {
       "run", (dir_ / "job.yaml").string(), "-o", (dir_ / "o").string(), "--devices", "cuda"};
   std::string out;

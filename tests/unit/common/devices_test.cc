@@ -55,6 +55,18 @@ TEST(DevicesFlagTest, EveryVisibleGpuOrTheNamedOnes) {
   EXPECT_EQ(one->size(), 1u);
 }
 
+TEST(DevicesFlagTest, FreeMemoryReadByNvmlLeavesRoomForThisProcesssContext) {
+  // NVML reads it before this process has a CUDA context on the GPU; cudaMemGetInfo after.
+  std::vector<GpuInfo> gpus = kTwoGpus;
+  gpus[1].free_from = GpuInfo::FreeMemorySource::kNvml;
+  auto d = Resolve("cuda", gpus);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ((*d)[0].memory_bytes, static_cast<int64_t>(0.9 * (int64_t{79} << 30)));
+  EXPECT_EQ(
+      (*d)[1].memory_bytes,
+      static_cast<int64_t>(0.9 * static_cast<double>((int64_t{10} << 30) - kCudaContextBytes)));
+}
+
 TEST(DevicesFlagTest, MistakesAreNamed) {
   for (const char* bad :
        {"gpu:1", "cpu:", "cpu:0", "cpu:x", "cpu:2,budget=", "cpu:2,budget=-1Gi", "cpu:2,size=1Gi",

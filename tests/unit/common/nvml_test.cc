@@ -74,13 +74,19 @@ TEST_F(NvmlTest, AFailedInitialisationNamesTheCause) {
   EXPECT_THAT(nvml.status().message(), HasSubstr("nvmlInit_v2: Driver Not Loaded (error 9)"));
 }
 
-TEST_F(NvmlTest, ALostGpuIsNamed) {
-  ::setenv("HYDRA_FAKE_NVML_LOST_GPU", "1", 1);
+TEST_F(NvmlTest, ALostGpuIsLeftOutAndNamedWhileTheOthersAreDescribed) {
+  ::setenv("HYDRA_FAKE_NVML_LOST_GPU", "0", 1);
   auto nvml = Nvml::Open(FAKE_NVML_PATH);
   ASSERT_TRUE(nvml.ok()) << nvml.status();
-  auto gpus = (*nvml)->Gpus();
-  ASSERT_EQ(gpus.status().code(), StatusCode::kFailedPrecondition) << gpus.status();
-  EXPECT_THAT(gpus.status().message(), HasSubstr("nvmlDeviceGetMemoryInfo(GPU 1): GPU is lost"));
+  std::vector<Status> skipped;
+  auto gpus = (*nvml)->Gpus(&skipped);
+  ASSERT_TRUE(gpus.ok()) << gpus.status();
+  ASSERT_EQ(gpus->size(), 1u);
+  EXPECT_EQ(gpus->front().uuid, "GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee");
+  ASSERT_EQ(skipped.size(), 1u);
+  EXPECT_EQ(skipped[0].code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(skipped[0].message(), HasSubstr("nvmlDeviceGetMemoryInfo(GPU 0): GPU is lost"));
+  EXPECT_EQ((*nvml)->Gpus()->size(), 1u) << "without a list for the skipped";
 }
 
 TEST_F(NvmlTest, ALibraryMissingAFunctionIsRefusedByName) {

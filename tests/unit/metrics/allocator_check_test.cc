@@ -28,18 +28,18 @@ TEST(AllocatorLedgerCheckTest, SaysOnceWhenAGpuGoesOverItsLedgerAndOnceWhenItIsB
   EXPECT_THAT(over, HasSubstr("cuda:0 (GPU-0): LibTorch's caching allocator holds"));
   EXPECT_THAT(over, HasSubstr("12.0 GiB reserved"));
   EXPECT_THAT(over, HasSubstr("accounts 10.0 GiB"));
-  EXPECT_EQ(check.Observe(Gpu(0), ledger, {11 * kGiB, 12 * kGiB}), "");  // still over: quiet
-  EXPECT_EQ(check.Observe(Gpu(1), ledger, {11 * kGiB, 12 * kGiB}).empty(), false);  // per GPU
+  EXPECT_EQ(check.Observe(Gpu(0), ledger, {12 * kGiB, 13 * kGiB}), "");  // still over: quiet
+  EXPECT_EQ(check.Observe(Gpu(1), ledger, {12 * kGiB, 13 * kGiB}).empty(), false);  // per GPU
   EXPECT_THAT(check.Observe(Gpu(0), ledger, {9 * kGiB, 12 * kGiB}), HasSubstr("back within"));
   EXPECT_EQ(check.Observe(Gpu(0), ledger, {9 * kGiB, 12 * kGiB}), "");
 }
 
 TEST(AllocatorLedgerCheckTest, TheSlackCoversWorkspacesAndGrowsWithTheLedger) {
-  EXPECT_EQ(AllocatorLedgerCheck::SlackBytes(0), int64_t{256} << 20);
-  EXPECT_EQ(AllocatorLedgerCheck::SlackBytes(20 * kGiB), (int64_t{256} << 20) + kGiB);
+  EXPECT_EQ(AllocatorLedgerCheck::SlackBytes(0), kGiB);
+  EXPECT_EQ(AllocatorLedgerCheck::SlackBytes(20 * kGiB), 2 * kGiB);
   // An idle GPU whose allocator still holds a finished trial's tensors is over a zero ledger.
   AllocatorLedgerCheck check;
-  EXPECT_NE(check.Observe(Gpu(0), 0, {kGiB, kGiB}), "");
+  EXPECT_NE(check.Observe(Gpu(0), 0, {kGiB + 1, kGiB}), "");
 }
 
 }  // namespace

@@ -627,6 +627,33 @@ TEST_F(TrialSchedulerTest, ADevicesMemoryHoldsOnlyTheTrialsThatFitIt) {
   EXPECT_GT(order_with(need * 2).size(), 2u) << "interleaved";
 }
 
+TEST_F(TrialSchedulerTest, AGpusBytesInUseAreThePlansOfTheTrialsItHoldsBetweenStepsToo) {
+  // Two trials bound to one GPU take turns: whichever is stepping, both hold their plans'
+  // device peaks there (the agent's device metrics and its allocator check read this).
+  factory_.bind_to_devices = true;
+  const Trial a = MakeTrial("a", 20), b = MakeTrial("b", 20);
+  auto planned = PlanAdmission(a, PartitionOptionsFor(a));
+  ASSERT_TRUE(planned.ok()) << planned.status();
+  const int64_t need = planned->plan.peak_device_bytes;
+  std::atomic<bool> hold{true};
+  TrialSchedulerOptions o;
+  o.devices = 1;
+  o.device_memory_bytes = {3 * need};
+  o.hold = &hold;
+  TrialScheduler s(&factory_, &observer_, o, MakeRoundRobinPolicy());
+  std::atomic<int64_t> seen{-1};
+  factory_.on_step = [&](const std::string& name, int64_t step) {
+    if (name == "a" && step == 10) seen = s.DeviceBytesInUse(0);
+  };
+  ASSERT_TRUE(Submit(s, a).ok());
+  ASSERT_TRUE(Submit(s, b).ok());
+  hold = false;
+  ASSERT_TRUE(s.WaitIdle(std::chrono::seconds(20)));
+  factory_.on_step = nullptr;
+  EXPECT_EQ(seen, 2 * need);
+  EXPECT_EQ(s.DeviceBytesInUse(0), 0) << "both finished";
+}
+
 TEST_F(TrialSchedulerTest, BusySecondsGrowOnlyOnDevicesThatRan) {
   factory_.step_delay = std::chrono::milliseconds(2);
   TrialScheduler s(&factory_, &observer_, {2});

@@ -110,6 +110,9 @@ grep -E '^\s+[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess aborted|Not Run)\)
 "$BUILD/tests/unit/executor/gpus_test" >"$REPORT/gpus_test.log" 2>&1 || failed=1
 say "   gpus_test: $(grep -E '^\[  (PASSED|FAILED) +\]|^\[  SKIPPED \] [0-9]+ test' "$REPORT/gpus_test.log" | paste -sd ' ')"
 grep -E 'no usable CUDA driver|the driver sees no GPU' "$REPORT/gpus_test.log" | sed 's/^/   /' | tee -a "$MD"
+"$BUILD/tests/unit/common/nvml_test" >"$REPORT/nvml_test.log" 2>&1 || failed=1
+say "   nvml_test: $(grep -E '^\[  (PASSED|FAILED) +\]|^\[  SKIPPED \] [0-9]+ test' "$REPORT/nvml_test.log" | paste -sd ' ')"
+grep -E '^driver |cannot load' "$REPORT/nvml_test.log" | sed 's/^/   /' | tee -a "$MD"
 "$BUILD/tests/unit/executor/cuda_executor_test" >"$REPORT/cuda_executor_test.log" 2>&1 || failed=1
 say "   cuda_executor_test: $(grep -E '^\[  (PASSED|FAILED) +\]|^\[  SKIPPED \] [0-9]+ test' "$REPORT/cuda_executor_test.log" | paste -sd ' ')"
 grep -E '^(budget|compute) ' "$REPORT/cuda_executor_test.log" | sed 's/^/   /' | tee -a "$MD"

@@ -94,26 +94,54 @@ int Validate(const std::string& path) {
   return 0;
 }
 
-int Plan(const std::string& path, bool pilot, int threads) {
+/// The device `hydra plan --pilot-device` names: "cpu", or a GPU of the CUDA build ("cuda":
+/// the first visible one, "cuda:I").
+hydra::StatusOr<hydra::DeviceSpec> PilotDevice(const std::string& flag) {
+  if (flag == "cpu") return hydra::DeviceSpec();
+  auto request = hydra::ParseDevicesRequest(flag);
+  if (!request.ok() || request->kind != hydra::DeviceKind::kCuda ||
+      request->cuda_indices.size() > 1 || request->budget) {
+    return hydra::InvalidArgumentError("--pilot-device: expected cpu, cuda or cuda:I, got '" +
+                                       flag + "'");
+  }
+  auto devices = hydra::executor::FindDevices(*request, 0);
+  hydra::Status usable =
+      devices.ok() ? hydra::executor::CheckExecutorsCanUse(*devices) : devices.status();
+  if (!usable.ok()) {
+    std::string m = usable.message();
+    if (m.rfind("--devices: ", 0) == 0) m = m.substr(11);
+    return hydra::Status(usable.code(), "--pilot-device: " + m);
+  }
+  return devices->front();
+}
+
+int Plan(const std::string& path, bool pilot, const std::string& pilot_device, int threads) {
   hydra::MultiModelJob job;
   std::vector<hydra::Trial> trials;
   if (int rc = LoadOrExplain(path, &job, &trials)) return rc;
   int rc = 0;
   double flops = 1e11;
-  if (pilot) {
+  if (pilot || !pilot_device.empty()) {
+    auto device = PilotDevice(pilot_device.empty() ? "cpu" : pilot_device);
+    if (!device.ok()) {
+      std::cerr << "error: " << device.status().message() << "\n";
+      return 2;
+    }
+    hydra::executor::ConfigureCudaAllocator();
     hydra::executor::ConfigureCpuThreads(threads);
-    auto p = hydra::executor::RunPilot(trials.front());
+    auto p = hydra::executor::RunPilot(trials.front(), *device);
     if (!p.ok()) {
       std::cerr << "error: " << p.status().message() << "\n";
       return 1;
     }
     flops = p->flops_per_second;
     std::printf(
-        "pilot (%s): layer %s forward+backward took %.4f s; the cost model's %.3g FLOPs at "
-        "100 GFLOP/s predict %.4f s (measured/predicted %.2f); estimates below use the measured "
-        "%.1f GFLOP/s\n\n",
-        trials.front().name.c_str(), p->layer.c_str(), p->layer_seconds, p->layer_flops,
-        p->layer_flops / 1e11, p->layer_seconds / (p->layer_flops / 1e11), flops / 1e9);
+        "pilot (%s) on %s: layer %s forward+backward took %.4f s; the cost model's %.3g FLOPs "
+        "at 100 GFLOP/s predict %.4f s (measured/predicted %.2f); estimates below use the "
+        "measured %.1f GFLOP/s\n\n",
+        trials.front().name.c_str(), p->device.c_str(), p->layer.c_str(), p->layer_seconds,
+        p->layer_flops, p->layer_flops / 1e11, p->layer_seconds / (p->layer_flops / 1e11),
+        flops / 1e9);
   }
   for (const auto& t : trials) {
     auto po = hydra::PartitionOptionsFor(t);
@@ -409,6 +437,7 @@ int main(int argc, char** argv) {
 
   std::string plan_manifest;
   bool plan_pilot = false;
+  std::string plan_pilot_device;
   auto* plan = app.add_subcommand(
       "plan", "Print each trial's shard plan: layer ranges, bytes per shard, policies, times");
   plan->add_option("manifest", plan_manifest, "MultiModelJob YAML file")
@@ -417,6 +446,9 @@ int main(int argc, char** argv) {
   plan->add_flag("--pilot", plan_pilot,
                  "Time the model's heaviest layer on this machine first and use the measured "
                  "rate for the estimates");
+  plan->add_option("--pilot-device", plan_pilot_device,
+                   "Where --pilot times (implies it): cpu (default), or a GPU of the CUDA build: "
+                   "cuda (the first) or cuda:I");
 
   SimulateArgs sim;
   auto* simulate = app.add_subcommand(
@@ -495,7 +527,7 @@ int main(int argc, char** argv) {
 
   CLI11_PARSE(app, argc, argv);
   if (run->parsed()) return Run(ra);
-  if (plan->parsed()) return Plan(plan_manifest, plan_pilot, ra.threads);
+  if (plan->parsed()) return Plan(plan_manifest, plan_pilot, plan_pilot_device, ra.threads);
   if (simulate->parsed()) {
     if (sim.manifest.empty() == sim.profile.empty()) {
       std::cerr << "error: hydra simulate takes a manifest or --profile FILE (one of them)\n";

@@ -123,6 +123,9 @@ rm -rf "$RUN_DIR"
 "$BUILD/cli/hydra" run examples/tiny-sweep.yaml -o "$RUN_DIR" --devices cuda --progress log \
   >"$REPORT/example-cuda.log" 2>&1
 say "4. hydra run --devices cuda (exit $?): $(tail -n 1 "$REPORT/example-cuda.log")"
+"$BUILD/cli/hydra" plan examples/spot-agents.yaml --pilot-device cuda:0 \
+  >"$REPORT/plan-pilot-cuda.log" 2>&1 || failed=1
+say "   hydra plan --pilot-device cuda:0 (GPT-2 medium, bf16): $(head -n 1 "$REPORT/plan-pilot-cuda.log")"
 "$BUILD/cli/hydra" run examples/tiny-sweep.yaml -o "$RUN_DIR.cpu" --progress log \
   >"$REPORT/example-cpu.log" 2>&1 || failed=1
 say "   hydra run on CPU devices: $(grep -c Succeeded "$REPORT/example-cpu.log") trial line(s) Succeeded"

@@ -12,7 +12,7 @@
 
 namespace hydra::executor {
 
-StatusOr<PilotResult> RunPilot(const Trial& trial) {
+StatusOr<PilotResult> RunPilot(const Trial& trial, const DeviceSpec& device) {
   Trial probe = trial;
   // Repeated layers need not all exist: one stands for the rest (their widths are equal).
   if (probe.model.family == "gpt2" || probe.model.family == "mlp") probe.model.n_layer = 1;
@@ -34,6 +34,7 @@ StatusOr<PilotResult> RunPilot(const Trial& trial) {
                            std::to_string(costs.size()) + " layers, the model " +
                            std::to_string(model->layers.size()));
     }
+    const torch::Device on = TorchDevice(device);
     torch::Tensor x;
     if (IsImageTask(trial)) {
       const auto& s = trial.dataset.image_shape;
@@ -42,6 +43,8 @@ StatusOr<PilotResult> RunPilot(const Trial& trial) {
       x = torch::randint(0, trial.model.vocab_size, {micro, trial.model.context_length},
                          torch::kLong);
     }
+    for (size_t i = 0; i <= heaviest; ++i) model->layers[i]->to(on);
+    x = x.to(on);
     {
       torch::NoGradGuard no_grad;
       for (size_t i = 0; i < heaviest; ++i) x = model->layers[i]->forward(x);
@@ -53,17 +56,20 @@ StatusOr<PilotResult> RunPilot(const Trial& trial) {
     auto run = [&]() {
       torch::Tensor y;
       {
-        PrecisionScope precision(trial.training.precision);
+        PrecisionScope precision(trial.training.precision, on.type());
         y = layer->forward(x);
       }
       y.sum().backward();
     };
     run();
     run();
+    SynchronizeDevice(on);
     const int rounds = 3;
     const auto start = std::chrono::steady_clock::now();
     for (int i = 0; i < rounds; ++i) run();
+    SynchronizeDevice(on);
     PilotResult r;
+    r.device = device.kind == DeviceKind::kCuda ? device.name + " (" + device.model + ")" : "cpu";
     r.layer = model->names[heaviest];
     r.layer_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / rounds;
@@ -71,7 +77,7 @@ StatusOr<PilotResult> RunPilot(const Trial& trial) {
     r.flops_per_second = r.layer_flops / r.layer_seconds;
     return r;
   } catch (const c10::Error& e) {
-    return InternalError("pilot run of " + trial.name + ": " + e.what_without_backtrace());
+    return TorchErrorStatus(e, "pilot run of " + trial.name, TorchDevice(device));
   }
 }
 

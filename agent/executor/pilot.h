@@ -15,14 +15,16 @@ struct PilotResult {
   double layer_seconds = 0;     ///< measured forward + backward of it, one micro-batch
   double layer_flops = 0;       ///< the cost model's FLOPs for the same work (3x forward)
   double flops_per_second = 0;  ///< achieved rate: layer_flops / layer_seconds
+  std::string device;           ///< where it ran: "cpu", or "cuda:0 (NVIDIA H100 80GB HBM3)"
 };
 
 /// Times a forward and backward of the trial's heaviest layer at its micro-batch, on a random
 /// batch (two warm-up rounds, then the mean of three), to check the cost model's time estimates
 /// and to calibrate them. Every family: GPT-2 and the MLP are built with one block or hidden
 /// layer (the others are the same), the ResNet whole, a TorchScript module as loaded (the trial
-/// must be resolved). Uses the current LibTorch threading.
-StatusOr<PilotResult> RunPilot(const Trial& trial);
+/// must be resolved). On `device`: the CPU with the current LibTorch threading, or a GPU (the
+/// CUDA build), whose queued kernels are waited for before the clock is read.
+StatusOr<PilotResult> RunPilot(const Trial& trial, const DeviceSpec& device = DeviceSpec());
 
 /// The rates that decide where a spilled shard's optimizer steps (ChooseOptimizerPlacement):
 /// ExecutorOptions' host_link_bytes_per_second and host_optimizer_bytes_per_second.

@@ -116,8 +116,19 @@ TEST_F(HydraCliTest, PlanAndSimulate) {
   std::string out;
   ASSERT_EQ(RunHydra({"plan", "--pilot", job}, &out), 0) << out;
   // The heaviest layer of a 2-block GPT-2 with a 256-token vocabulary is a block.
-  EXPECT_THAT(out, HasSubstr("pilot (tiny-lr1e-3): layer block0 forward+backward took"));
+  EXPECT_THAT(out, HasSubstr("pilot (tiny-lr1e-3) on cpu: layer block0 forward+backward took"));
   EXPECT_THAT(out, HasSubstr("1 shard"));
+  ASSERT_EQ(RunHydra({"plan", "--pilot-device", "cpu", job}, &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("pilot (tiny-lr1e-3) on cpu:")) << "--pilot-device implies --pilot";
+  for (const char* bad : {"gpu", "cpu:2", "cuda:0,1", "cuda:0,budget=1Gi"}) {
+    EXPECT_EQ(RunHydra({"plan", "--pilot-device", bad, job}, &out), 2) << bad;
+    EXPECT_THAT(out, HasSubstr("--pilot-device: expected cpu, cuda or cuda:I, got '" +
+                               std::string(bad) + "'"));
+  }
+#ifndef HYDRA_WITH_CUDA
+  EXPECT_EQ(RunHydra({"plan", "--pilot-device", "cuda:0", job}, &out), 2);
+  EXPECT_THAT(out, HasSubstr("--pilot-device: this build has no CUDA"));
+#endif
   ASSERT_EQ(RunHydra({"simulate", job, "--devices", "2", "--device-memory", "2Mi", "--json"}, &out),
             0)
       << out;

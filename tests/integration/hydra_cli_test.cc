@@ -226,7 +226,8 @@ TEST_F(HydraCliTest, TheImageExampleTrainsBothFamilies) {
   // The pilot times the heaviest layer of any family (the first trial is an MLP: its input
   // layer, 768 pixels wide).
   ASSERT_EQ(RunHydra({"plan", "--pilot", (dir_ / "images.yaml").string()}, &out), 0) << out;
-  EXPECT_THAT(out, HasSubstr("pilot (image-sweep-fmlp-l2-lr3e-3): layer input forward+backward"));
+  EXPECT_THAT(out,
+              HasSubstr("pilot (image-sweep-fmlp-l2-lr3e-3) on cpu: layer input forward+backward"));
 }
 
 TEST_F(HydraCliTest, InterruptedRunResumesToExactlyTheUninterruptedResults) {

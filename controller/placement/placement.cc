@@ -11,18 +11,28 @@
 #include <optional>
 
 #include "common/cost_model.h"
+#include "common/devices.h"
 #include "common/units.h"
 
 namespace hydra::controller {
 
+namespace {
+int64_t PlannedBytes(const DeviceInventory& d) {
+  return std::max<int64_t>(0, d.total_bytes - d.free_bytes);
+}
+}  // namespace
+
 int64_t DeviceInventory::UsableBytes() const {
   if (dcgm_free_bytes < 0) return total_bytes;
-  const int64_t ours = std::max<int64_t>(0, total_bytes - free_bytes);
+  // DCGM's free memory leaves out the agent's own context and cache: an idle agent whose
+  // allocator kept a finished trial's blocks would otherwise look like a full GPU.
+  const int64_t ours = process_bytes >= 0 ? process_bytes : PlannedBytes(*this);
   return std::min(total_bytes, dcgm_free_bytes + ours);
 }
 
 int64_t DeviceInventory::AvailableBytes() const {
-  return dcgm_free_bytes < 0 ? free_bytes : std::min(free_bytes, dcgm_free_bytes);
+  if (dcgm_free_bytes < 0) return free_bytes;
+  return std::clamp<int64_t>(UsableBytes() - PlannedBytes(*this), 0, free_bytes);
 }
 
 int64_t AgentInventory::MaxDeviceBytes() const {
@@ -165,8 +175,10 @@ StatusOr<std::vector<AgentInventory>> FetchInventory(const PrometheusClient& pro
                    prometheus.Query(FromJob("hydra_device_memory_total_bytes", agent_scrape_job)));
   ASSIGN_OR_RETURN(auto free,
                    prometheus.Query(FromJob("hydra_device_memory_free_bytes", agent_scrape_job)));
-  // dcgm-exporter is optional: a failed query only means no DCGM data.
+  // dcgm-exporter is optional: a failed query only means no DCGM data; so are the agents'
+  // allocator series (agents without GPUs, or of an older version, have none).
   auto dcgm = prometheus.Query("DCGM_FI_DEV_FB_FREE");
+  auto reserved = prometheus.Query(FromJob("hydra_gpu_allocator_reserved_bytes", agent_scrape_job));
   std::map<std::string, AgentInventory> by_node;
   for (const auto& s : info) {
     const std::string node = Label(s, "node"), endpoint = Label(s, "grpc_endpoint");
@@ -194,6 +206,13 @@ StatusOr<std::vector<AgentInventory>> FetchInventory(const PrometheusClient& pro
     if (it != devices.end() && bytes) it->second.free_bytes = *bytes;
   }
   if (dcgm.ok()) MatchDcgm(*dcgm, &devices);
+  if (reserved.ok()) {
+    for (const auto& s : *reserved) {
+      auto it = devices.find({Label(s, "node"), Label(s, "device")});
+      const auto bytes = Bytes(s, 1, "hydra_gpu_allocator_reserved_bytes");
+      if (it != devices.end() && bytes) it->second.process_bytes = *bytes + kCudaContextBytes;
+    }
+  }
   for (const auto& [key, d] : devices) {
     auto it = by_node.find(key.first);
     if (it != by_node.end()) it->second.devices.push_back(d);

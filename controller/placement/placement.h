@@ -18,11 +18,18 @@ struct DeviceInventory {
   /// dcgm-exporter's DCGM_FI_DEV_FB_FREE for this GPU (bytes), matched by UUID; -1: none.
   /// It counts every process on the GPU, which the agent's own ledger cannot see.
   int64_t dcgm_free_bytes = -1;
+  /// What the agent's own process holds on this GPU, which DCGM counts as used: LibTorch's
+  /// caching allocator's reserved bytes (hydra_gpu_allocator_reserved_bytes, its cache
+  /// included, which outlives the trials that filled it) plus a CUDA context
+  /// (kCudaContextBytes); -1: not reported (an agent without the series).
+  int64_t process_bytes = -1;
 
   /// The most a trial may plan for on this device: its total, but on a GPU that other
-  /// processes share no more than DCGM's free memory plus what this agent's trials hold.
+  /// processes share no more than DCGM's free memory plus what this agent's process holds
+  /// there (without process_bytes, what its trials' plans hold).
   int64_t UsableBytes() const;
-  /// Free for new work: the agent's free memory, capped by DCGM's.
+  /// Free for new work: UsableBytes less what the agent's trials' plans hold, at most the
+  /// agent's free memory.
   int64_t AvailableBytes() const;
 };
 

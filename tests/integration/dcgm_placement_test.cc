@@ -1,7 +1,8 @@
 // The controller's inventory and placement against a real Prometheus that scrapes an agent's
 // GPU series (job hydra-agent) and dcgm-exporter's (another job): both synthetic exporters,
 // since this machine has no GPU. A GPU whose framebuffer another process fills refuses a trial
-// that no longer fits, naming DCGM; once the memory is back, the trial is placed.
+// that no longer fits, naming DCGM; once the memory is back, the trial is placed. The agent's
+// own allocator cache, which DCGM counts as used, does not count against the trial.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -96,7 +97,7 @@ TEST(DcgmPlacementTest, AGpuFilledByAnotherProcessRefusesATrialThatNoLongerFits)
   const PrometheusClient client("http://127.0.0.1:" + std::to_string(prom_port));
 
   // Reads the inventory until the GPU's DCGM free memory is `mib`; then places the trial.
-  auto place = [&](int mib, std::map<std::string, std::string>* waiting) {
+  auto place = [&](int mib, std::map<std::string, std::string>* waiting, int64_t gib = 40) {
     std::vector<AgentInventory> inventory;
     const bool seen = fakes::Eventually(
         [&] {
@@ -109,7 +110,7 @@ TEST(DcgmPlacementTest, AGpuFilledByAnotherProcessRefusesATrialThatNoLongerFits)
     EXPECT_TRUE(seen) << "Prometheus never had DCGM free = " << mib
                       << " MiB; log: " << fakes::Slurp(prometheus.out_path);
     std::map<std::string, int> load;
-    return PlaceTrials({{Asking(40), 1}}, inventory, &load, waiting);
+    return PlaceTrials({{Asking(gib), 1}}, inventory, &load, waiting);
   };
 
   std::map<std::string, std::string> waiting;
@@ -128,6 +129,34 @@ TEST(DcgmPlacementTest, AGpuFilledByAnotherProcessRefusesATrialThatNoLongerFits)
   dcgm.Set(Dcgm(81000));
   waiting.clear();
   EXPECT_EQ(place(81000, &waiting).size(), 1u) << waiting["big"];
+
+  // The agent trained a 50 GiB trial and is idle now, but LibTorch's caching allocator kept
+  // the blocks: DCGM sees them (and the agent's CUDA context) as used. They are the agent's
+  // own, so the 40 GiB trial still fits.
+  agent.Set(
+      "hydra_agent_info{node=\"gpu-node\",grpc_endpoint=\"gpu-node:9443\",version=\"0.1.0\"} 1\n"
+      "hydra_device_memory_total_bytes" +
+      labels + std::to_string(int64_t{70} << 30) + "\n" + "hydra_device_memory_free_bytes" +
+      labels + std::to_string(int64_t{70} << 30) + "\n" + "hydra_gpu_allocator_reserved_bytes" +
+      labels + std::to_string(int64_t{50} << 30) + "\n");
+  dcgm.Set(Dcgm(81000 - 50 * 1024 - 512));
+  waiting.clear();
+  ASSERT_TRUE(fakes::Eventually(
+      [&] {
+        auto inv = FetchInventory(client, "hydra-agent");
+        return inv.ok() && inv->size() == 1 && inv->front().devices.size() == 1 &&
+               inv->front().devices[0].process_bytes > 0;
+      },
+      60));
+  EXPECT_EQ(place(81000 - 50 * 1024 - 512, &waiting).size(), 1u) << waiting["big"];
+  EXPECT_EQ(place(81000 - 50 * 1024 - 512, &waiting, 60).size(), 1u) << waiting["big"];
+  // Another process takes 20 GiB beside the agent's cache: 59 GiB are left to the agent, so
+  // a 60 GiB trial waits and the 40 GiB one still fits.
+  dcgm.Set(Dcgm(81000 - 70 * 1024 - 512));
+  waiting.clear();
+  EXPECT_TRUE(place(81000 - 70 * 1024 - 512, &waiting, 60).empty());
+  EXPECT_THAT(waiting["big"], HasSubstr("DCGM_FI_DEV_FB_FREE"));
+  EXPECT_EQ(place(81000 - 70 * 1024 - 512, &waiting).size(), 1u) << waiting["big"];
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "common/devices.h"
 #include "controller/reconciler/reconciler.h"
 #include "controller/reconciler/work_queue.h"
 #include "tests/fakes/scripted_http_server.h"
@@ -100,6 +101,28 @@ TEST(PlacementTest, DcgmCapsEachGpuByWhatOtherProcessesLeave) {
   EXPECT_EQ(PlaceTrials({{t, 1}}, {a}, &load, &waiting).size(), 1u);
 }
 
+TEST(PlacementTest, AnAgentsOwnAllocatorCacheIsNotAnotherProcesssMemory) {
+  // An idle agent whose caching allocator kept 12 GiB of a finished trial's blocks: DCGM sees
+  // 15.5 of 16 GiB used (with the CUDA context), the agent's trials plan nothing.
+  AgentInventory a = Agent("gpu", 1, int64_t{16} << 30, int64_t{16} << 30);
+  DeviceInventory& d = a.devices[0];
+  d.dcgm_free_bytes = int64_t{512} << 20;
+  EXPECT_EQ(d.UsableBytes(), int64_t{512} << 20) << "without the agent's process bytes";
+  d.process_bytes = (int64_t{12} << 30) + kCudaContextBytes;
+  EXPECT_EQ(d.UsableBytes(), int64_t{13} << 30);
+  EXPECT_EQ(d.AvailableBytes(), int64_t{13} << 30);
+  EXPECT_TRUE(a.LimitedByDcgm()) << "another process holds the remaining 3 GiB";
+  // A running trial planned 6 GiB of the cache: 7 GiB left for new work.
+  d.free_bytes = int64_t{10} << 30;
+  EXPECT_EQ(d.UsableBytes(), int64_t{13} << 30);
+  EXPECT_EQ(d.AvailableBytes(), int64_t{7} << 30);
+  // Nothing else on the GPU: the agent's whole budget again, capped by its free memory.
+  d.dcgm_free_bytes = (int64_t{16} << 30) - d.process_bytes;
+  EXPECT_EQ(d.UsableBytes(), int64_t{16} << 30);
+  EXPECT_EQ(d.AvailableBytes(), int64_t{10} << 30);
+  EXPECT_FALSE(a.LimitedByDcgm());
+}
+
 TEST(ManifestTextTest, TheApiObjectParsesWithTheManifestParser) {
   kube::Json obj = {{"apiVersion", "hydra.dev/v1alpha1"},
                     {"kind", "MultiModelJob"},
@@ -161,26 +184,22 @@ TEST(InventoryTest, AgentsDevicesAndDcgmFromPrometheus) {
   auto result = [](const std::string& series) {
     return R"({"status":"success","data":{"resultType":"vector","result":[)" + series + "]}}";
   };
-  prom.Push(
-      200,
+  const std::string prom_replies[3] = {
       result(
           R"({"metric":{"__name__":"hydra_agent_info","node":"n1","grpc_endpoint":"n1:9443","version":"0.1.0"},"value":[1,"1"]},
                           {"metric":{"__name__":"hydra_agent_info","node":"n2","grpc_endpoint":"n2:9443"},"value":[1,"1"]},
                           {"metric":{"__name__":"hydra_agent_info","node":"n3","grpc_endpoint":"n3:9443"},"value":[1,"1"]},
-                          {"metric":{"__name__":"hydra_agent_info","node":"n4","grpc_endpoint":"10.9.0.4:9443","dedicated_job_uid":"u-9"},"value":[1,"1"]})"));
-  prom.Push(
-      200,
+                          {"metric":{"__name__":"hydra_agent_info","node":"n4","grpc_endpoint":"10.9.0.4:9443","dedicated_job_uid":"u-9"},"value":[1,"1"]})"),
       result(
           R"({"metric":{"node":"n1","device":"cuda:0","gpu":"0","UUID":"GPU-a"},"value":[1,"17179869184"]},
                           {"metric":{"node":"n1","device":"cuda:1","gpu":"1","UUID":"GPU-b"},"value":[1,"17179869184"]},
                           {"metric":{"node":"n2","device":"cpu:0"},"value":[1,"1073741824"]},
-                          {"metric":{"node":"n4","device":"cpu:0"},"value":[1,"1073741824"]})"));
-  prom.Push(
-      200,
+                          {"metric":{"node":"n4","device":"cpu:0"},"value":[1,"1073741824"]})"),
       result(
           R"({"metric":{"node":"n1","device":"cuda:0","gpu":"0","UUID":"GPU-a"},"value":[1,"8589934592"]},
                           {"metric":{"node":"n1","device":"cuda:1","gpu":"1","UUID":"GPU-b"},"value":[1,"17179869184"]},
-                          {"metric":{"node":"n2","device":"cpu:0"},"value":[1,"NaN"]})"));
+                          {"metric":{"node":"n2","device":"cpu:0"},"value":[1,"NaN"]})")};
+  for (const auto& reply : prom_replies) prom.Push(200, reply);
   // dcgm-exporter's default label Hostname, a relabelled hostname, another node's GPU with
   // the same UUID label, and a GPU no agent reports.
   prom.Push(200, result(R"({"metric":{"Hostname":"n1","gpu":"0","UUID":"GPU-a"},"value":[1,"2048"]},
@@ -208,6 +227,23 @@ TEST(InventoryTest, AgentsDevicesAndDcgmFromPrometheus) {
   EXPECT_EQ(n1.FreeBytes(), int64_t{3072} << 20);
   EXPECT_EQ((*inv)[1].devices[0].dcgm_free_bytes, -1) << "n2's CPU device has no UUID";
   EXPECT_EQ((*inv)[1].FreeBytes(), 0) << "an unreadable value counts as nothing free";
+  EXPECT_EQ(n1.devices[1].process_bytes, -1) << "no allocator series (the query got a 500)";
+  // With the agents' allocator series: cuda:1's cache of 4 GiB is the agent's, not another
+  // process's (the allocator's reserved bytes plus a CUDA context).
+  for (int i = 0; i < 3; ++i) prom.Push(200, prom_replies[i]);
+  prom.Push(200,
+            result(R"({"metric":{"Hostname":"n1","gpu":"1","UUID":"GPU-b"},"value":[1,"1024"]})"));
+  prom.Push(
+      200,
+      result(
+          R"({"metric":{"node":"n1","device":"cuda:1","gpu":"1","UUID":"GPU-b"},"value":[1,"4294967296"]})"));
+  auto with_cache = FetchInventory(PrometheusClient(prom.url()), "hydra-agent");
+  ASSERT_TRUE(with_cache.ok()) << with_cache.status();
+  const auto& cuda1 = (*with_cache)[0].devices[1];
+  EXPECT_EQ(cuda1.process_bytes, (int64_t{4} << 30) + kCudaContextBytes);
+  EXPECT_EQ(cuda1.UsableBytes(), (int64_t{5} << 30) + kCudaContextBytes);
+  EXPECT_THAT(prom.requests().back(),
+              HasSubstr("hydra_gpu_allocator_reserved_bytes%7Bjob%3D%22hydra-agent%22%7D"));
   prom.Push(503, R"({"status":"error","error":"query timed out"})");
   auto down = FetchInventory(PrometheusClient(prom.url()), "hydra-agent");
   EXPECT_EQ(down.status().code(), StatusCode::kUnavailable);

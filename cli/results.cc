@@ -116,7 +116,7 @@ Status WriteResults(const std::string& output_dir, const std::string& job,
   csv << "rank,trial";
   for (const auto& f : hp_fields) csv << "," << f;
   csv << ",state,finalTrainLoss,finalValLoss,steps,tokensPerSecond,wallSeconds,shards,"
-         "peakDeviceBytes\n";
+         "peakDeviceBytes,precision\n";
   for (size_t i = 0; i < ranked.size(); ++i) {
     const auto& r = ranked[i];
     csv << i + 1 << "," << CsvField(r.trial.name);
@@ -130,7 +130,8 @@ Status WriteResults(const std::string& output_dir, const std::string& job,
     };
     csv << "," << r.state << "," << num(r.final_train_loss) << "," << num(r.final_val_loss) << ","
         << r.step << "," << num(r.tokens_per_second) << "," << num(r.wall_seconds) << ","
-        << r.shards << "," << r.peak_device_bytes << "\n";
+        << r.shards << "," << r.peak_device_bytes << ","
+        << PrecisionName(r.trial.training.precision) << "\n";
   }
   return WriteFileAtomically((fs::path(output_dir) / "results.csv").string(), csv.str());
 }

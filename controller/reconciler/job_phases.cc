@@ -157,6 +157,7 @@ StatusOr<bool> LoadTrials(const ReconcileContext& ctx, Pass& pass) {
       e.name = t.name;
       e.hyperparameters = Json::parse(HyperparametersJson(t).dump());
       e.steps = t.training.steps;
+      e.precision = t.training.precision;
     }
     return true;
   }

@@ -163,6 +163,8 @@ TrialEntry TrialEntryFromJson(const Json& j) {
   e.message = Text(j, "message");
   e.step = Int(j, "step");
   e.steps = Int(j, "steps");
+  e.precision =
+      Text(j, "precision") == PrecisionName(Precision::kBf16) ? Precision::kBf16 : Precision::kFp32;
   e.train_loss = OptNumber(j, "trainLoss");
   e.validation_loss = OptNumber(j, "validationLoss");
   e.step_limit = OptInt(j, "stepLimit");
@@ -194,6 +196,7 @@ Json ToJson(const TrialEntry& e) {
   PutText(j, "agent", e.agent);
   PutText(j, "agentEndpoint", e.agent_endpoint);
   PutText(j, "message", e.message);
+  if (e.precision != Precision::kFp32) j["precision"] = PrecisionName(e.precision);
   PutOpt(j, "trainLoss", e.train_loss);
   PutOpt(j, "validationLoss", e.validation_loss);
   PutOpt(j, "stepLimit", e.step_limit);

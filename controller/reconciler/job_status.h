@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "common/job.h"
+
 namespace hydra::controller {
 
 /// A trial's state in status.trials[].state (the CRD's enum).
@@ -69,6 +71,9 @@ struct TrialEntry {
   std::string message;  ///< empty: nothing to say
   int64_t step = 0;
   int64_t steps = 0;
+  /// spec.training.precision (or its grid value); in the JSON only when bf16, as fp32 is the
+  /// default.
+  Precision precision = Precision::kFp32;
   std::optional<double> train_loss;
   std::optional<double> validation_loss;
   std::optional<int64_t> step_limit;  ///< ASHA: the step it may train to now

@@ -296,6 +296,8 @@ TEST_F(LocalRunnerTest, ResultsFilesHoldTheRequiredFields) {
   auto csv = *ReadFile(out + "/results.csv");
   EXPECT_THAT(csv, HasSubstr("rank,trial,learningRate,state,finalTrainLoss,finalValLoss"));
   EXPECT_THAT(csv, HasSubstr("\n1,j-lr3e-3,0.003,Succeeded,"));
+  EXPECT_THAT(csv, HasSubstr(",shards,peakDeviceBytes,precision\n"));
+  EXPECT_THAT(csv, HasSubstr(",1,1000,fp32\n"));
   Status plot = PlotLossCurves(out, ranked);
   if (plot.code() != StatusCode::kUnavailable) {
     ASSERT_TRUE(plot.ok()) << plot;

@@ -19,6 +19,7 @@ TrialEntry FullEntry() {
   e.message = "resumed from step 40";
   e.step = 42;
   e.steps = 100;
+  e.precision = Precision::kBf16;
   e.train_loss = 3.25;
   e.validation_loss = 3.5;
   e.step_limit = 50;
@@ -49,6 +50,8 @@ TEST(JobStatusTest, EveryFieldSurvivesTheRoundTrip) {
   EXPECT_EQ(JobStatusFromJson(j), s);
   EXPECT_EQ(ToJson(JobStatusFromJson(j)), j) << "stable: no write when nothing changed";
   EXPECT_EQ(j["trials"][0]["state"], "Running");
+  EXPECT_EQ(j["trials"][0]["precision"], "bf16");
+  EXPECT_FALSE(j["trials"][1].contains("precision")) << "fp32, the default, is left out";
   EXPECT_EQ(j["trials"][0]["evaluations"], Json::parse("[[10, 4.5], [50, 3.5]]"));
   EXPECT_EQ(j["agents"], Json::parse(R"({"desired": 2, "pods": 2, "ready": 1, "gated": 1})"));
   EXPECT_EQ(j["conditions"][0]["status"], "True");

@@ -50,7 +50,8 @@ class StreamMark {
   StreamMark() = default;
   /// True once the work before the mark is done (never blocks).
   bool Reached() const;
-  /// Blocks the calling thread until the work before the mark is done.
+  /// Blocks the calling thread until the work before the mark is done. Any thread may call
+  /// it (a disk tier's I/O thread waits so for a copy out before writing its bytes).
   void Synchronize() const;
 
  private:

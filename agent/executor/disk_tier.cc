@@ -295,10 +295,13 @@ Status DiskTier::ReadFile(const std::string& key, const std::vector<MutableBytes
 }
 
 std::future<Status> DiskTier::Write(const std::string& key, std::vector<ConstBytes> parts,
-                                    std::shared_ptr<AlignedSlab> slab) {
-  return io_.Submit([this, key, parts = std::move(parts), slab = std::move(slab)]() {
-    return WriteSync(key, parts, slab.get());
-  });
+                                    std::shared_ptr<AlignedSlab> slab,
+                                    std::function<void()> ready) {
+  return io_.Submit(
+      [this, key, parts = std::move(parts), slab = std::move(slab), ready = std::move(ready)]() {
+        if (ready) ready();
+        return WriteSync(key, parts, slab.get());
+      });
 }
 
 std::future<Status> DiskTier::Read(const std::string& key, std::vector<MutableBytes> parts,

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <future>
 #include <map>
 #include <memory>
@@ -82,9 +83,12 @@ class DiskTier {
   /// Writes `parts` as file `key` (at their SpillLayout offsets), replacing it atomically. A
   /// full disk or I/O error is RESOURCE_EXHAUSTED / DATA_LOSS naming the file. When `slab` is
   /// given and the parts lie in it at their layout offsets, the slab goes out with O_DIRECT;
-  /// the future keeps it alive.
+  /// the future keeps it alive. `ready`, if given, runs first on the I/O thread and returns
+  /// once the parts hold their bytes (a GPU's copy out into them is done): the caller does not
+  /// wait for that itself.
   std::future<Status> Write(const std::string& key, std::vector<ConstBytes> parts,
-                            std::shared_ptr<AlignedSlab> slab = nullptr);
+                            std::shared_ptr<AlignedSlab> slab = nullptr,
+                            std::function<void()> ready = nullptr);
   /// Reads file `key` into `parts` (their sizes must match the file's layout); DATA_LOSS on a
   /// checksum mismatch or a file of the wrong size. `slab` as for Write.
   std::future<Status> Read(const std::string& key, std::vector<MutableBytes> parts,

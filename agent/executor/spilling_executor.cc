@@ -520,18 +520,24 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
 
   /// Starts writing both parts of shard k to their spill files, on the I/O threads at once
   /// (from their slabs with O_DIRECT once read back); one future for both. On a discrete
-  /// device the parts on the device are first copied out to their host memory.
+  /// device the parts on the device are first copied out to their host memory on the
+  /// write-back stream; the I/O thread, not this one, waits for that copy, so compute goes on
+  /// being queued meanwhile.
   std::future<Status> WriteParts(size_t k) {
     Shard& s = shards_[k];
     if (on_.discrete) {
       for (Part* p : {&s.weights, &s.state}) {
         if (p->at->where() != Residency::kOnDevice) continue;
         p->out_done = streams_.CopyOut(p->host, Values(p->tensors), p->in_done);
-        p->out_done.Synchronize();  // the I/O thread reads what the copy wrote
       }
     }
-    auto w = disk_->Write(Key(k, s.weights.key), Spans(HostSide(s.weights)), s.weights.slab);
-    auto o = disk_->Write(Key(k, s.state.key), Spans(HostSide(s.state)), s.state.slab);
+    auto copied_out = [](const Part& p) -> std::function<void()> {
+      return [mark = p.out_done] { mark.Synchronize(); };
+    };
+    auto w = disk_->Write(Key(k, s.weights.key), Spans(HostSide(s.weights)), s.weights.slab,
+                          copied_out(s.weights));
+    auto o = disk_->Write(Key(k, s.state.key), Spans(HostSide(s.state)), s.state.slab,
+                          copied_out(s.state));
     return std::async(std::launch::deferred, [w = std::move(w), o = std::move(o)]() mutable {
       Status a = w.get(), b = o.get();
       return a.ok() ? b : a;

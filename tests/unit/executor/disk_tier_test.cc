@@ -5,9 +5,11 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <iterator>
 #include <numeric>
 
@@ -53,6 +55,25 @@ TEST_F(DiskTierTest, RoundTripAsyncAndCleanup) {
     EXPECT_EQ(s.code(), StatusCode::kDataLoss);
   }
   EXPECT_FALSE(fs::exists(dir_ / "t")) << "spill files are removed with the tier";
+}
+
+TEST_F(DiskTierTest, AWriteWaitsOnItsIoThreadUntilItsBytesAreReady) {
+  // As a GPU's copy out fills the host buffer after Write returns: the I/O thread waits for
+  // `ready`, then writes what the buffer holds by then; the caller never waited.
+  std::vector<float> a(1000, 1.0f);
+  DiskTier disk((dir_ / "t").string());
+  ASSERT_TRUE(disk.Init().ok());
+  std::promise<void> copied;
+  std::shared_future<void> done = copied.get_future().share();
+  auto w = disk.Write("s0", {{a.data(), a.size() * 4}}, nullptr, [done] { done.wait(); });
+  EXPECT_EQ(w.wait_for(std::chrono::milliseconds(200)), std::future_status::timeout);
+  EXPECT_FALSE(disk.Exists("s0"));
+  std::fill(a.begin(), a.end(), 2.0f);  // the copy out lands
+  copied.set_value();
+  ASSERT_TRUE(w.get().ok());
+  std::vector<float> back(a.size());
+  ASSERT_TRUE(disk.ReadSync("s0", {{back.data(), back.size() * 4}}).ok());
+  EXPECT_EQ(back, a);
 }
 
 TEST_F(DiskTierTest, CorruptionIsDetected) {

@@ -71,6 +71,23 @@ int64_t PackPeak(const std::vector<LayerNeed>& l, const std::vector<int>& starts
   return peak;
 }
 
+/// Seconds shard work of `compute_seconds` takes per step with its optimizer `where`, per the
+/// measured rates: the weights go up and their gradients (or, stepped on the host, the new
+/// weights at the next fetch) come down either way; on the device the optimizer state goes up
+/// and down too, on the copy streams beside the shard's compute; on the host the fused
+/// optimizer streams weights, gradients and state (12 + 2 x state bytes a parameter) after the
+/// backward, with nothing to hide behind.
+double OptimizerStepSeconds(OptimizerPlacement where, double compute_seconds, double parameters,
+                            double state_per_parameter, const PartitionOptions& o) {
+  const bool device = where == OptimizerPlacement::kDevice;
+  const double link = (8.0 + (device ? 2.0 * state_per_parameter : 0.0)) * parameters /
+                      o.host_link_bytes_per_second;
+  const double host =
+      device ? 0.0
+             : (12.0 + 2.0 * state_per_parameter) * parameters / o.host_optimizer_bytes_per_second;
+  return std::max(compute_seconds, link) + host;
+}
+
 }  // namespace
 
 const char* ActivationPolicyName(ActivationPolicy p) {
@@ -262,6 +279,34 @@ StatusOr<PartitionPlan> PlanShards(const Trial& trial, const PartitionOptions& o
   for (auto& sp : plan.shards) {
     const double fwd = sp.forward_flops * static_cast<double>(mb_count) / o.flops_per_second;
     sp.estimated_seconds = 3.0 * fwd + (sp.policy == ActivationPolicy::kRecompute ? fwd : 0.0);
+  }
+  // Per shard, the optimizer steps where that shard's step is shorter. The trial-wide choice
+  // above leaves compute out; compute hides the optimizer state's copies on the copy streams
+  // but not the host optimizer's time, so a shard with enough work per parameter steps on the
+  // device even where the trial-wide choice is the host (never the other way round). Its state
+  // comes onto the device only if the plan still fits the budget.
+  const bool refine = sharded && placement == OptimizerPlacement::kHost && !o.optimizer_placement &&
+                      o.host_link_bytes_per_second > 0 && o.host_optimizer_bytes_per_second > 0;
+  for (size_t s = 0; refine && s < plan.shards.size(); ++s) {
+    ShardPlan& sp = plan.shards[s];
+    double params = 0;  // with tied ones: their optimizer state moves with the shard
+    for (int i = sp.first_layer; i <= sp.last_layer; ++i) params += costs[i].parameters;
+    const double state = static_cast<double>(opt);
+    if (OptimizerStepSeconds(OptimizerPlacement::kDevice, sp.estimated_seconds, params, state, o) >=
+        OptimizerStepSeconds(OptimizerPlacement::kHost, sp.estimated_seconds, params, state, o)) {
+      continue;
+    }
+    auto add_state = [&](int64_t per_parameter) {
+      for (int i = sp.first_layer; i <= sp.last_layer; ++i) {
+        need[i].state += per_parameter * costs[i].parameters;
+      }
+    };
+    add_state(opt);
+    if (budget > 0 && PackPeak(need, starts, mb_count) > budget - tied_bytes) {
+      add_state(-opt);
+      continue;
+    }
+    sp.optimizer = OptimizerPlacement::kDevice;
   }
   if (!sharded) {
     plan.peak_device_bytes = whole;

@@ -90,7 +90,9 @@ StatusOr<PartitionPlan> PlanShards(const Trial& trial, const PartitionOptions& o
 /// host when that takes less time per step than moving the optimizer state to the device and
 /// back (2 x its bytes over the host link); the host streams weights, gradients and state in
 /// and weights and state out. On the device when either rate is unknown (a CPU device: the
-/// link is free) or the state is on disk (host stepping from disk is not built).
+/// link is free) or the state is on disk (host stepping from disk is not built). PlanShards
+/// packs the shards for this choice, then moves a shard's optimizer to the device where its
+/// compute (at options.flops_per_second) hides the state's copies and the plan still fits.
 OptimizerPlacement ChooseOptimizerPlacement(const Trial& trial, const PartitionOptions& options);
 
 /// Disk bytes the trial's spill files may take at once: 0 with the state in the host tier;

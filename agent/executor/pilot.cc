@@ -115,6 +115,20 @@ StatusOr<LinkRates> MeasureLinkRates(const DeviceSpec& device) {
     update();
     r.host_optimizer_bytes_per_second =
         static_cast<double>(params * 28) / SecondsPerRound(3, update);
+
+    const int64_t m = 4096;
+    for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
+      const auto a = torch::randn({m, m}, torch::TensorOptions(dev).dtype(dtype));
+      const auto b = torch::randn({m, m}, torch::TensorOptions(dev).dtype(dtype));
+      auto product = [&] {
+        torch::mm(a, b);
+        SynchronizeDevice(dev);
+      };
+      product();
+      product();
+      const double rate = 2.0 * static_cast<double>(m * m * m) / SecondsPerRound(3, product);
+      (dtype == torch::kFloat ? r.device_flops_per_second : r.device_bf16_flops_per_second) = rate;
+    }
     return r;
   } catch (const c10::Error& e) {
     return InternalError("measuring the host link of " + device.name + ": " +
@@ -132,10 +146,15 @@ std::string UseMeasuredLinkRates(ExecutorOptions* options) {
   }
   options->host_link_bytes_per_second = rates->host_link_bytes_per_second;
   options->host_optimizer_bytes_per_second = rates->host_optimizer_bytes_per_second;
-  char line[160];
-  std::snprintf(line, sizeof line, "host link %.1f GB/s to %s; host AdamW %.1f GB/s",
+  options->flops_per_second = rates->device_flops_per_second;
+  options->bf16_flops_per_second = rates->device_bf16_flops_per_second;
+  char line[200];
+  std::snprintf(line, sizeof line,
+                "host link %.1f GB/s to %s; host AdamW %.1f GB/s; matrix products %.1f TFLOP/s "
+                "fp32, %.1f bf16",
                 rates->host_link_bytes_per_second / 1e9, devices.front().name.c_str(),
-                rates->host_optimizer_bytes_per_second / 1e9);
+                rates->host_optimizer_bytes_per_second / 1e9, rates->device_flops_per_second / 1e12,
+                rates->device_bf16_flops_per_second / 1e12);
   return line;
 }
 

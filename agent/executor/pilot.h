@@ -26,26 +26,33 @@ struct PilotResult {
 /// CUDA build), whose queued kernels are waited for before the clock is read.
 StatusOr<PilotResult> RunPilot(const Trial& trial, const DeviceSpec& device = DeviceSpec());
 
-/// The rates that decide where a spilled shard's optimizer steps (ChooseOptimizerPlacement):
-/// ExecutorOptions' host_link_bytes_per_second and host_optimizer_bytes_per_second.
+/// The rates that decide where a spilled shard's optimizer steps (ChooseOptimizerPlacement and
+/// PlanShards' per-shard refinement): ExecutorOptions' host_link_bytes_per_second,
+/// host_optimizer_bytes_per_second, flops_per_second and bf16_flops_per_second.
 struct LinkRates {
   double host_link_bytes_per_second = 0;  ///< pinned host memory to the device
   /// The host's fused AdamW, in bytes of weights, gradients and state streamed (28 a
   /// parameter: weights read and written, gradients read, two moments read and written).
   double host_optimizer_bytes_per_second = 0;
+  /// The device's matrix product rate (FLOP/s) in fp32 and in bf16: what compute the copies
+  /// of a shard's optimizer state can hide behind.
+  double device_flops_per_second = 0;
+  double device_bf16_flops_per_second = 0;
 };
 
 /// Measures them for `device` (the pilot of the host link, issue 17): on a GPU, copies of
-/// 256 MiB from pinned memory (one warm-up, the mean of three) and three AdamW steps over 16M
-/// parameters on the host with the current threading. A CPU device has no link to measure
+/// 256 MiB from pinned memory (one warm-up, the mean of three), three AdamW steps over 16M
+/// parameters on the host with the current threading, and 4096^3 matrix products on the GPU
+/// in fp32 and bf16 (two warm-ups, the mean of three). A CPU device has no link to measure
 /// (zeros: its optimizer steps where its state is). INTERNAL with LibTorch's message if a copy
 /// fails.
 StatusOr<LinkRates> MeasureLinkRates(const DeviceSpec& device);
 
 /// Measures the link rates of the first of `options->devices` when it is a GPU and sets
-/// options' host_link_bytes_per_second and host_optimizer_bytes_per_second from them (where
-/// spilled shards' optimizers step). Returns a line for the log: what was measured, or, from
-/// "warning: ", why the optimizers step on the device; empty for CPU devices.
+/// options' host_link_bytes_per_second, host_optimizer_bytes_per_second, flops_per_second and
+/// bf16_flops_per_second from them (where spilled shards' optimizers step, and the shards'
+/// estimated seconds). Returns a line for the log: what was measured, or, from "warning: ",
+/// why the optimizers step on the device; empty for CPU devices.
 std::string UseMeasuredLinkRates(ExecutorOptions* options);
 
 }  // namespace hydra::executor

@@ -1230,7 +1230,10 @@ class ExecutorFactory : public ExecutorFactoryInterface {
     Trial trial = WithDeviceBudget(given, options_.devices);
     RETURN_IF_ERROR(ResolveModel(&trial));
     PartitionOptions po = PartitionOptionsFor(trial);
-    po.flops_per_second = options_.flops_per_second;
+    po.flops_per_second =
+        trial.training.precision == Precision::kBf16 && options_.bf16_flops_per_second > 0
+            ? options_.bf16_flops_per_second
+            : options_.flops_per_second;
     po.host_link_bytes_per_second = options_.host_link_bytes_per_second;
     po.host_optimizer_bytes_per_second = options_.host_optimizer_bytes_per_second;
     if (options_.optimizer_placement && po.state_tier == StateTier::kHost) {

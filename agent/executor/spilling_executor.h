@@ -11,8 +11,11 @@ namespace hydra::executor {
 struct ExecutorOptions {
   int threads = 0;        ///< CPU threads for training; 0 keeps LibTorch's setting
   std::string spill_dir;  ///< where the disk tier keeps shard files (a subfolder per trial)
-  /// Device compute rate used to choose between stashing and recomputing activations.
+  /// Device compute rate used to choose between stashing and recomputing activations, where
+  /// shards' optimizers step, and the shards' estimated seconds.
   double flops_per_second = kDefaultFlopsPerSecond;
+  /// The same for bf16 trials; 0: flops_per_second.
+  double bf16_flops_per_second = 0;
   /// Device <-> host bandwidth; 0: the device is the CPU, so host and device share RAM.
   double host_link_bytes_per_second = 0;
   /// Rate of the fused host optimizer (bytes of weights, gradients and state streamed per

@@ -116,6 +116,46 @@ TEST(PartitionerTest, TheOptimizerStepsWhereTheCostModelSaysItIsCheaper) {
   EXPECT_THAT(refused.status().message(), HasSubstr("host tier"));
 }
 
+TEST(PartitionerTest, AShardWithEnoughComputeToHideItsStatesCopiesStepsOnTheDevice) {
+  Trial t = Gpt2(6, 128);
+  t.training.optimizer = "adamw";
+  PartitionOptions o;
+  o.explicit_boundaries = {1, 7};  // the embedding, the six blocks, the head
+  o.host_link_bytes_per_second = 25e9;
+  o.host_optimizer_bytes_per_second = 100e9;
+  ASSERT_EQ(ChooseOptimizerPlacement(t, o), OptimizerPlacement::kHost);
+  // Compute too fast to hide anything: every shard as the trial-wide choice.
+  o.flops_per_second = 1e20;
+  auto fast = PlanShards(t, o);
+  ASSERT_TRUE(fast.ok()) << fast.status();
+  ASSERT_EQ(fast->shards.size(), 3u);
+  for (const auto& s : fast->shards) EXPECT_EQ(s.optimizer, OptimizerPlacement::kHost);
+  // At 100 GFLOP/s compute hides the state's copies on the copy streams, but not the host
+  // optimizer's time: the blocks and the head step on the device; the embedding, with about 4
+  // FLOPs a parameter to hide them behind (against the blocks' ~3000), on the host.
+  o.flops_per_second = 1e11;
+  auto slow = PlanShards(t, o);
+  ASSERT_TRUE(slow.ok()) << slow.status();
+  EXPECT_EQ(slow->shards[0].optimizer, OptimizerPlacement::kHost);
+  EXPECT_EQ(slow->shards[1].optimizer, OptimizerPlacement::kDevice);
+  EXPECT_EQ(slow->shards[2].optimizer, OptimizerPlacement::kDevice);
+  EXPECT_GT(slow->peak_device_bytes, fast->peak_device_bytes) << "their state is on the device";
+  EXPECT_THAT(FormatPlan(t, *slow), HasSubstr("device"));
+  // A budget that holds the plan with every optimizer on the host and little more: the state
+  // comes onto the device only where the plan still fits.
+  o.device_budget = fast->peak_device_bytes + 1;
+  auto tight = PlanShards(t, o);
+  ASSERT_TRUE(tight.ok()) << tight.status();
+  EXPECT_LE(tight->peak_device_bytes, o.device_budget);
+  EXPECT_EQ(tight->shards[1].optimizer, OptimizerPlacement::kHost) << "the blocks' state is big";
+  // An operator's override is not second-guessed.
+  o.device_budget = 0;
+  o.optimizer_placement = OptimizerPlacement::kHost;
+  auto forced = PlanShards(t, o);
+  ASSERT_TRUE(forced.ok()) << forced.status();
+  for (const auto& s : forced->shards) EXPECT_EQ(s.optimizer, OptimizerPlacement::kHost);
+}
+
 TEST(PartitionerTest, AnOptimizerOnTheHostLeavesItsStateOffTheDevice) {
   Trial t = Gpt2(12, 256);
   t.training.optimizer = "adamw";

@@ -339,6 +339,44 @@ TEST_F(SpillingExecutorTest, ATrialMovesToAnotherDeviceBetweenSteps) {
   }
 }
 
+TEST_F(SpillingExecutorTest, ShardsWhoseOptimizersStepInDifferentPlacesTrainAsUnsharded) {
+  // The measured rates of a GPU-like link (the trial-wide choice: the host) with compute that
+  // hides the blocks' state copies: the blocks and the head step on the device, the embedding
+  // on the host, in one trial, on a CPU standing in for a discrete device.
+  Trial t = Small("adamw");
+  t.training.grad_clip_norm = 0.5;
+  t.resources.shard_boundaries = {1, 2, 3, 4, 5};
+  ExecutorOptions o;
+  o.threads = 2;
+  o.spill_dir = spill_.string();
+  o.devices.simulate_discrete = true;
+  o.host_link_bytes_per_second = 25e9;
+  o.host_optimizer_bytes_per_second = 100e9;
+  o.flops_per_second = 1e11;
+  auto factory = MakeExecutorFactory(o);
+  auto data = TokenDataset::Open(t.dataset, t.model.context_length + 1);
+  ASSERT_TRUE(data.ok());
+  auto admission = factory->Admit(t, **data);
+  ASSERT_TRUE(admission.ok()) << admission.status();
+  std::string placements;
+  for (const auto& s : admission->plan.shards) {
+    placements += s.optimizer == OptimizerPlacement::kHost ? 'h' : 'd';
+  }
+  EXPECT_EQ(placements, "hddddd");
+  auto exec = Make(factory.get(), t);
+  ASSERT_TRUE(exec.ok()) << exec.status();
+  const auto losses = Losses(exec->get(), 10);
+  Trial unsharded = t;
+  unsharded.resources.shard_boundaries.clear();
+  auto plain = Make(MakeInMemoryExecutorFactory({2}).get(), unsharded);
+  ASSERT_TRUE(plain.ok());
+  const auto expected = Losses(plain->get(), 10);
+  ASSERT_EQ(losses.size(), expected.size());
+  for (size_t i = 0; i < losses.size(); ++i) {
+    EXPECT_NEAR(losses[i], expected[i], 1e-5 * std::fabs(expected[i])) << "step " << i;
+  }
+}
+
 TEST_F(SpillingExecutorTest, Bf16WeightTransitChangesNoNumber) {
   // Issue 18 item 2 on a simulated discrete device: a bf16 trial whose optimizer steps on the
   // host, its matrix weights sent to the device as bf16 (cast on the host) and their gradients

@@ -247,10 +247,12 @@ int Run(const RunArgs& a) {
     // The devices' memory is each trial's resources.deviceMemoryBudget here, not a flag.
     auto found = [&]() -> hydra::StatusOr<std::vector<hydra::DeviceSpec>> {
       ASSIGN_OR_RETURN(auto request, hydra::ParseDevicesRequest(a.devices));
-      if (request.budget) {
+      // A GPU's budget caps what its trials may use; a CPU device's memory is each trial's
+      // own spec.resources.deviceMemoryBudget here.
+      if (request.budget && request.kind == hydra::DeviceKind::kCpu) {
         return hydra::InvalidArgumentError(
-            "--devices: hydra run takes no budget= (a trial's device memory is its "
-            "spec.resources.deviceMemoryBudget)");
+            "--devices: hydra run takes no budget= for CPU devices (a trial's device memory is "
+            "its spec.resources.deviceMemoryBudget); budget= caps GPUs (cuda,budget=20Gi)");
       }
       ASSIGN_OR_RETURN(auto devices, hydra::executor::FindDevices(request, 0));
       RETURN_IF_ERROR(hydra::executor::CheckExecutorsCanUse(devices));
@@ -425,10 +427,12 @@ int main(int argc, char** argv) {
                   "Directory for shards spilled to disk (spec.resources.offload: disk); "
                   "default: <output>/spill");
 
-  run->add_option("--devices", ra.devices,
-                  "Devices that train trials at once: cpu:N splits the threads into N CPU "
-                  "devices; auto: one per thread, at most one per trial; cuda, cuda:0,2: GPUs "
-                  "(the CUDA build, scripts/build-cuda.sh)")
+  run->add_option(
+         "--devices", ra.devices,
+         "Devices that train trials at once: cpu:N splits the threads into N CPU "
+         "devices; auto: one per thread, at most one per trial; cuda, cuda:0,2: GPUs "
+         "(the CUDA build, scripts/build-cuda.sh); cuda,budget=20Gi caps each GPU (default: 90% "
+         "of its free memory)")
       ->capture_default_str();
   run->add_option("--host-memory", ra.host_memory,
                   "Host memory the admitted trials may use (e.g. 16Gi); others wait in order "

@@ -118,6 +118,7 @@ TEST_F(HydraCliTest, PlanAndSimulate) {
   // The heaviest layer of a 2-block GPT-2 with a 256-token vocabulary is a block.
   EXPECT_THAT(out, HasSubstr("pilot (tiny-lr1e-3) on cpu: layer block0 forward+backward took"));
   EXPECT_THAT(out, HasSubstr("1 shard"));
+  EXPECT_THAT(out, HasSubstr("tiny-lr1e-3 (fp32): 1 shard")) << "each plan names its precision";
   ASSERT_EQ(RunHydra({"plan", "--pilot-device", "cpu", job}, &out), 0) << out;
   EXPECT_THAT(out, HasSubstr("pilot (tiny-lr1e-3) on cpu:")) << "--pilot-device implies --pilot";
   for (const char* bad : {"gpu", "cpu:2", "cuda:0,1", "cuda:0,budget=1Gi"}) {
@@ -169,6 +170,14 @@ TEST_F(HydraCliTest, CudaDevicesInTheCpuBuildNameTheDriversGpus) {
   EXPECT_EQ(RunHydra(args, &out), 2) << out;  // a usage error
   EXPECT_THAT(out, HasSubstr("--devices: this build has no CUDA"));
   EXPECT_THAT(out, Not(HasSubstr("the NVIDIA driver here")));
+  // budget= caps a GPU in hydra run too; on CPU devices it is each trial's own budget.
+  std::vector<std::string> with_budget = args;
+  with_budget.back() = "cuda:0,budget=20Gi";
+  EXPECT_EQ(RunHydra(with_budget, &out), 2) << out;
+  EXPECT_THAT(out, HasSubstr("--devices: this build has no CUDA"));
+  with_budget.back() = "cpu:2,budget=1Gi";
+  EXPECT_EQ(RunHydra(with_budget, &out), 2) << out;
+  EXPECT_THAT(out, HasSubstr("hydra run takes no budget= for CPU devices"));
 
   fs::create_directories(dir_ / "driver");
   fs::create_symlink(FAKE_NVML_PATH, dir_ / "driver" / "libnvidia-ml.so.1");

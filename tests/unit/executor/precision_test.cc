@@ -35,6 +35,25 @@ TEST(PrecisionScopeTest, Bf16MatrixProductsInsideFp32OutsideAndNestingRestores) 
   EXPECT_EQ(lin->forward(x).scalar_type(), torch::kFloat) << "autocast left on after the scope";
 }
 
+TEST(PrecisionScopeTest, NormalisationStatisticsStayFp32) {
+  // The residual stream entering GPT-2's LayerNorms is fp32 (fp32 plus a bf16 product is
+  // fp32); so is a ResNet's input to GroupNorm after a bf16 convolution is cast back.
+  torch::manual_seed(3);
+  torch::nn::LayerNorm ln(torch::nn::LayerNormOptions({64}));
+  torch::nn::GroupNorm gn(torch::nn::GroupNormOptions(4, 16));
+  const auto x = torch::randn({4, 64}) * 1000 + 3;
+  const auto images = torch::randn({2, 16, 4, 4});
+  const auto ln_fp32 = ln->forward(x), gn_fp32 = gn->forward(images);
+  PrecisionScope bf16(Precision::kBf16);
+  const auto y = ln->forward(x);
+  EXPECT_EQ(y.scalar_type(), torch::kFloat);
+  // Statistics in bf16 would round values near 1000 to steps of 4 (8 bits of mantissa).
+  EXPECT_TRUE(torch::equal(y, ln_fp32)) << "LayerNorm under autocast is fp32's, bit for bit";
+  const auto g = gn->forward(images);
+  EXPECT_EQ(g.scalar_type(), torch::kFloat);
+  EXPECT_TRUE(torch::equal(g, gn_fp32));
+}
+
 TEST(PrecisionScopeTest, GradientsReachTheFp32MastersAsFp32) {
   torch::manual_seed(2);
   torch::nn::Linear lin(16, 16);
@@ -96,13 +115,19 @@ TEST(Bf16TrainingTest, MasterWeightsAndOptimizerStateStayFp32) {
     auto after = e->ExportState();
     ASSERT_TRUE(after.ok());
     ASSERT_EQ(after->size(), before->size());
-    int changed = 0;
+    int changed = 0, optimizer_state = 0;
+    const std::string suffix = std::string(opt) == "adamw" ? ".exp_avg_sq" : ".momentum_buffer";
     for (size_t i = 0; i < after->size(); ++i) {
       const auto& b = (*after)[i];
       EXPECT_EQ(b.dtype, "float32") << b.name;
       changed += b.data != (*before)[i].data;
+      const bool is_state =
+          b.name.size() > suffix.size() &&
+          b.name.compare(b.name.size() - suffix.size(), suffix.size(), suffix) == 0;
+      optimizer_state += is_state;
     }
     EXPECT_GT(changed, 0);
+    EXPECT_GT(optimizer_state, 0) << "the export holds the optimizer's state (" << suffix << ")";
   }
 }
 

@@ -193,11 +193,15 @@ TEST_F(SpillingExecutorTest, Bf16SpilledTracksBf16Unsharded) {
   base.training.learning_rate = 1e-3;
   base.training.gradient_accumulation_steps = 2;
   base.training.grad_clip_norm = 0.5;
-  ExpectVariantsTrackUnsharded(base,
-                               {{"2 shards", 2, false, false, 0},
-                                {"one layer per shard, recompute", 0, true, false, 1.0},
-                                {"2 shards on disk", 2, false, true, 0}},
-                               {1e-2, 1e-2});
+  ExpectVariantsTrackUnsharded(
+      base,
+      {{"2 shards", 2, false, false, 0},
+       {"one layer per shard, recompute", 0, true, false, 1.0},
+       {"2 shards on disk", 2, false, true, 0},
+       // The GPU's code paths in bf16, on the CPU.
+       {"discrete: 2 shards on disk", 2, false, true, 0, false, true},
+       {"discrete: one layer per shard, optimizer on the host", 0, true, false, 0, true, true}},
+      {1e-2, 1e-2});
 }
 
 TEST_F(SpillingExecutorTest, OneShardPlanIsPlainTraining) {

@@ -5,7 +5,8 @@
 # are to the 100% run of the same invocation.
 #   bash bench/spill.sh [--smoke] [--rounds N] [--largest LAYERSxWIDTH] [--precision fp32|bf16]
 #                       [--init model.safetensors]   (--largest only: start from a checkpoint)
-#   bash bench/spill.sh --gpu cuda:0 [--smoke]   (a CUDA build: issue 17's GPU benchmark; below)
+#   bash bench/spill.sh --gpu cuda:0 [--smoke] [--shapes medium,xl] [--precision bf16]
+#                       (a CUDA build: issue 17's GPU benchmark; below)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN="${HYDRA_BENCH_SPILL_BIN:-build/bench/spill}"
@@ -18,6 +19,7 @@ LARGEST=""
 PRECISION=fp32
 INIT=()
 GPU=""
+SHAPE_FILTER=""
 SMOKE=0
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -27,6 +29,7 @@ while [ $# -gt 0 ]; do
     --largest) LARGEST="$2"; shift ;;
     --precision) PRECISION="$2"; shift ;;
     --init) INIT=(--init "$2"); shift ;;
+    --shapes) SHAPE_FILTER="$2"; shift ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -42,30 +45,59 @@ if [ -n "$GPU" ]; then
   SHAPES=("medium 24 1024 16 8 1024 50257" "xl 48 1600 25 4 1024 50257")
   STEPS="--steps 3 --warmup 1"
   if ((SMOKE)); then SHAPES=("smoke 8 128 4 4 64 256"); STEPS="--steps 2 --warmup 1"; fi
+  if [ -n "$SHAPE_FILTER" ]; then
+    kept=()
+    for shape in "${SHAPES[@]}"; do
+      [[ ",$SHAPE_FILTER," == *",${shape%% *},"* ]] && kept+=("$shape")
+    done
+    ((${#kept[@]})) || { echo "--shapes: none of '$SHAPE_FILTER' is a shape here" >&2; exit 2; }
+    SHAPES=("${kept[@]}")
+  fi
+  # HYDRA_BENCH_DEADLINE (seconds since the epoch; unset: none): a GPU machine is lent for
+  # minutes, so each run gets the time left and a run that cannot start in time is recorded as
+  # skipped. The most telling runs come first: unspilled, PyTorch eager, 50%, then the rest.
+  DEADLINE="${HYDRA_BENCH_DEADLINE:-0}"
   OUT=$(mktemp)
-  trap 'rm -rf "$SPILL_DIR" "$OUT" "$OUT.err"' EXIT
+  trap 'rm -rf "$SPILL_DIR" "$OUT" "$OUT.err" "$OUT.line"' EXIT
+  json_tail() { "$PY" -c 'import json,sys; print(json.dumps(open(sys.argv[1]).read()[-300:]))' "$OUT.err"; }
+  # time_left: prints the seconds a run may take (0: none left); 100000 without a deadline.
+  time_left() {
+    if [ "$DEADLINE" = 0 ]; then echo 100000; return; fi
+    local left=$((DEADLINE - $(date +%s)))
+    if ((left < 30)); then echo 0; else echo "$left"; fi
+  }
   for shape in "${SHAPES[@]}"; do
     set -- $shape
     name=$1 ctx=$6 vocab=$7 dims="--layers $2 --embd $3 --heads $4 --ctx $6 --vocab $7 --batch $5"
-    CFGS=("1.0 host" "0.5 host" "0.25 host" "0.25 disk")
+    eager_args="--layers $2 --embd $3 --heads $4 --ctx $ctx --vocab $vocab --batch $5"
+    CFGS=("1.0 host" "eager" "0.5 host" "0.25 host" "0.25 disk")
     # bf16: issue 18 item 2 side by side, matrix weights sent as bf16 to a host-stepped optimizer.
     [ "$PRECISION" = bf16 ] && CFGS+=("0.25 host --optimizer=host" "0.25 host --optimizer=host --bf16-transit")
     for cfg in "${CFGS[@]}"; do
       set -- $cfg
+      left=$(time_left)
+      if [ "$1" = eager ]; then
+        # shellcheck disable=SC2086
+        if ((left > 0)) && timeout "$left" "$PY" bench/train_throughput.py --device "$GPU" \
+            --corpus "$CORPUS" $eager_args --steps 5 --warmup 2 --precision "$PRECISION" \
+            >"$OUT.line" 2>"$OUT.err"; then
+          sed "s/^{/{\"shape\": \"$name\", /" "$OUT.line" >>"$OUT"
+        else
+          ((left > 0)) || echo "skipped: out of time" >"$OUT.err"
+          echo "{\"shape\": \"$name\", \"impl\": \"pytorch-eager\", \"error\": $(json_tail)}" >>"$OUT"
+        fi
+        continue
+      fi
       # shellcheck disable=SC2086
-      if line=$("$BIN" --devices "$GPU" --corpus "$CORPUS" $dims $STEPS --budget-fraction "$1" \
-          --offload "$2" "${@:3}" --spill-dir "$SPILL_DIR" --precision "$PRECISION" 2>"$OUT.err"); then
+      if ((left > 0)) && line=$(timeout "$left" "$BIN" --devices "$GPU" --corpus "$CORPUS" $dims \
+          $STEPS --budget-fraction "$1" --offload "$2" "${@:3}" --spill-dir "$SPILL_DIR" \
+          --precision "$PRECISION" 2>"$OUT.err"); then
         echo "{\"shape\": \"$name\", ${line#\{}" >>"$OUT"
       else
-        echo "{\"shape\": \"$name\", \"budgetFraction\": $1, \"offload\": \"$2\", \"error\": $("$PY" -c 'import json,sys; print(json.dumps(open(sys.argv[1]).read()[-300:]))' "$OUT.err")}" >>"$OUT"
+        ((left > 0)) || echo "skipped: out of time" >"$OUT.err"
+        echo "{\"shape\": \"$name\", \"budgetFraction\": $1, \"offload\": \"$2\", \"args\": \"${*:3}\", \"error\": $(json_tail)}" >>"$OUT"
       fi
     done
-    set -- $shape
-    # shellcheck disable=SC2086
-    "$PY" bench/train_throughput.py --device "$GPU" --corpus "$CORPUS" --layers "$2" --embd "$3" \
-      --heads "$4" --ctx "$ctx" --vocab "$vocab" --batch "$5" --steps 5 --warmup 2 \
-      --precision "$PRECISION" 2>"$OUT.err" | sed "s/^{/{\"shape\": \"$name\", /" >>"$OUT" ||
-      echo "{\"shape\": \"$name\", \"impl\": \"pytorch-eager\", \"error\": \"$(tail -n 1 "$OUT.err" | tr -d '\"')\"}" >>"$OUT"
   done
   "$PY" - "$OUT" <<'PY'
 import json, sys
@@ -81,8 +113,10 @@ for name, rs in shapes.items():
     base = next((r for r in spill if r.get("budgetFraction") == 1.0 and "tokensPerSecond" in r), None)
     for r in spill:
         if "tokensPerSecond" not in r:
-            print(f"| {name} | {r['budgetFraction']:.0%} | {r['offload']} | - | - | failed: "
-                  f"{r.get('error', '')[-100:].strip()} | - | - |")
+            error = r.get('error', '').strip()
+            outcome = error if error.startswith("skipped") else f"failed: {error[-100:]}"
+            print(f"| {name} | {r['budgetFraction']:.0%} | {r['offload']} | - | {r.get('args') or '-'} | "
+                  f"{outcome} | - | - |")
             continue
         ratio = f"{r['tokensPerSecond'] / base['tokensPerSecond']:.2f}" if base else "-"
         print(f"| {name}: {r['parameters'] / 1e6:.0f}M on {r['deviceModel']} | {r['budgetFraction']:.0%} "
@@ -93,7 +127,9 @@ for name, rs in shapes.items():
               f"{r.get('reservedPeakBytes', 0) / 2**30:.2f} GiB |")
     for e in eager:
         if "error" in e:
-            print(f"| {name}: PyTorch eager, same GPU | - | - | - | - | failed: {e['error'][-100:]} | - | - |")
+            error = e['error'].strip()
+            outcome = error if error.startswith("skipped") else f"failed: {error[-100:]}"
+            print(f"| {name}: PyTorch eager, same GPU | - | - | - | - | {outcome} | - | - |")
             continue
         vs = f"Hydra unspilled / eager: {base['tokensPerSecond'] / e['tokens_per_second']:.2f}" if base else "-"
         print(f"| {name}: PyTorch eager, same GPU | - | - | - | - | {e['tokens_per_second']:.0f} | {vs} | "

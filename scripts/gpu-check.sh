@@ -8,9 +8,13 @@
 #    protobuf, cpprestsdk or prometheus-cpp; -DHYDRA_WITH_CUDA=ON) in build-gpu/.
 # 3. Runs every test of that build (the GPU tests run for real here: cuda_executor_test), the
 #    GPU discovery, the example job on the GPU, the GPU benchmark (bench/spill.sh --gpu;
-#    HYDRA_GPU_BENCH=smoke|none), and writes report.md and the logs to the report directory:
-#    GPU, driver, torch and CUDA versions, what passed, what failed, what was skipped and why.
-# Environment: HYDRA_GPU_PYTHON (python with torch; default python3), HYDRA_JOBS (default: all
+#    HYDRA_GPU_BENCH=smoke|none), and writes report.md (GPU, driver, torch and CUDA versions,
+#    what passed, what failed, what was skipped and why) and logs.tar.gz (every log) to the
+#    report directory: two files, as the device tool brings back at most 8.
+# Environment: HYDRA_GPU_SECONDS (default 540: the whole check ends within this, so that one
+# 10-minute call of the device tool holds it; the benchmark gets what the build and tests left,
+# fp32 first, then bf16, most telling runs first, the rest recorded as skipped),
+# HYDRA_GPU_PYTHON (python with torch; default python3), HYDRA_JOBS (default: all
 # cores), HYDRA_GPU_BUILD_DIR (default build-gpu), HYDRA_GPU_DEBS (default build-gpu-debs),
 # HYDRA_GPU_CMAKE_ARGS (more -D options; on a Debian machine, -DCMAKE_SYSTEM_IGNORE_PREFIX_PATH=/usr
 # makes CMake find the unpacked packages only, as on a GPU machine).
@@ -21,12 +25,16 @@ ROOT="$PWD"
 BUILD="${HYDRA_GPU_BUILD_DIR:-build-gpu}"
 DEBS="${HYDRA_GPU_DEBS:-build-gpu-debs}"
 REPORT="${1:-${OUT:-$BUILD/report}}"
+DEADLINE=$(($(date +%s) + ${HYDRA_GPU_SECONDS:-540}))
 PY="${HYDRA_GPU_PYTHON:-python3}"
 JOBS="${HYDRA_JOBS:-$(nproc)}"
 mkdir -p "$REPORT" "$BUILD"
 REPORT="$(cd "$REPORT" && pwd)"
 MD="$REPORT/report.md"
 : >"$MD"
+# The device tool brings back at most 8 files: report.md, and every log in one logs.tar.gz.
+LOGS="$(mktemp -d)"
+trap 'tar czf "$REPORT/logs.tar.gz" -C "$LOGS" . 2>/dev/null; rm -rf "$LOGS"' EXIT
 say() { echo "$*" | tee -a "$MD"; }
 die() {
   say "**gpu-check stopped**: $*"
@@ -41,8 +49,8 @@ if command -v nvidia-smi >/dev/null; then
 else
   say "GPU: nvidia-smi not found"
 fi
-TORCH_INFO="$("$PY" -W ignore -c 'import torch, os; print(os.path.dirname(torch.__file__), torch.__version__, torch.version.cuda, torch.cuda.is_available(), torch.cuda.device_count())' 2>"$REPORT/python.log" | tail -n 1)"
-[ -n "$TORCH_INFO" ] || die "$PY cannot import torch: $(tail -n 3 "$REPORT/python.log")"
+TORCH_INFO="$("$PY" -W ignore -c 'import torch, os; print(os.path.dirname(torch.__file__), torch.__version__, torch.version.cuda, torch.cuda.is_available(), torch.cuda.device_count())' 2>"$LOGS/python.log" | tail -n 1)"
+[ -n "$TORCH_INFO" ] || die "$PY cannot import torch: $(tail -n 3 "$LOGS/python.log")"
 read -r TORCH_DIR TORCH_VERSION TORCH_CUDA CUDA_OK CUDA_COUNT <<<"$TORCH_INFO"
 say "torch $TORCH_VERSION (CUDA $TORCH_CUDA) at $TORCH_DIR; torch.cuda.is_available()=$CUDA_OK, devices=$CUDA_COUNT"
 NVCC="$(command -v nvcc || true)"
@@ -89,12 +97,12 @@ if ! cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCUDAToolkit_ROOT="$CUDA_ROOT" -DCUDA_TOOLKIT_ROOT_DIR="$CUDA_ROOT" \
     -DCMAKE_CUDA_COMPILER="$NVCC" \
     -DCMAKE_PREFIX_PATH="$PREFIX/usr;$MULTIARCH/cmake;$PREFIX/usr/share/cmake" \
-    -DZLIB_ROOT="$PREFIX/usr" ${HYDRA_GPU_CMAKE_ARGS:-} >"$REPORT/configure.log" 2>&1; then
-  tail -n 30 "$REPORT/configure.log"
+    -DZLIB_ROOT="$PREFIX/usr" ${HYDRA_GPU_CMAKE_ARGS:-} >"$LOGS/configure.log" 2>&1; then
+  tail -n 30 "$LOGS/configure.log"
   die "CMake configuration failed (configure.log)"
 fi
-if ! ninja -C "$BUILD" -j"$JOBS" >"$REPORT/build.log" 2>&1; then
-  grep -E "error|FAILED" "$REPORT/build.log" | head -n 30
+if ! ninja -C "$BUILD" -j"$JOBS" >"$LOGS/build.log" 2>&1; then
+  grep -E "error|FAILED" "$LOGS/build.log" | head -n 30
   die "the build failed (build.log)"
 fi
 say "2. built $BUILD (services off, CUDA on) in $((SECONDS - start)) s"
@@ -103,52 +111,65 @@ say ""
 failed=0
 # --- 3. tests ----------------------------------------------------------------------------------
 start=$SECONDS
+# The three GPU tests run on their own below (their lines go into the report).
 (cd "$BUILD" && ctest --output-on-failure --timeout 900 -j"$(( JOBS > 8 ? 8 : JOBS ))" \
-  >"$REPORT/ctest.log" 2>&1) || failed=1
-say "3. ctest in $((SECONDS - start)) s: $(grep -E 'tests passed' "$REPORT/ctest.log" || echo 'no summary')"
-grep -E '^\s+[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess aborted|Not Run)\)' "$REPORT/ctest.log" | sed 's/^/   /' | tee -a "$MD"
-"$BUILD/tests/unit/executor/gpus_test" >"$REPORT/gpus_test.log" 2>&1 || failed=1
-say "   gpus_test: $(grep -E '^\[  (PASSED|FAILED) +\]|^\[  SKIPPED \] [0-9]+ test' "$REPORT/gpus_test.log" | paste -sd ' ')"
-grep -E 'no usable CUDA driver|the driver sees no GPU' "$REPORT/gpus_test.log" | sed 's/^/   /' | tee -a "$MD"
-"$BUILD/tests/unit/common/nvml_test" >"$REPORT/nvml_test.log" 2>&1 || failed=1
-say "   nvml_test: $(grep -E '^\[  (PASSED|FAILED) +\]|^\[  SKIPPED \] [0-9]+ test' "$REPORT/nvml_test.log" | paste -sd ' ')"
-grep -E '^driver |cannot load' "$REPORT/nvml_test.log" | sed 's/^/   /' | tee -a "$MD"
-"$BUILD/tests/unit/executor/cuda_executor_test" >"$REPORT/cuda_executor_test.log" 2>&1 || failed=1
-say "   cuda_executor_test: $(grep -E '^\[  (PASSED|FAILED) +\]|^\[  SKIPPED \] [0-9]+ test' "$REPORT/cuda_executor_test.log" | paste -sd ' ')"
-grep -E '^(budget|compute) ' "$REPORT/cuda_executor_test.log" | sed 's/^/   /' | tee -a "$MD"
+  -E '^(gpus_test|nvml_test|cuda_executor_test)$' \
+  >"$LOGS/ctest.log" 2>&1) || failed=1
+say "3. ctest in $((SECONDS - start)) s: $(grep -E 'tests passed' "$LOGS/ctest.log" || echo 'no summary')"
+grep -E '^\s+[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess aborted|Not Run)\)' "$LOGS/ctest.log" | sed 's/^/   /' | tee -a "$MD"
+"$BUILD/tests/unit/executor/gpus_test" >"$LOGS/gpus_test.log" 2>&1 || failed=1
+say "   gpus_test: $(grep -E '^\[  (PASSED|FAILED) +\]|^\[  SKIPPED \] [0-9]+ test' "$LOGS/gpus_test.log" | paste -sd ' ')"
+grep -E 'no usable CUDA driver|the driver sees no GPU' "$LOGS/gpus_test.log" | sed 's/^/   /' | tee -a "$MD"
+"$BUILD/tests/unit/common/nvml_test" >"$LOGS/nvml_test.log" 2>&1 || failed=1
+say "   nvml_test: $(grep -E '^\[  (PASSED|FAILED) +\]|^\[  SKIPPED \] [0-9]+ test' "$LOGS/nvml_test.log" | paste -sd ' ')"
+grep -E '^driver |cannot load' "$LOGS/nvml_test.log" | sed 's/^/   /' | tee -a "$MD"
+"$BUILD/tests/unit/executor/cuda_executor_test" >"$LOGS/cuda_executor_test.log" 2>&1 || failed=1
+say "   cuda_executor_test: $(grep -E '^\[  (PASSED|FAILED) +\]|^\[  SKIPPED \] [0-9]+ test' "$LOGS/cuda_executor_test.log" | paste -sd ' ')"
+grep -E '^(budget|compute) ' "$LOGS/cuda_executor_test.log" | sed 's/^/   /' | tee -a "$MD"
 
 # --- 4. the example on the GPU ---------------------------------------------------------------
 RUN_DIR="$BUILD/example-run"
 rm -rf "$RUN_DIR"
 "$BUILD/cli/hydra" run examples/tiny-sweep.yaml -o "$RUN_DIR" --devices cuda --progress log \
-  >"$REPORT/example-cuda.log" 2>&1
-say "4. hydra run --devices cuda (exit $?): $(tail -n 1 "$REPORT/example-cuda.log")"
+  >"$LOGS/example-cuda.log" 2>&1
+rc=$?
+((rc == 0)) || failed=1
+say "4. hydra run --devices cuda (exit $rc): $(tail -n 1 "$LOGS/example-cuda.log")"
 "$BUILD/cli/hydra" plan examples/spot-agents.yaml --pilot-device cuda:0 \
-  >"$REPORT/plan-pilot-cuda.log" 2>&1 || failed=1
-say "   hydra plan --pilot-device cuda:0 (GPT-2 medium, bf16): $(head -n 1 "$REPORT/plan-pilot-cuda.log")"
+  >"$LOGS/plan-pilot-cuda.log" 2>&1 || failed=1
+say "   hydra plan --pilot-device cuda:0 (GPT-2 medium, bf16): $(head -n 1 "$LOGS/plan-pilot-cuda.log")"
 "$BUILD/cli/hydra" run examples/tiny-sweep.yaml -o "$RUN_DIR.cpu" --progress log \
-  >"$REPORT/example-cpu.log" 2>&1 || failed=1
-say "   hydra run on CPU devices: $(grep -c Succeeded "$REPORT/example-cpu.log") trial line(s) Succeeded"
+  >"$LOGS/example-cpu.log" 2>&1 || failed=1
+say "   hydra run on CPU devices: $(grep -c Succeeded "$LOGS/example-cpu.log") trial line(s) Succeeded"
 say ""
 
 # --- 5. the GPU benchmark --------------------------------------------------------------------
-# HYDRA_GPU_BENCH=smoke runs a small shape only; =none skips it.
-if [ "$CUDA_OK" != True ]; then
-  say "5. GPU benchmark skipped: torch sees no GPU here"
-elif [ "${HYDRA_GPU_BENCH:-full}" != none ]; then
-  start=$SECONDS
-  bench_args=(--gpu cuda:0)
-  [ "${HYDRA_GPU_BENCH:-full}" = smoke ] && bench_args+=(--smoke)
-  if HYDRA_BENCH_SPILL_BIN="$BUILD/bench/spill" HYDRA_BENCH_PYTHON="$PY" \
-      bash bench/spill.sh "${bench_args[@]}" >"$REPORT/bench-spill.md" 2>"$REPORT/bench-spill.log"; then
-    say "5. bench/spill.sh ${bench_args[*]} in $((SECONDS - start)) s:"
+# HYDRA_GPU_BENCH=smoke runs a small shape only; =none skips it. GPT-2 medium's shape in fp32,
+# then in bf16 (with the bf16 weight transit beside the same run without it), then GPT-2 XL's
+# shape in fp32, each run bounded by the time left (bench/spill.sh's HYDRA_BENCH_DEADLINE).
+bench() {  # bench <report name> <bench/spill.sh arguments...>
+  local name=$1 start=$SECONDS
+  shift
+  if HYDRA_BENCH_SPILL_BIN="$BUILD/bench/spill" HYDRA_BENCH_PYTHON="$PY" HYDRA_BENCH_DEADLINE=$DEADLINE \
+      bash bench/spill.sh "$@" >"$LOGS/$name.md" 2>"$LOGS/$name.log"; then
+    say "5. bench/spill.sh $* in $((SECONDS - start)) s:"
     say ""
-    cat "$REPORT/bench-spill.md" | tee -a "$MD"
+    tee -a "$MD" <"$LOGS/$name.md"
   else
     failed=1
-    say "5. bench/spill.sh ${bench_args[*]} failed: $(tail -n 3 "$REPORT/bench-spill.log")"
+    say "5. bench/spill.sh $* failed: $(tail -n 3 "$LOGS/$name.log")"
   fi
   say ""
+}
+if [ "$CUDA_OK" != True ]; then
+  say "5. GPU benchmark skipped: torch sees no GPU here"
+elif [ "${HYDRA_GPU_BENCH:-full}" = smoke ]; then
+  bench bench-spill --gpu cuda:0 --smoke
+elif [ "${HYDRA_GPU_BENCH:-full}" != none ]; then
+  say "   time left for the benchmark: $((DEADLINE - $(date +%s))) s"
+  bench bench-spill-medium --gpu cuda:0 --shapes medium
+  bench bench-spill-medium-bf16 --gpu cuda:0 --precision bf16 --shapes medium
+  bench bench-spill-xl --gpu cuda:0 --shapes xl
 fi
 if ((failed)); then
   say "Result: FAILURES (see the logs beside this report)"

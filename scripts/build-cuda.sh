@@ -74,6 +74,10 @@ fi
 # ccache and precompiled headers, as in scripts/build.sh (CMakeLists.txt sets the ccache launcher).
 export CCACHE_SLOPPINESS="${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}"
 export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/ccache}"
+# A clone at another path (CI's) reuses the cache: paths under the checkout are hashed relative
+# to it and the working directory is not hashed (debug info names the first clone's directory).
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}"
+export CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-true}"
 if [ ! -f "$BUILD_DIR/build.ninja" ]; then
   # Torch_DIR and Caffe2_DIR, not CMAKE_PREFIX_PATH=$SP/torch: the wheel also ships protoc 3.13
   # (torch/bin) and protobuf 3.13 headers (torch/include/google), which FindProtobuf would then

@@ -19,6 +19,10 @@ SECS="${1:-30}"
 BUILD_DIR="${HYDRA_FUZZ_BUILD_DIR:-build-fuzz}"
 TARGETS=(manifest checkpoint spill_trailer trial_proto safetensors)
 export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/ccache}"
+# A clone at another path (CI's) reuses the cache: paths under the checkout are hashed relative
+# to it and the working directory is not hashed (debug info names the first clone's directory).
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}"
+export CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-true}"
 
 if [ ! -f "$BUILD_DIR/build.ninja" ]; then
   CXX=clang++ cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \

@@ -11,7 +11,6 @@
 #include <optional>
 
 #include "common/cost_model.h"
-#include "common/devices.h"
 #include "common/units.h"
 
 namespace hydra::controller {
@@ -24,8 +23,9 @@ int64_t PlannedBytes(const DeviceInventory& d) {
 
 int64_t DeviceInventory::UsableBytes() const {
   if (dcgm_free_bytes < 0) return total_bytes;
-  // DCGM's free memory leaves out the agent's own context and cache: an idle agent whose
-  // allocator kept a finished trial's blocks would otherwise look like a full GPU.
+  // DCGM's free memory leaves out what the agent's allocator holds, its cache included: an idle
+  // agent whose allocator kept a finished trial's blocks would otherwise look like a full GPU.
+  // (Its CUDA context is used memory too, but no trial can have it; the budget leaves it out.)
   const int64_t ours = process_bytes >= 0 ? process_bytes : PlannedBytes(*this);
   return std::min(total_bytes, dcgm_free_bytes + ours);
 }
@@ -210,7 +210,7 @@ StatusOr<std::vector<AgentInventory>> FetchInventory(const PrometheusClient& pro
     for (const auto& s : *reserved) {
       auto it = devices.find({Label(s, "node"), Label(s, "device")});
       const auto bytes = Bytes(s, 1, "hydra_gpu_allocator_reserved_bytes");
-      if (it != devices.end() && bytes) it->second.process_bytes = *bytes + kCudaContextBytes;
+      if (it != devices.end() && bytes) it->second.process_bytes = *bytes;
     }
   }
   for (const auto& [key, d] : devices) {

@@ -18,10 +18,10 @@ struct DeviceInventory {
   /// dcgm-exporter's DCGM_FI_DEV_FB_FREE for this GPU (bytes), matched by UUID; -1: none.
   /// It counts every process on the GPU, which the agent's own ledger cannot see.
   int64_t dcgm_free_bytes = -1;
-  /// What the agent's own process holds on this GPU, which DCGM counts as used: LibTorch's
-  /// caching allocator's reserved bytes (hydra_gpu_allocator_reserved_bytes, its cache
-  /// included, which outlives the trials that filled it) plus a CUDA context
-  /// (kCudaContextBytes); -1: not reported (an agent without the series).
+  /// What the agent's own process holds on this GPU for trials, which DCGM counts as used:
+  /// LibTorch's caching allocator's reserved bytes (hydra_gpu_allocator_reserved_bytes, its
+  /// cache included, which outlives the trials that filled it); -1: not reported (an agent
+  /// without the series).
   int64_t process_bytes = -1;
 
   /// The most a trial may plan for on this device: its total, but on a GPU that other

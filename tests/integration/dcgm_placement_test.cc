@@ -131,8 +131,8 @@ TEST(DcgmPlacementTest, AGpuFilledByAnotherProcessRefusesATrialThatNoLongerFits)
   EXPECT_EQ(place(81000, &waiting).size(), 1u) << waiting["big"];
 
   // The agent trained a 50 GiB trial and is idle now, but LibTorch's caching allocator kept
-  // the blocks: DCGM sees them (and the agent's CUDA context) as used. They are the agent's
-  // own, so the 40 GiB trial still fits.
+  // the blocks: DCGM sees them (and the agent's CUDA context) as used. The blocks are the
+  // agent's own, so the 40 GiB trial still fits.
   agent.Set(
       "hydra_agent_info{node=\"gpu-node\",grpc_endpoint=\"gpu-node:9443\",version=\"0.1.0\"} 1\n"
       "hydra_device_memory_total_bytes" +
@@ -150,8 +150,8 @@ TEST(DcgmPlacementTest, AGpuFilledByAnotherProcessRefusesATrialThatNoLongerFits)
       60));
   EXPECT_EQ(place(81000 - 50 * 1024 - 512, &waiting).size(), 1u) << waiting["big"];
   EXPECT_EQ(place(81000 - 50 * 1024 - 512, &waiting, 60).size(), 1u) << waiting["big"];
-  // Another process takes 20 GiB beside the agent's cache: 59 GiB are left to the agent, so
-  // a 60 GiB trial waits and the 40 GiB one still fits.
+  // Another process takes 20 GiB beside the agent's cache: 58.6 GiB are left to the agent's
+  // trials, so a 60 GiB trial waits and the 40 GiB one still fits.
   dcgm.Set(Dcgm(81000 - 70 * 1024 - 512));
   waiting.clear();
   EXPECT_TRUE(place(81000 - 70 * 1024 - 512, &waiting, 60).empty());

@@ -3,7 +3,6 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "common/devices.h"
 #include "controller/reconciler/reconciler.h"
 #include "controller/reconciler/work_queue.h"
 #include "tests/fakes/scripted_http_server.h"
@@ -103,19 +102,20 @@ TEST(PlacementTest, DcgmCapsEachGpuByWhatOtherProcessesLeave) {
 
 TEST(PlacementTest, AnAgentsOwnAllocatorCacheIsNotAnotherProcesssMemory) {
   // An idle agent whose caching allocator kept 12 GiB of a finished trial's blocks: DCGM sees
-  // 15.5 of 16 GiB used (with the CUDA context), the agent's trials plan nothing.
+  // 15.5 of 16 GiB used (with its CUDA context, which no trial can have), the agent's trials
+  // plan nothing.
   AgentInventory a = Agent("gpu", 1, int64_t{16} << 30, int64_t{16} << 30);
   DeviceInventory& d = a.devices[0];
   d.dcgm_free_bytes = int64_t{512} << 20;
   EXPECT_EQ(d.UsableBytes(), int64_t{512} << 20) << "without the agent's process bytes";
-  d.process_bytes = (int64_t{12} << 30) + kCudaContextBytes;
-  EXPECT_EQ(d.UsableBytes(), int64_t{13} << 30);
-  EXPECT_EQ(d.AvailableBytes(), int64_t{13} << 30);
+  d.process_bytes = int64_t{12} << 30;
+  EXPECT_EQ(d.UsableBytes(), (int64_t{12} << 30) + (int64_t{512} << 20));
+  EXPECT_EQ(d.AvailableBytes(), (int64_t{12} << 30) + (int64_t{512} << 20));
   EXPECT_TRUE(a.LimitedByDcgm()) << "another process holds the remaining 3 GiB";
-  // A running trial planned 6 GiB of the cache: 7 GiB left for new work.
+  // A running trial planned 6 GiB of the cache: 6.5 GiB left for new work.
   d.free_bytes = int64_t{10} << 30;
-  EXPECT_EQ(d.UsableBytes(), int64_t{13} << 30);
-  EXPECT_EQ(d.AvailableBytes(), int64_t{7} << 30);
+  EXPECT_EQ(d.UsableBytes(), (int64_t{12} << 30) + (int64_t{512} << 20));
+  EXPECT_EQ(d.AvailableBytes(), (int64_t{6} << 30) + (int64_t{512} << 20));
   // Nothing else on the GPU: the agent's whole budget again, capped by its free memory.
   d.dcgm_free_bytes = (int64_t{16} << 30) - d.process_bytes;
   EXPECT_EQ(d.UsableBytes(), int64_t{16} << 30);
@@ -229,7 +229,7 @@ TEST(InventoryTest, AgentsDevicesAndDcgmFromPrometheus) {
   EXPECT_EQ((*inv)[1].FreeBytes(), 0) << "an unreadable value counts as nothing free";
   EXPECT_EQ(n1.devices[1].process_bytes, -1) << "no allocator series (the query got a 500)";
   // With the agents' allocator series: cuda:1's cache of 4 GiB is the agent's, not another
-  // process's (the allocator's reserved bytes plus a CUDA context).
+  // process's (the allocator's reserved bytes).
   for (int i = 0; i < 3; ++i) prom.Push(200, prom_replies[i]);
   prom.Push(200,
             result(R"({"metric":{"Hostname":"n1","gpu":"1","UUID":"GPU-b"},"value":[1,"1024"]})"));
@@ -240,8 +240,8 @@ TEST(InventoryTest, AgentsDevicesAndDcgmFromPrometheus) {
   auto with_cache = FetchInventory(PrometheusClient(prom.url()), "hydra-agent");
   ASSERT_TRUE(with_cache.ok()) << with_cache.status();
   const auto& cuda1 = (*with_cache)[0].devices[1];
-  EXPECT_EQ(cuda1.process_bytes, (int64_t{4} << 30) + kCudaContextBytes);
-  EXPECT_EQ(cuda1.UsableBytes(), (int64_t{5} << 30) + kCudaContextBytes);
+  EXPECT_EQ(cuda1.process_bytes, int64_t{4} << 30);
+  EXPECT_EQ(cuda1.UsableBytes(), int64_t{5} << 30);
   EXPECT_THAT(prom.requests().back(),
               HasSubstr("hydra_gpu_allocator_reserved_bytes%7Bjob%3D%22hydra-agent%22%7D"));
   prom.Push(503, R"({"status":"error","error":"query timed out"})");

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 
 namespace hydra::executor {
@@ -299,7 +300,13 @@ std::future<Status> DiskTier::Write(const std::string& key, std::vector<ConstByt
                                     std::function<void()> ready) {
   return io_.Submit(
       [this, key, parts = std::move(parts), slab = std::move(slab), ready = std::move(ready)]() {
-        if (ready) ready();
+        if (ready) {
+          try {
+            ready();
+          } catch (const std::exception& e) {  // a GPU's failed copy out: nothing to write
+            return InternalError("the bytes of spill file " + key + " never arrived: " + e.what());
+          }
+        }
         return WriteSync(key, parts, slab.get());
       });
 }

@@ -85,7 +85,7 @@ class DiskTier {
   /// given and the parts lie in it at their layout offsets, the slab goes out with O_DIRECT;
   /// the future keeps it alive. `ready`, if given, runs first on the I/O thread and returns
   /// once the parts hold their bytes (a GPU's copy out into them is done): the caller does not
-  /// wait for that itself.
+  /// wait for that itself. If it throws, nothing is written and the future holds INTERNAL.
   std::future<Status> Write(const std::string& key, std::vector<ConstBytes> parts,
                             std::shared_ptr<AlignedSlab> slab = nullptr,
                             std::function<void()> ready = nullptr);

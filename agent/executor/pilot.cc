@@ -90,6 +90,29 @@ double SecondsPerRound(int rounds, F&& f) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / rounds;
 }
 
+/// FLOP/s of 4096^3 matrix products in `dtype` on the GPU (two warm-ups, the mean of three);
+/// 0 where they fail (a GPU without bf16 products, or without the memory): the factory then
+/// keeps its other rate.
+double MatrixProductRate(const DeviceSpec& device, torch::ScalarType dtype) {
+  try {
+    const torch::Device dev = TorchDevice(device);
+    const int64_t m = 4096;
+    const auto a = torch::randn({m, m}, torch::TensorOptions(dev).dtype(dtype));
+    const auto b = torch::randn({m, m}, torch::TensorOptions(dev).dtype(dtype));
+    auto product = [&] {
+      torch::mm(a, b);
+      SynchronizeDevice(dev);
+    };
+    product();
+    product();
+    return 2.0 * static_cast<double>(m * m * m) / SecondsPerRound(3, product);
+  } catch (const c10::Error& e) {
+    std::fprintf(stderr, "warning: timing %s matrix products on %s: %s\n", c10::toString(dtype),
+                 device.name.c_str(), e.what_without_backtrace());
+    return 0;
+  }
+}
+
 }  // namespace
 
 StatusOr<LinkRates> MeasureLinkRates(const DeviceSpec& device) {
@@ -115,25 +138,13 @@ StatusOr<LinkRates> MeasureLinkRates(const DeviceSpec& device) {
     update();
     r.host_optimizer_bytes_per_second =
         static_cast<double>(params * 28) / SecondsPerRound(3, update);
-
-    const int64_t m = 4096;
-    for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
-      const auto a = torch::randn({m, m}, torch::TensorOptions(dev).dtype(dtype));
-      const auto b = torch::randn({m, m}, torch::TensorOptions(dev).dtype(dtype));
-      auto product = [&] {
-        torch::mm(a, b);
-        SynchronizeDevice(dev);
-      };
-      product();
-      product();
-      const double rate = 2.0 * static_cast<double>(m * m * m) / SecondsPerRound(3, product);
-      (dtype == torch::kFloat ? r.device_flops_per_second : r.device_bf16_flops_per_second) = rate;
-    }
-    return r;
   } catch (const c10::Error& e) {
     return InternalError("measuring the host link of " + device.name + ": " +
                          e.what_without_backtrace());
   }
+  r.device_flops_per_second = MatrixProductRate(device, torch::kFloat);
+  r.device_bf16_flops_per_second = MatrixProductRate(device, torch::kBFloat16);
+  return r;
 }
 
 std::string UseMeasuredLinkRates(ExecutorOptions* options) {
@@ -146,7 +157,8 @@ std::string UseMeasuredLinkRates(ExecutorOptions* options) {
   }
   options->host_link_bytes_per_second = rates->host_link_bytes_per_second;
   options->host_optimizer_bytes_per_second = rates->host_optimizer_bytes_per_second;
-  options->flops_per_second = rates->device_flops_per_second;
+  if (rates->device_flops_per_second > 0)
+    options->flops_per_second = rates->device_flops_per_second;
   options->bf16_flops_per_second = rates->device_bf16_flops_per_second;
   char line[200];
   std::snprintf(line, sizeof line,

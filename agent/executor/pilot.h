@@ -35,7 +35,7 @@ struct LinkRates {
   /// parameter: weights read and written, gradients read, two moments read and written).
   double host_optimizer_bytes_per_second = 0;
   /// The device's matrix product rate (FLOP/s) in fp32 and in bf16: what compute the copies
-  /// of a shard's optimizer state can hide behind.
+  /// of a shard's optimizer state can hide behind. 0: the products failed (logged).
   double device_flops_per_second = 0;
   double device_bf16_flops_per_second = 0;
 };

@@ -12,6 +12,7 @@
 #include <future>
 #include <iterator>
 #include <numeric>
+#include <stdexcept>
 
 #include "agent/executor/tier_ledger.h"
 #include "tests/fakes/temp_dir_test.h"
@@ -74,6 +75,16 @@ TEST_F(DiskTierTest, AWriteWaitsOnItsIoThreadUntilItsBytesAreReady) {
   std::vector<float> back(a.size());
   ASSERT_TRUE(disk.ReadSync("s0", {{back.data(), back.size() * 4}}).ok());
   EXPECT_EQ(back, a);
+  // A copy out that failed (the wait throws): nothing is written, the old file stays.
+  std::fill(a.begin(), a.end(), 3.0f);
+  auto failed = disk.Write("s0", {{a.data(), a.size() * 4}}, nullptr, [] {
+    throw std::runtime_error("CUDA error: an illegal memory access");
+  });
+  const Status st = failed.get();
+  EXPECT_EQ(st.code(), StatusCode::kInternal);
+  EXPECT_NE(st.message().find("illegal memory access"), std::string::npos) << st;
+  ASSERT_TRUE(disk.ReadSync("s0", {{back.data(), back.size() * 4}}).ok());
+  EXPECT_EQ(back, std::vector<float>(a.size(), 2.0f));
 }
 
 TEST_F(DiskTierTest, CorruptionIsDetected) {

@@ -244,7 +244,8 @@ int Run(const RunArgs& a) {
   int devices = 0;
   std::vector<hydra::DeviceSpec> device_specs;
   if (a.devices != "auto") {
-    // The devices' memory is each trial's resources.deviceMemoryBudget here, not a flag.
+    // A CPU device's memory is each trial's resources.deviceMemoryBudget here, not a flag; a
+    // GPU's is its memory, or budget= (which caps what its trials may use together).
     auto found = [&]() -> hydra::StatusOr<std::vector<hydra::DeviceSpec>> {
       ASSIGN_OR_RETURN(auto request, hydra::ParseDevicesRequest(a.devices));
       // A GPU's budget caps what its trials may use; a CPU device's memory is each trial's

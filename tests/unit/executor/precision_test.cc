@@ -36,22 +36,31 @@ TEST(PrecisionScopeTest, Bf16MatrixProductsInsideFp32OutsideAndNestingRestores) 
 }
 
 TEST(PrecisionScopeTest, NormalisationStatisticsStayFp32) {
-  // The residual stream entering GPT-2's LayerNorms is fp32 (fp32 plus a bf16 product is
-  // fp32); so is a ResNet's input to GroupNorm after a bf16 convolution is cast back.
+  // GPT-2's LayerNorms take the residual stream, fp32 plus a bf16 product: fp32. The ResNet's
+  // GroupNorms take a bf16 convolution's output cast to fp32 (vision.cc's Normalize). Both
+  // normalise as in fp32, bit for bit, under autocast.
   torch::manual_seed(3);
+  torch::nn::Linear lin(64, 64);
   torch::nn::LayerNorm ln(torch::nn::LayerNormOptions({64}));
+  torch::nn::Conv2d conv(torch::nn::Conv2dOptions(3, 16, 3).padding(1));
   torch::nn::GroupNorm gn(torch::nn::GroupNormOptions(4, 16));
   const auto x = torch::randn({4, 64}) * 1000 + 3;
-  const auto images = torch::randn({2, 16, 4, 4});
-  const auto ln_fp32 = ln->forward(x), gn_fp32 = gn->forward(images);
-  PrecisionScope bf16(Precision::kBf16);
-  const auto y = ln->forward(x);
+  const auto images = torch::randn({2, 3, 4, 4});
+  torch::Tensor residual, conv_out, y, g;
+  {
+    PrecisionScope bf16(Precision::kBf16);
+    residual = x + lin->forward(x);
+    EXPECT_EQ(residual.scalar_type(), torch::kFloat) << "fp32 plus bf16 is fp32";
+    y = ln->forward(residual);
+    conv_out = conv->forward(images);
+    EXPECT_EQ(conv_out.scalar_type(), torch::kBFloat16);
+    g = gn->forward(conv_out.to(torch::kFloat));
+  }
   EXPECT_EQ(y.scalar_type(), torch::kFloat);
   // Statistics in bf16 would round values near 1000 to steps of 4 (8 bits of mantissa).
-  EXPECT_TRUE(torch::equal(y, ln_fp32)) << "LayerNorm under autocast is fp32's, bit for bit";
-  const auto g = gn->forward(images);
+  EXPECT_TRUE(torch::equal(y, ln->forward(residual))) << "LayerNorm under autocast is fp32's";
   EXPECT_EQ(g.scalar_type(), torch::kFloat);
-  EXPECT_TRUE(torch::equal(g, gn_fp32));
+  EXPECT_TRUE(torch::equal(g, gn->forward(conv_out.to(torch::kFloat))));
 }
 
 TEST(PrecisionScopeTest, GradientsReachTheFp32MastersAsFp32) {

@@ -60,6 +60,14 @@ if [ -n "$GPU" ]; then
   OUT=$(mktemp)
   trap 'rm -rf "$SPILL_DIR" "$OUT" "$OUT.err" "$OUT.line"' EXIT
   json_tail() { "$PY" -c 'import json,sys; print(json.dumps(open(sys.argv[1]).read()[-300:]))' "$OUT.err"; }
+  # timed_out RC LEFT: a run that had no time, or was killed at the deadline, says so.
+  timed_out() {
+    if (($2 <= 0)); then
+      echo "skipped: out of time" >"$OUT.err"
+    elif (($1 == 124 || $1 == 137)); then
+      echo "skipped: out of time after $2 s" >"$OUT.err"
+    fi
+  }
   # time_left: prints the seconds a run may take (0: none left); 100000 without a deadline.
   time_left() {
     if [ "$DEADLINE" = 0 ]; then echo 100000; return; fi
@@ -71,30 +79,34 @@ if [ -n "$GPU" ]; then
     name=$1 ctx=$6 vocab=$7 dims="--layers $2 --embd $3 --heads $4 --ctx $6 --vocab $7 --batch $5"
     eager_args="--layers $2 --embd $3 --heads $4 --ctx $ctx --vocab $vocab --batch $5"
     CFGS=("1.0 host" "eager" "0.5 host" "0.25 host" "0.25 disk")
-    # bf16: issue 18 item 2 side by side, matrix weights sent as bf16 to a host-stepped optimizer.
-    [ "$PRECISION" = bf16 ] && CFGS+=("0.25 host --optimizer=host" "0.25 host --optimizer=host --bf16-transit")
+    # bf16: issue 18 item 2 side by side, matrix weights sent as bf16 to a host-stepped
+    # optimizer, right after the unspilled run (they decide the transit's default).
+    if [ "$PRECISION" = bf16 ]; then
+      CFGS=("1.0 host" "0.25 host --optimizer=host" "0.25 host --optimizer=host --bf16-transit"
+        "eager" "0.5 host" "0.25 host" "0.25 disk")
+    fi
     for cfg in "${CFGS[@]}"; do
       set -- $cfg
       left=$(time_left)
       if [ "$1" = eager ]; then
         # shellcheck disable=SC2086
-        if ((left > 0)) && timeout "$left" "$PY" bench/train_throughput.py --device "$GPU" \
+        if ((left > 0)) && timeout -k 10 "$left" "$PY" bench/train_throughput.py --device "$GPU" \
             --corpus "$CORPUS" $eager_args --steps 5 --warmup 2 --precision "$PRECISION" \
             >"$OUT.line" 2>"$OUT.err"; then
           sed "s/^{/{\"shape\": \"$name\", /" "$OUT.line" >>"$OUT"
         else
-          ((left > 0)) || echo "skipped: out of time" >"$OUT.err"
+          timed_out "$?" "$left"
           echo "{\"shape\": \"$name\", \"impl\": \"pytorch-eager\", \"error\": $(json_tail)}" >>"$OUT"
         fi
         continue
       fi
       # shellcheck disable=SC2086
-      if ((left > 0)) && line=$(timeout "$left" "$BIN" --devices "$GPU" --corpus "$CORPUS" $dims \
+      if ((left > 0)) && line=$(timeout -k 10 "$left" "$BIN" --devices "$GPU" --corpus "$CORPUS" $dims \
           $STEPS --budget-fraction "$1" --offload "$2" "${@:3}" --spill-dir "$SPILL_DIR" \
           --precision "$PRECISION" 2>"$OUT.err"); then
         echo "{\"shape\": \"$name\", ${line#\{}" >>"$OUT"
       else
-        ((left > 0)) || echo "skipped: out of time" >"$OUT.err"
+        timed_out "$?" "$left"
         echo "{\"shape\": \"$name\", \"budgetFraction\": $1, \"offload\": \"$2\", \"args\": \"${*:3}\", \"error\": $(json_tail)}" >>"$OUT"
       fi
     done

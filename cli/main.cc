@@ -248,8 +248,6 @@ int Run(const RunArgs& a) {
     // GPU's is its memory, or budget= (which caps what its trials may use together).
     auto found = [&]() -> hydra::StatusOr<std::vector<hydra::DeviceSpec>> {
       ASSIGN_OR_RETURN(auto request, hydra::ParseDevicesRequest(a.devices));
-      // A GPU's budget caps what its trials may use; a CPU device's memory is each trial's
-      // own spec.resources.deviceMemoryBudget here.
       if (request.budget && request.kind == hydra::DeviceKind::kCpu) {
         return hydra::InvalidArgumentError(
             "--devices: hydra run takes no budget= for CPU devices (a trial's device memory is "

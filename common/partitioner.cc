@@ -104,11 +104,12 @@ OptimizerPlacement ChooseOptimizerPlacement(const Trial& trial, const PartitionO
   if (o.host_link_bytes_per_second <= 0 || o.host_optimizer_bytes_per_second <= 0) {
     return OptimizerPlacement::kDevice;
   }
-  // Per parameter; the weights go up and come down (or their gradients do) either way.
+  // Per parameter, with no compute to hide copies behind.
   const double state = static_cast<double>(OptimizerBytesPerParameter(trial.training));
-  const double on_device = 2.0 * state / o.host_link_bytes_per_second;
-  const double on_host = (3.0 * 4.0 + 2.0 * state) / o.host_optimizer_bytes_per_second;
-  return on_host < on_device ? OptimizerPlacement::kHost : OptimizerPlacement::kDevice;
+  return OptimizerStepSeconds(OptimizerPlacement::kHost, 0, 1, state, o) <
+                 OptimizerStepSeconds(OptimizerPlacement::kDevice, 0, 1, state, o)
+             ? OptimizerPlacement::kHost
+             : OptimizerPlacement::kDevice;
 }
 
 PartitionOptions PartitionOptionsFor(const Trial& trial) {

@@ -63,7 +63,8 @@ class CudaExecutorTest : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(spill_); }
 
-  std::unique_ptr<ExecutorFactoryInterface> Factory(const DeviceSpec& gpu, bool host_optimizer) {
+  std::unique_ptr<ExecutorFactoryInterface> Factory(const DeviceSpec& gpu, bool host_optimizer,
+                                                    bool bf16_transit = false) {
     ExecutorOptions o;
     o.spill_dir = spill_.string();
     o.devices.devices = {gpu};
@@ -72,6 +73,7 @@ class CudaExecutorTest : public ::testing::Test {
     o.host_link_bytes_per_second = 25e9;
     o.optimizer_placement =
         host_optimizer ? OptimizerPlacement::kHost : OptimizerPlacement::kDevice;
+    o.bf16_weight_transit = bf16_transit;
     return MakeExecutorFactory(o);
   }
 
@@ -126,10 +128,7 @@ TEST_F(CudaExecutorTest, SpilledTrainingOnAGpuEqualsUnshardedTrainingOnIt) {
       ASSERT_TRUE(exec.ok()) << exec.status();
       EXPECT_GE((*exec)->stats().shards, 2);
       const auto losses = Losses(exec->get(), 30);
-      ASSERT_EQ(losses.size(), expected.size());
-      for (size_t i = 0; i < losses.size(); ++i) {
-        EXPECT_NEAR(losses[i], expected[i], 1e-4 * std::fabs(expected[i])) << "step " << i;
-      }
+      testing::ExpectStepLossesNear(losses, expected, 1e-4);
       auto val = (*exec)->Evaluate();
       ASSERT_TRUE(val.ok()) << val.status();
       EXPECT_NEAR(*val, expected_val, 1e-4 * expected_val);
@@ -164,21 +163,11 @@ TEST_F(CudaExecutorTest, Bf16SpilledTrainingOnAGpuTracksBf16UnshardedTrainingOnI
     Trial t = base;
     t.resources.device_memory_budget = EstimateTrialFootprint(t).total_bytes() / 3;
     if (v.disk) t.resources.offload = "disk";
-    ExecutorOptions o;
-    o.spill_dir = spill_.string();
-    o.devices.devices = {gpu};
-    o.host_link_bytes_per_second = 25e9;
-    o.optimizer_placement =
-        v.host_optimizer ? OptimizerPlacement::kHost : OptimizerPlacement::kDevice;
-    o.bf16_weight_transit = v.transit;
-    auto exec = MakeExecutorFactory(o)->Create(t, *data);
+    auto exec = Factory(gpu, v.host_optimizer, v.transit)->Create(t, *data);
     ASSERT_TRUE(exec.ok()) << exec.status();
     EXPECT_GE((*exec)->stats().shards, 2);
     const auto losses = Losses(exec->get(), 30);
-    ASSERT_EQ(losses.size(), expected.size());
-    for (size_t i = 0; i < losses.size(); ++i) {
-      EXPECT_NEAR(losses[i], expected[i], 1e-2 * std::fabs(expected[i])) << "step " << i;
-    }
+    testing::ExpectStepLossesNear(losses, expected, 1e-2);
     if (v.transit) {
       EXPECT_GT((*exec)->stats().weight_casts, 0) << "the weights went up as bf16";
     }
@@ -271,10 +260,7 @@ TEST_F(CudaExecutorTest, ATrialMovesBetweenGpusWithTheLossesOfOneThatStayed) {
     EXPECT_EQ((*moves)->BoundDevice(), 1);
     const auto rest = Losses(moves->get(), 5);
     losses.insert(losses.end(), rest.begin(), rest.end());
-    ASSERT_EQ(losses.size(), expected.size());
-    for (size_t i = 0; i < losses.size(); ++i) {
-      EXPECT_NEAR(losses[i], expected[i], 1e-5 * std::fabs(expected[i])) << "step " << i;
-    }
+    testing::ExpectStepLossesNear(losses, expected, 1e-5);
   }
 }
 

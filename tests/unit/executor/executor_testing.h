@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,15 @@ inline Trial GptTrial(const std::string& name, const std::string& optimizer, int
   t.dataset.resolved_path = std::string(HYDRA_SOURCE_DIR) + "/examples/data/corpus.txt";
   t.dataset.eval_sequences = 16;
   return t;
+}
+
+/// Every step loss of `losses` within `relative` of `expected`'s, and as many of them.
+inline void ExpectStepLossesNear(const std::vector<double>& losses,
+                                 const std::vector<double>& expected, double relative) {
+  ASSERT_EQ(losses.size(), expected.size());
+  for (size_t i = 0; i < losses.size(); ++i) {
+    EXPECT_NEAR(losses[i], expected[i], relative * std::fabs(expected[i])) << "step " << i;
+  }
 }
 
 /// The losses of `steps` training steps; a failed step fails the test and ends the list.

@@ -126,10 +126,7 @@ void SpillingExecutorTest::ExpectVariantsTrackUnsharded(const Trial& base,
     EXPECT_EQ((*exec)->BoundDevice(), v.discrete ? 0 : -1);
     EXPECT_GE(static_cast<size_t>((*exec)->stats().shards), v.per_layer ? 6u : v.min_shards);
     const auto losses = Losses(exec->get(), 30);
-    ASSERT_EQ(losses.size(), expected.size());
-    for (size_t i = 0; i < losses.size(); ++i) {
-      EXPECT_NEAR(losses[i], expected[i], tol.step * std::fabs(expected[i])) << "step " << i;
-    }
+    testing::ExpectStepLossesNear(losses, expected, tol.step);
     auto val = (*exec)->Evaluate();
     ASSERT_TRUE(val.ok());
     EXPECT_NEAR(*val, expected_val, tol.validation * expected_val);
@@ -375,10 +372,7 @@ TEST_F(SpillingExecutorTest, ShardsWhoseOptimizersStepInDifferentPlacesTrainAsUn
   auto plain = Make(MakeInMemoryExecutorFactory({2}).get(), unsharded);
   ASSERT_TRUE(plain.ok());
   const auto expected = Losses(plain->get(), 10);
-  ASSERT_EQ(losses.size(), expected.size());
-  for (size_t i = 0; i < losses.size(); ++i) {
-    EXPECT_NEAR(losses[i], expected[i], 1e-5 * std::fabs(expected[i])) << "step " << i;
-  }
+  testing::ExpectStepLossesNear(losses, expected, 1e-5);
 }
 
 TEST_F(SpillingExecutorTest, Bf16WeightTransitChangesNoNumber) {

@@ -13,27 +13,43 @@ int64_t AllocatorLedgerCheck::SlackBytes(int64_t ledger_bytes) {
   return kFixedSlack + std::max<int64_t>(0, ledger_bytes) / 20;  // + 5%
 }
 
+AllocatorLedgerCheck::Reading AllocatorLedgerCheck::Classify(
+    int64_t ledger_bytes, const DeviceAllocatorBytes& allocator) {
+  const int64_t limit = ledger_bytes + SlackBytes(ledger_bytes);
+  if (allocator.allocated > limit) return Reading::kTensorsOverLedger;
+  if (allocator.reserved > limit) return Reading::kCacheOverLedger;
+  return Reading::kWithinLedger;
+}
+
 std::string AllocatorLedgerCheck::Observe(const DeviceSpec& device, int64_t ledger_bytes,
                                           const DeviceAllocatorBytes& allocator) {
-  const Reading now = allocator.allocated > ledger_bytes + SlackBytes(ledger_bytes)
-                          ? Reading::kOverLedger
-                          : Reading::kWithinLedger;
+  const Reading now = Classify(ledger_bytes, allocator);
   auto [it, first] = last_.try_emplace(device.name, Reading::kWithinLedger);
   (void)first;
   const Reading before = it->second;
   it->second = now;
   if (now == before) return "";
   const std::string where = device.name + (device.uuid.empty() ? "" : " (" + device.uuid + ")");
-  if (now == Reading::kWithinLedger) {
-    return where + ": LibTorch's caching allocator is back within the trials' ledger (" +
-           FormatBytes(allocator.allocated) + " in tensors, ledger " + FormatBytes(ledger_bytes) +
-           ")";
+  const std::string held = FormatBytes(allocator.allocated) + " in tensors, " +
+                           FormatBytes(allocator.reserved) + " reserved";
+  switch (now) {
+    case Reading::kWithinLedger:
+      return where + ": LibTorch's caching allocator is back within the trials' ledger (" + held +
+             ", ledger " + FormatBytes(ledger_bytes) + ")";
+    case Reading::kTensorsOverLedger:
+      return where + ": LibTorch's caching allocator holds " + held +
+             " but the trials' ledger accounts " + FormatBytes(ledger_bytes) +
+             ": the cost model under-counts a trial here; the GPU's budget still caps this "
+             "process, so trials may fail out of memory (please report it with the trials' "
+             "shard plans)";
+    case Reading::kCacheOverLedger:
+      return where + ": LibTorch's caching allocator reserves more than the trials' ledger (" +
+             held + ", ledger " + FormatBytes(ledger_bytes) +
+             "): free blocks it keeps cached, from finished trials or fragmentation; this "
+             "process reuses them, but other processes on the GPU cannot (the controller counts "
+             "them as free through hydra_gpu_allocator_reserved_bytes)";
   }
-  return where + ": LibTorch's caching allocator holds " + FormatBytes(allocator.allocated) +
-         " in tensors (" + FormatBytes(allocator.reserved) + " reserved) but the trials' ledger " +
-         "accounts " + FormatBytes(ledger_bytes) +
-         ": the cost model under-counts a trial here; the GPU's budget still caps this process, "
-         "so trials may fail out of memory (please report it with the trials' shard plans)";
+  return "";
 }
 
 }  // namespace hydra::agent

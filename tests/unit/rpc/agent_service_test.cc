@@ -192,7 +192,8 @@ TEST_F(AgentServiceTest, AssignedTrialsTrainAndReportThroughStatusAndMetrics) {
 }
 
 /// On a GPU, the agent exports the caching allocator's bytes with dcgm-exporter's labels and
-/// says once when the allocator holds more than the trials' ledger accounts.
+/// says once when the allocator holds more than the trials' ledger accounts, in tensors or only
+/// in its cache.
 TEST(AgentServiceGpuTest, AllocatorBytesAreExportedAndCheckedAgainstTheLedger) {
   DeviceSpec gpu;
   gpu.kind = DeviceKind::kCuda;
@@ -229,6 +230,16 @@ TEST(AgentServiceGpuTest, AllocatorBytesAreExportedAndCheckedAgainstTheLedger) {
   {
     std::lock_guard<std::mutex> lock(factory.mu);
     factory.allocator[0] = {0, int64_t{4} << 30};
+  }
+  ::testing::internal::CaptureStderr();
+  service.Tick();
+  // The tensors are gone, the cache is not.
+  EXPECT_THAT(::testing::internal::GetCapturedStderr(),
+              HasSubstr("LibTorch's caching allocator reserves more than the trials' ledger (0 B "
+                        "in tensors, 4.00 GiB reserved, ledger 0 B)"));
+  {
+    std::lock_guard<std::mutex> lock(factory.mu);
+    factory.allocator[0] = {0, int64_t{256} << 20};
   }
   ::testing::internal::CaptureStderr();
   service.Tick();

@@ -40,7 +40,7 @@ SlabPinning PinningFor(const torch::Device& device) {
     const c10::DeviceIndex index = device.index();
     return {[index](void* data, size_t bytes) {
               c10::cuda::CUDAGuard on(index);
-              if (cudaHostRegister(data, bytes, cudaHostRegisterDefault) == cudaSuccess) {
+              if (cudaHostRegister(data, bytes, cudaHostRegisterPortable) == cudaSuccess) {
                 return true;
               }
               cudaGetLastError();  // not sticky: the slab stays plain memory
@@ -243,39 +243,40 @@ void DeviceStreams::ComputeWaits(const StreamMark& mark) {
 }
 
 StreamMark DeviceStreams::CopyIn(const std::vector<torch::Tensor>& dst,
-                                 const std::vector<torch::Tensor>& src, const StreamMark& after) {
-  return Copy(0, dst, src, after);
+                                 const std::vector<torch::Tensor>& src, const StreamMark& after,
+                                 const StreamMark& dst_free) {
+  return Copy(Direction::kIn, dst, src, after, dst_free);
 }
 
 StreamMark DeviceStreams::CopyOut(const std::vector<torch::Tensor>& dst,
                                   const std::vector<torch::Tensor>& src, const StreamMark& after) {
-  return Copy(1, dst, src, after);
+  return Copy(Direction::kOut, dst, src, after, MarkCompute());
 }
 
-StreamMark DeviceStreams::Copy(int which, const std::vector<torch::Tensor>& dst,
-                               const std::vector<torch::Tensor>& src, const StreamMark& after) {
+StreamMark DeviceStreams::Copy(Direction direction, const std::vector<torch::Tensor>& dst,
+                               const std::vector<torch::Tensor>& src, const StreamMark& after,
+                               const StreamMark& compute) {
   torch::NoGradGuard no_grad;
   StreamMark m;
 #ifdef HYDRA_WITH_CUDA
   if (cuda_) {
     Streams& s = Of(cuda_);
-    const c10::cuda::CUDAStream& stream = which == 0 ? s.in : s.out;
-    // After the compute issued so far: the device memory was allocated on the compute stream
-    // (a block it may still be using for earlier work) or holds what it computed.
-    static_cast<Event*>(Record(s.compute).get())->block(stream);
-    if (after.event_) static_cast<Event*>(after.event_.get())->block(stream);
+    const c10::cuda::CUDAStream& stream = direction == Direction::kIn ? s.in : s.out;
+    for (const StreamMark* wait : {&compute, &after}) {
+      if (wait->event_) static_cast<Event*>(wait->event_.get())->block(stream);
+    }
     c10::cuda::CUDAStreamGuard guard(stream);
     for (size_t i = 0; i < dst.size(); ++i) {
       dst[i].copy_(src[i], /*non_blocking=*/true);
       // The device side is used by this stream: the allocator must not reuse it before.
-      const torch::Tensor& on_device = which == 0 ? dst[i] : src[i];
+      const torch::Tensor& on_device = direction == Direction::kIn ? dst[i] : src[i];
       on_device.record_stream(stream);
     }
     m.event_ = Record(stream);
     return m;
   }
 #else
-  (void)which, (void)after;
+  (void)direction, (void)after, (void)compute;
 #endif
   for (size_t i = 0; i < dst.size(); ++i) dst[i].copy_(src[i]);
   return m;
@@ -284,6 +285,39 @@ StreamMark DeviceStreams::Copy(int which, const std::vector<torch::Tensor>& dst,
 torch::Tensor HostTensorFor(const torch::Device& device, at::IntArrayRef shape,
                             torch::ScalarType dtype) {
   return torch::zeros(shape, torch::TensorOptions().dtype(dtype).pinned_memory(device.is_cuda()));
+}
+
+HostTensorPool::HostTensorPool(const torch::Device& device, size_t limit_bytes)
+    : pool_(limit_bytes, PinningFor(device)) {}
+
+std::vector<torch::Tensor> HostTensorPool::Get(const std::vector<std::vector<int64_t>>& shapes,
+                                               const std::vector<torch::ScalarType>& types) {
+  if (shapes.empty()) return {};
+  constexpr size_t kAlign = 64;
+  std::vector<size_t> offsets;
+  size_t total = 0;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    offsets.push_back(total);
+    int64_t n = 1;
+    for (int64_t d : shapes[i]) n *= d;
+    const size_t bytes = static_cast<size_t>(n) * c10::elementSize(types[i]);
+    total += (bytes + kAlign - 1) / kAlign * kAlign;
+  }
+  std::shared_ptr<AlignedSlab> slab = pool_.Get(std::max(total, kAlign));
+  TORCH_CHECK_WITH(OutOfMemoryError, slab != nullptr, "the system refused ", total,
+                   " bytes of host memory for a device's copies");
+  std::vector<torch::Tensor> out;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    out.push_back(torch::from_blob(
+        slab->data() + offsets[i], shapes[i], [slab](void*) {},
+        torch::TensorOptions().dtype(types[i])));
+  }
+  return out;
+}
+
+torch::Tensor HostTensorPool::GetOne(at::IntArrayRef shape, torch::ScalarType type) {
+  const std::vector<std::vector<int64_t>> shapes = {shape.vec()};
+  return Get(shapes, std::vector<torch::ScalarType>{type}).front();
 }
 
 }  // namespace hydra::executor

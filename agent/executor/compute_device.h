@@ -100,17 +100,24 @@ class DeviceStreams {
   /// Makes the compute stream wait for `mark` (the host does not wait).
   void ComputeWaits(const StreamMark& mark);
 
-  /// Copies each src[i] into dst[i] on the prefetch stream (asynchronously where the host side
-  /// is pinned), after `after`; returns the mark of the copies' end.
+  /// Copies each src[i] (host) into dst[i] (device) on the prefetch stream, asynchronously
+  /// where the host side is pinned, after `after` and after `dst_free`: the compute stream's
+  /// mark past its last use of dst's memory. For memory allocated on the compute stream that is
+  /// MarkCompute() taken when it was allocated (earlier compute may have used the block; none
+  /// queued later can), so a copy into memory reserved ahead does not wait for the compute
+  /// queued since; for tensors compute reads, MarkCompute() now. Returns the copies' end.
   StreamMark CopyIn(const std::vector<torch::Tensor>& dst, const std::vector<torch::Tensor>& src,
-                    const StreamMark& after);
-  /// The same on the write-back stream (device to host).
+                    const StreamMark& after, const StreamMark& dst_free);
+  /// Copies each src[i] (device) into dst[i] (host) on the write-back stream, after `after`
+  /// and after all compute issued so far (which may be what wrote src).
   StreamMark CopyOut(const std::vector<torch::Tensor>& dst, const std::vector<torch::Tensor>& src,
                      const StreamMark& after);
 
  private:
-  StreamMark Copy(int which, const std::vector<torch::Tensor>& dst,
-                  const std::vector<torch::Tensor>& src, const StreamMark& after);
+  enum class Direction { kIn, kOut };
+  StreamMark Copy(Direction direction, const std::vector<torch::Tensor>& dst,
+                  const std::vector<torch::Tensor>& src, const StreamMark& after,
+                  const StreamMark& compute);
   torch::Device device_;
   std::shared_ptr<void> cuda_;  // the three streams in the CUDA build
 };
@@ -119,5 +126,32 @@ class DeviceStreams {
 /// asynchronous DMA) when `device` is a GPU; plain memory for a CPU device. Zero-filled.
 torch::Tensor HostTensorFor(const torch::Device& device, at::IntArrayRef shape,
                             torch::ScalarType dtype);
+
+/// Host memory for a discrete device's copies of a trial's state (its host tier, gradients
+/// bound for a host optimizer, bf16 transit copies): tensors carved end to end from one slab of
+/// a bounded SlabPool, pinned once (cudaHostRegister) when the pool makes the slab on a GPU,
+/// plain memory for a CPU device. Unlike LibTorch's pinned allocator (HostTensorFor), which
+/// rounds every allocation up to a power of two (up to twice the bytes the tier ledger counts)
+/// and keeps it cached for good, a slab is the size asked for (to a page) and goes back to the
+/// pool when its last tensor is dropped, to be handed out again for the same size (a shard's
+/// gradients every step). Past the pool's limit slabs are plain, unmapped when dropped. The
+/// caller keeps a slab's tensors alive until the copies that use them are done.
+class HostTensorPool {
+ public:
+  HostTensorPool(const torch::Device& device, size_t limit_bytes);
+
+  /// Tensors of `shapes` and `types` (as many of each) in one slab, each at a 64-byte
+  /// boundary; their contents are whatever the slab's last user left. Throws c10::Error (out of
+  /// memory) when the system refuses the memory.
+  std::vector<torch::Tensor> Get(const std::vector<std::vector<int64_t>>& shapes,
+                                 const std::vector<torch::ScalarType>& types);
+  /// One tensor in a slab of its own.
+  torch::Tensor GetOne(at::IntArrayRef shape, torch::ScalarType type);
+
+  SlabPool::Stats stats() const { return pool_.stats(); }
+
+ private:
+  SlabPool pool_;
+};
 
 }  // namespace hydra::executor

@@ -124,7 +124,9 @@ StatusOr<LinkRates> MeasureLinkRates(const DeviceSpec& device) {
     auto host = HostTensorFor(dev, {n}, torch::kFloat);
     auto on_device = torch::empty({n}, torch::TensorOptions(dev));
     DeviceStreams streams(dev);
-    auto copy = [&] { streams.CopyIn({on_device}, {host}, {}).Synchronize(); };
+    auto copy = [&] {
+      streams.CopyIn({on_device}, {host}, {}, streams.MarkCompute()).Synchronize();
+    };
     copy();
     r.host_link_bytes_per_second = static_cast<double>(n * 4) / SecondsPerRound(3, copy);
 

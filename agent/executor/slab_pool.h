@@ -16,13 +16,14 @@ struct SlabPinning {
   std::function<void(void* data)> unpin;
 };
 
-/// Reusable page-aligned slabs for the disk tier of a discrete device: disk -> pinned slab ->
-/// device, with each slab pinned once when made instead of per transfer (pinning costs about as
-/// much as the copy it enables). A slab given out returns to the pool when its last user drops
-/// it and is handed out again for the same size; the pool keeps at most `limit_bytes` of slabs
-/// in all (pinned, given out or idle): past that, Get makes plain slabs that are unmapped when
-/// dropped, so the pool bounds both the pinned and the idle host memory. Thread-safe. Slabs may
-/// outlive the pool (they are then unpinned and unmapped when dropped).
+/// Reusable page-aligned slabs for a discrete device: the disk tier's (disk -> pinned slab ->
+/// device) and the host copies' (HostTensorPool), with each slab pinned once when made instead
+/// of per transfer (pinning costs about as much as the copy it enables). A slab given out returns
+/// to the pool when its last user drops it and is handed out again for the same size; the pool
+/// keeps at most `limit_bytes` of slabs in all (pinned, given out or idle): past that, Get makes
+/// plain slabs that are unmapped when dropped, so the pool bounds both the pinned and the idle host
+/// memory. Thread-safe. Slabs may outlive the pool (they are then unpinned and unmapped when
+/// dropped).
 class SlabPool {
  public:
   SlabPool(size_t limit_bytes, SlabPinning pinning);

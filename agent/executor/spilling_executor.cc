@@ -61,6 +61,11 @@ struct Part {
   // Discrete devices: the copy into the device (compute waits for it before using the part),
   // and the last copy out into `host` (the next copy in, and host readers, wait for it).
   StreamMark in_done, out_done;
+  // Discrete devices, while kReading: the device memory reserved for the part when its read
+  // was issued, and the compute stream's mark then (the copy in waits for that, not for the
+  // compute queued while the disk read ran).
+  std::vector<torch::Tensor> reserved;
+  StreamMark reserved_free;
 };
 
 /// One shard's parameters and optimizer state.
@@ -116,6 +121,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   /// to be whole in memory.
   Status Init() {
     if (disk_) RETURN_IF_ERROR(disk_->Init());
+    if (on_.discrete) MakeHostPool();
     Status status;
     size_t next = 0;
     auto built = BuildModel(trial_, [&](const LayerSequence& seq, size_t layer) {
@@ -451,6 +457,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       case Residency::kOnDisk: break;
     }
     RETURN_IF_ERROR(p.at->To(Residency::kReading));
+    if (on_.discrete) ReserveOnDevice(p);
     // Materialize first: it makes the slab that Read is then handed.
     auto parts = Materialize(p);
     p.read = disk_->Read(Key(k, p.key), std::move(parts), p.slab);
@@ -697,54 +704,75 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   /// A host copy of `t` (built in host memory) for a discrete device: pinned for a GPU.
   torch::Tensor HostCopy(const torch::Tensor& t) const {
     torch::NoGradGuard g;
-    auto h = HostTensorFor(on_.device, t.sizes(), t.scalar_type());
-    h.copy_(t);
-    return h;
+    return host_pool_->GetOne(t.sizes(), t.scalar_type()).copy_(t);
   }
-  /// Host copies of a part's tensors, carved from one allocation (the pinned allocator rounds
-  /// each allocation up to a power of two). With the disk tier they are the built tensors
-  /// themselves: set-up writes them out and frees them (pinned memory would stay cached).
+  /// Host copies of a part's tensors, carved from one slab. With the disk tier they are the
+  /// built tensors themselves: set-up writes them out and frees them.
   std::vector<torch::Tensor> HostCopies(const NamedTensors& ts) const {
     std::vector<torch::Tensor> out;
     if (disk_) {
       for (const auto& [n, t] : ts) out.push_back(t.detach());
       return out;
     }
-    int64_t total = 0;
-    bool one_type = true;
+    std::vector<std::vector<int64_t>> shapes;
+    std::vector<torch::ScalarType> types;
     for (const auto& [n, t] : ts) {
-      total += t.numel();
-      one_type = one_type && t.scalar_type() == ts.front().second.scalar_type();
-    }
-    if (ts.empty() || !one_type) {
-      for (const auto& [n, t] : ts) out.push_back(HostCopy(t));
-      return out;
+      shapes.push_back(t.sizes().vec());
+      types.push_back(t.scalar_type());
     }
     torch::NoGradGuard g;
-    auto flat = HostTensorFor(on_.device, {total}, ts.front().second.scalar_type());
-    int64_t at = 0;
-    for (const auto& [n, t] : ts) {
-      out.push_back(flat.narrow(0, at, t.numel()).view(t.sizes()));
-      out.back().copy_(t);
-      at += t.numel();
-    }
+    out = host_pool_->Get(shapes, types);
+    for (size_t i = 0; i < ts.size(); ++i) out[i].copy_(ts[i].second);
     return out;
   }
 
-  /// Discrete: part p's tensors get device memory, and the host copies are copied into it on
-  /// the prefetch stream (after the last copy out of them); Wait makes compute wait for it.
+  /// Discrete: the pool the host copies, the bf16 transit copies and the gradients bound for
+  /// the host come from, bounded by what the trial can hold there at once: every shard's state
+  /// and twice its gradients (the gradients, and the bf16 weights or the tied ones); past that
+  /// the memory is plain (copies from it are synchronous) and freed when dropped.
+  void MakeHostPool() {
+    size_t limit = 0;
+    for (const auto& sp : plan_.shards) {
+      limit += static_cast<size_t>(sp.state_bytes + 2 * sp.gradient_bytes);
+    }
+    host_pool_ = std::make_unique<HostTensorPool>(on_.device, limit);
+  }
+
+  /// Discrete: part p's tensors get device memory (reserved when its disk read was issued, or
+  /// now), and the host copies are copied into it on the prefetch stream (after the last copy
+  /// out of them); Wait makes compute wait for it.
   void Upload(Part& p) {
     torch::NoGradGuard g;
-    std::vector<torch::Tensor> dev, src = p.host;
     if (!p.transit.empty()) CastTransitCopies(p);
-    for (size_t i = 0; i < p.tensors.size(); ++i) {
-      if (!p.transit.empty() && p.transit[i].defined()) src[i] = p.transit[i];
-      const auto opts = torch::TensorOptions().dtype(src[i].scalar_type()).device(on_.device);
-      dev.push_back(torch::empty(p.shapes[i], opts));
-    }
-    p.in_done = streams_.CopyIn(dev, src, p.out_done);
+    if (p.reserved.empty()) ReserveOnDevice(p);
+    std::vector<torch::Tensor> dev = std::move(p.reserved), src = UploadSources(p);
+    p.reserved.clear();
+    p.in_done = streams_.CopyIn(dev, src, p.out_done, p.reserved_free);
     for (const auto& t : src) bytes_uploaded_ += t.numel() * t.element_size();
     for (size_t i = 0; i < dev.size(); ++i) p.tensors[i].second.set_data(dev[i]);
+  }
+
+  /// What part p's upload reads: its host copies, or their bf16 transit copies.
+  static std::vector<torch::Tensor> UploadSources(const Part& p) {
+    std::vector<torch::Tensor> src = p.host;
+    for (size_t i = 0; i < p.transit.size(); ++i) {
+      if (p.transit[i].defined()) src[i] = p.transit[i];
+    }
+    return src;
+  }
+
+  /// Discrete: device memory for part p's next upload, in the types it travels as, and the
+  /// compute stream's mark: no compute queued after it uses that memory.
+  void ReserveOnDevice(Part& p) {
+    torch::NoGradGuard g;
+    p.reserved.clear();
+    for (size_t i = 0; i < p.tensors.size(); ++i) {
+      const bool bf16 = i < p.transit.size() && p.transit[i].defined();
+      const auto type = bf16 ? torch::kBFloat16 : p.tensors[i].second.scalar_type();
+      p.reserved.push_back(
+          torch::empty(p.shapes[i], torch::TensorOptions().dtype(type).device(on_.device)));
+    }
+    p.reserved_free = streams_.MarkCompute();
   }
 
   /// bf16 weight transit: part p's bf16 copies made from its host copies, if they changed
@@ -777,11 +805,14 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
         cast[seq.names[i] + "." + m.key() + ".weight"] = true;
       }
     }
-    std::vector<torch::Tensor> out;
+    std::vector<std::vector<int64_t>> shapes;
     for (size_t i = 0; i < s.weights.tensors.size(); ++i) {
-      const bool bf16 = cast.count(s.weights.tensors[i].first) > 0;
-      out.push_back(bf16 ? HostTensorFor(on_.device, s.weights.shapes[i], torch::kBFloat16)
-                         : torch::Tensor());
+      if (cast.count(s.weights.tensors[i].first)) shapes.push_back(s.weights.shapes[i]);
+    }
+    const std::vector<torch::ScalarType> types(shapes.size(), torch::kBFloat16);
+    std::vector<torch::Tensor> copies = host_pool_->Get(shapes, types), out;
+    for (size_t i = 0, next = 0; i < s.weights.tensors.size(); ++i) {
+      out.push_back(cast.count(s.weights.tensors[i].first) ? copies[next++] : torch::Tensor());
     }
     return out;
   }
@@ -852,26 +883,26 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     torch::NoGradGuard g;
     Shard& s = shards_[k];
     std::vector<torch::Tensor> dst, src;
-    if (host) host->clear();
-    for (auto& [n, t] : s.weights.tensors) {
-      if (!host) break;
-      if (!t.grad().defined()) {  // a parameter this step did not use
-        host->emplace_back();
-        continue;
+    if (host) {
+      src = DefinedGrads(s.weights.tensors);
+      dst = HostLike(src);
+      host->clear();
+      for (size_t i = 0, next = 0; i < s.weights.tensors.size(); ++i) {
+        // An undefined one: a parameter this step did not use.
+        const bool used = s.weights.tensors[i].second.grad().defined();
+        host->push_back(used ? dst[next++] : torch::Tensor());
       }
-      host->push_back(HostTensorFor(on_.device, t.grad().sizes(), t.grad().scalar_type()));
-      dst.push_back(host->back());
-      src.push_back(t.grad());
     }
     if (tied) {
-      for (size_t i = 0; i < s.pinned.size(); ++i) {
-        const auto& grad = s.pinned[i].second.grad();
-        if (!grad.defined()) continue;
-        auto& h = s.pinned_host[i].second;
-        h.mutable_grad() = HostTensorFor(on_.device, grad.sizes(), grad.scalar_type());
-        dst.push_back(h.grad());
-        src.push_back(grad);
+      const std::vector<torch::Tensor> grads = DefinedGrads(s.pinned);
+      const std::vector<torch::Tensor> copies = HostLike(grads);
+      for (size_t i = 0, next = 0; i < s.pinned.size(); ++i) {
+        if (s.pinned[i].second.grad().defined()) {
+          s.pinned_host[i].second.mutable_grad() = copies[next++];
+        }
       }
+      dst.insert(dst.end(), copies.begin(), copies.end());
+      src.insert(src.end(), grads.begin(), grads.end());
     }
     streams_.CopyOut(dst, src, {}).Synchronize();
     if (host) {
@@ -880,6 +911,33 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     if (tied) {
       for (auto& [n, t] : s.pinned) t.mutable_grad() = torch::Tensor();
     }
+  }
+
+  /// Discrete: host memory for all of shard s's weight gradients, in one slab of the host pool.
+  std::vector<torch::Tensor> HostGradsFor(const Shard& s) const {
+    std::vector<torch::ScalarType> types;
+    for (const auto& [n, t] : s.weights.tensors) types.push_back(t.scalar_type());
+    return host_pool_->Get(s.weights.shapes, types);
+  }
+
+  /// The gradients of `ts` that this step made.
+  static std::vector<torch::Tensor> DefinedGrads(const NamedTensors& ts) {
+    std::vector<torch::Tensor> out;
+    for (const auto& [n, t] : ts) {
+      if (t.grad().defined()) out.push_back(t.grad());
+    }
+    return out;
+  }
+
+  /// Host memory of ts' shapes and types, in one slab of the host pool.
+  std::vector<torch::Tensor> HostLike(const std::vector<torch::Tensor>& ts) const {
+    std::vector<std::vector<int64_t>> shapes;
+    std::vector<torch::ScalarType> types;
+    for (const auto& t : ts) {
+      shapes.push_back(t.sizes().vec());
+      types.push_back(t.scalar_type());
+    }
+    return host_pool_->Get(shapes, types);
   }
 
   /// Discrete, with clipping: puts shard k's parked host gradients where its optimizer steps:
@@ -901,7 +959,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
           s.weights.shapes[i], torch::TensorOptions().dtype(p.scalar_type()).device(on_.device));
       dev.push_back(p.grad());
     }
-    const StreamMark up = streams_.CopyIn(dev, grads, {});
+    const StreamMark up = streams_.CopyIn(dev, grads, {}, streams_.MarkCompute());
     streams_.ComputeWaits(up);
     up.Synchronize();  // `grads` are freed when this returns
   }
@@ -910,7 +968,9 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   /// resident device tensors.
   void TiedToDevice(const Shard& s) {
     if (s.pinned.empty()) return;
-    streams_.ComputeWaits(streams_.CopyIn(Values(s.pinned), Values(s.pinned_host), {}));
+    // The resident tensors compute reads: after the compute queued so far.
+    streams_.ComputeWaits(
+        streams_.CopyIn(Values(s.pinned), Values(s.pinned_host), {}, streams_.MarkCompute()));
   }
 
   /// A batch tensor on the compute device.
@@ -1165,16 +1225,12 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
         ledger_.Acquire(Tier::kDevice, s.grad_bytes, "gradients of shard " + std::to_string(k)));
     if (disk_) {
       std::vector<MutableBytes> parts;
+      if (on_.discrete) s.host_grads = HostGradsFor(s);
       for (size_t i = 0; i < s.weights.tensors.size(); ++i) {
         auto& p = s.weights.tensors[i].second;
-        torch::Tensor g = on_.discrete
-                              ? HostTensorFor(on_.device, s.weights.shapes[i], p.scalar_type())
-                              : torch::empty(s.weights.shapes[i], p.options());
-        if (on_.discrete) {
-          s.host_grads.push_back(g);
-        } else {
-          p.mutable_grad() = g;
-        }
+        torch::Tensor g =
+            on_.discrete ? s.host_grads[i] : torch::empty(s.weights.shapes[i], p.options());
+        if (!on_.discrete) p.mutable_grad() = g;
         parts.push_back({g.data_ptr(), static_cast<size_t>(g.numel() * g.element_size())});
       }
       RETURN_IF_ERROR(disk_->ReadSync(Key(k, "g"), parts));
@@ -1204,6 +1260,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   std::unique_ptr<DiskTier> disk_;
   /// Discrete devices with the disk tier: pinned slabs, reused (disk -> pinned -> device).
   std::unique_ptr<SlabPool> slabs_;
+  std::unique_ptr<HostTensorPool> host_pool_;  // discrete devices: MakeHostPool
   LayerSequence model_;
   std::vector<Shard> shards_;
   NamedTensors pinned_;  // every shard's pinned parameters

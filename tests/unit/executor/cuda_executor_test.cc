@@ -279,28 +279,43 @@ TEST_F(CudaExecutorTest, TheCachingAllocatorIsCappedAtTheGpusBudget) {
   EXPECT_NO_THROW(torch::empty({int64_t{512} << 20}, torch::TensorOptions(dev)));
 }
 
+using Clock = std::chrono::steady_clock;
+double SecondsSince(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+/// Matrix products of 4096^2 fp32 on the compute stream of `streams`: compute to overlap.
+class MatrixProducts {
+ public:
+  MatrixProducts(DeviceStreams& streams, const torch::Device& dev)
+      : streams_(streams), a_(torch::randn({4096, 4096}, torch::TensorOptions(dev))) {}
+  /// Queues `rounds` products; returns the compute stream's mark after them.
+  StreamMark Queue(int rounds) {
+    auto x = a_;
+    for (int i = 0; i < rounds; ++i) x = torch::mm(x, a_).div_(64.0);
+    return streams_.MarkCompute();
+  }
+
+ private:
+  DeviceStreams& streams_;
+  torch::Tensor a_;
+};
+
 TEST_F(CudaExecutorTest, CopiesOnTheirStreamsOverlapCompute) {
   REQUIRE_GPU(gpu);
   const torch::Device dev = TorchDevice(gpu);
   DeviceStreams streams(dev);
   DeviceStreams::ComputeScope scope(streams);
-  const auto a = torch::randn({4096, 4096}, torch::TensorOptions(dev));
+  MatrixProducts products(streams, dev);
   const int64_t n = int64_t{64} << 20;  // 256 MiB each way
   auto host_in = HostTensorFor(dev, {n}, torch::kFloat);
   auto host_out = HostTensorFor(dev, {n}, torch::kFloat);
   auto dev_in = torch::empty({n}, torch::TensorOptions(dev));
   auto dev_out = torch::ones({n}, torch::TensorOptions(dev));
-  using Clock = std::chrono::steady_clock;
-  auto seconds = [](Clock::time_point t0) {
-    return std::chrono::duration<double>(Clock::now() - t0).count();
-  };
-  auto compute = [&](int rounds) {
-    auto x = a;
-    for (int i = 0; i < rounds; ++i) x = torch::mm(x, a).div_(64.0);
-    return streams.MarkCompute();
-  };
+  auto compute = [&](int rounds) { return products.Queue(rounds); };
+  auto seconds = SecondsSince;
   auto copies = [&] {
-    auto in = streams.CopyIn({dev_in}, {host_in}, {});
+    auto in = streams.CopyIn({dev_in}, {host_in}, {}, streams.MarkCompute());
     auto out = streams.CopyOut({host_out}, {dev_out}, {});
     return std::make_pair(in, out);
   };
@@ -332,6 +347,79 @@ TEST_F(CudaExecutorTest, CopiesOnTheirStreamsOverlapCompute) {
               rounds, copy_s, both_s);
   EXPECT_LT(both_s, 0.8 * (compute_s + copy_s)) << "the copies did not overlap the compute";
   EXPECT_TRUE(host_out.eq(1).all().item<bool>()) << "the copy out wrote what the device held";
+}
+
+TEST_F(CudaExecutorTest, ACopyIntoMemoryReservedAheadDoesNotWaitForTheComputeQueuedSince) {
+  REQUIRE_GPU(gpu);
+  const torch::Device dev = TorchDevice(gpu);
+  DeviceStreams streams(dev);
+  DeviceStreams::ComputeScope scope(streams);
+  MatrixProducts products(streams, dev);
+  const int64_t n = int64_t{16} << 20;  // 64 MiB
+  auto host = HostTensorFor(dev, {n}, torch::kFloat).fill_(3);
+  auto compute = [&](int rounds) { return products.Queue(rounds); };
+  auto seconds = SecondsSince;
+  compute(2).Synchronize();  // warm up cuBLAS
+  auto dev_mem = torch::empty({n}, torch::TensorOptions(dev));
+  streams.CopyIn({dev_mem}, {host}, {}, streams.MarkCompute()).Synchronize();
+  auto t0 = Clock::now();
+  streams.CopyIn({dev_mem}, {host}, {}, streams.MarkCompute()).Synchronize();
+  const double copy_s = seconds(t0);
+  t0 = Clock::now();
+  compute(10).Synchronize();
+  const double product_s = seconds(t0) / 10;
+  // Twenty times as much compute as copying queued behind the copy's reservation.
+  const int rounds = std::max(10, static_cast<int>(20 * copy_s / product_s));
+
+  // A disk read's device memory is reserved when the read is issued; the compute queued while
+  // the disk read runs never touches it, so the copy in runs beside that compute.
+  auto reserved = torch::empty({n}, torch::TensorOptions(dev));
+  const StreamMark free = streams.MarkCompute();
+  const StreamMark busy = compute(rounds);
+  const StreamMark in = streams.CopyIn({reserved}, {host}, {}, free);
+  in.Synchronize();
+  EXPECT_FALSE(busy.Reached()) << "the copy into reserved memory waited for " << rounds
+                               << " matrix products queued after the reservation (copy " << copy_s
+                               << " s, product " << product_s << " s)";
+  busy.Synchronize();
+  EXPECT_TRUE(reserved.eq(3).all().item<bool>());
+
+  // Into memory compute reads (a resident tensor): the copy waits for the compute before it.
+  host.fill_(4);
+  const StreamMark busy_again = compute(rounds);
+  streams.CopyIn({reserved}, {host}, {}, streams.MarkCompute()).Synchronize();
+  EXPECT_TRUE(busy_again.Reached()) << "the copy overwrote memory before compute was done";
+  EXPECT_TRUE(reserved.eq(4).all().item<bool>());
+}
+
+TEST_F(CudaExecutorTest, TheHostPoolsTensorsArePinnedOnceAndCopyAsynchronously) {
+  REQUIRE_GPU(gpu);
+  const torch::Device dev = TorchDevice(gpu);
+  HostTensorPool pool(dev, size_t{1} << 30);
+  const int64_t n = int64_t{16} << 20;  // 64 MiB
+  auto ts = pool.Get({{n}, {1000}}, {torch::kFloat, torch::kBFloat16});
+  EXPECT_TRUE(ts[0].is_pinned());
+  EXPECT_TRUE(ts[1].is_pinned());
+  EXPECT_EQ(pool.stats().pinned, 1) << "one slab for both, pinned when made";
+  DeviceStreams streams(dev);
+  DeviceStreams::ComputeScope scope(streams);
+  auto on_device = torch::empty({n}, torch::TensorOptions(dev));
+  ts[0].fill_(7);
+  streams.CopyIn({on_device}, {ts[0]}, {}, streams.MarkCompute()).Synchronize();  // warm
+  const auto t0 = Clock::now();
+  const StreamMark in = streams.CopyIn({on_device}, {ts[0]}, {}, streams.MarkCompute());
+  const double issued_s = SecondsSince(t0);
+  in.Synchronize();
+  const double done_s = SecondsSince(t0);
+  std::printf("64 MiB from the pool: issued in %.6f s, copied in %.6f s\n", issued_s, done_s);
+  EXPECT_LT(issued_s, 0.5 * done_s) << "the copy from pinned memory blocked the host";
+  ts[0].zero_();
+  streams.CopyOut({ts[0]}, {on_device}, {}).Synchronize();
+  EXPECT_TRUE(ts[0].eq(7).all().item<bool>());
+  ts.clear();
+  auto again = pool.Get({{n}, {1000}}, {torch::kFloat, torch::kBFloat16});
+  EXPECT_EQ(pool.stats().reused, 1);
+  EXPECT_EQ(pool.stats().pinned, 1) << "reused, not pinned again";
 }
 
 }  // namespace

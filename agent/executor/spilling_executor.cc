@@ -371,6 +371,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       }
       RETURN_IF_ERROR(Fetch(k, true));
       RETURN_IF_ERROR(Wait(k));
+      if (on_.discrete) ComputeWaitsCopiesOut(k);
       NamedTensors all = shards_[k].weights.tensors;
       for (const auto& e : shards_[k].state.tensors) all.push_back(e);
       RETURN_IF_ERROR(CopyBuffersInto(state, all, /*allow_extra=*/true));
@@ -406,8 +407,9 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
 
   int BoundDevice() const override { return on_.bound; }
 
-  /// Between steps every shard is off the device: only the tied weights and the buffers move,
-  /// and the streams follow.
+  /// Between steps every shard is off the device but the first, kept there with its host
+  /// copies current (AfterLastUse): only the tied weights and the buffers move, and the
+  /// streams follow.
   Status MoveTo(int device) override {
     if (!on_.discrete || device == on_.bound) return OkStatus();
     if (InStep()) return FailedPreconditionError(trial_.name + " is within a step");
@@ -420,6 +422,10 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       for (auto& s : shards_) {
         LeaveDevice(s.weights);  // empty tensors, now of the new device
         if (!HostSteps(s)) LeaveDevice(s.state);
+        for (Part* p : {&s.weights, &s.state}) {  // the shard kept on the device (AfterLastUse)
+          if (p->at->where() == Residency::kOnDevice)
+            RETURN_IF_ERROR(p->at->To(Residency::kInHost));
+        }
       }
       SynchronizeDevice(on_.device);
       return OkStatus();
@@ -846,8 +852,21 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   /// Discrete: part p's device tensors (newer than the host copies) are copied out on the
   /// write-back stream and leave the device.
   void Download(Part& p) {
-    p.out_done = streams_.CopyOut(p.host, Values(p.tensors), p.in_done);
+    CopyOut(p);
     LeaveDevice(p);
+  }
+
+  /// Discrete: part p's device tensors are copied out to its host copies on the write-back
+  /// stream; they stay on the device (compute must not change them before out_done:
+  /// ComputeWaitsCopiesOut).
+  void CopyOut(Part& p) { p.out_done = streams_.CopyOut(p.host, Values(p.tensors), p.in_done); }
+
+  /// Before compute changes shard k's device tensors (its optimizer step, an import): it waits
+  /// for their last copy out, which a shard kept on the device may still have under way.
+  void ComputeWaitsCopiesOut(size_t k) {
+    for (const Part* p : {&shards_[k].weights, &shards_[k].state}) {
+      if (p->at->where() == Residency::kOnDevice) streams_.ComputeWaits(p->out_done);
+    }
   }
 
   /// Discrete: part p's tensors give their device memory back (the caching allocator keeps it
@@ -1031,6 +1050,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       for (size_t i = 0; i < grads.size(); ++i) s.weights.host[i].mutable_grad() = grads[i];
     }
     if (HostSteps(s)) HostCopiesChanged(k);  // first: a step that throws may have begun
+    if (on_.discrete) ComputeWaitsCopiesOut(k);
     s.optimizer->Step(LearningRateAt(trial_.training, step_), step_ + 1);
     s.optimizer->ReleaseGrads();
     if (HostSteps(s)) TiedToDevice(s);
@@ -1167,7 +1187,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     }
     ledger_.Release(Tier::kDevice, shards_[L].plan.workspace_bytes);
     RETURN_IF_ERROR(AfterBackward(L, clipping));
-    return Evict(L, !clipping && StepsOnDevice(L));
+    return AfterLastUse(L, clipping);
   }
 
   /// Backward of shard k (not the last), stepping its optimizer as soon as its gradients are
@@ -1200,7 +1220,22 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     if (stash) ledger_.Release(Tier::kHost, shards_[k].plan.activation_bytes * c.A);
     RETURN_IF_ERROR(AfterBackward(k, clipping));
     if (k + 1 < S) RETURN_IF_ERROR(FinishWrite(k + 1));
-    return Evict(k, !clipping && StepsOnDevice(k));
+    return AfterLastUse(k, clipping);
+  }
+
+  /// Shard k's backward (with its optimizer step, unless clipping) is its last use in the step.
+  /// On a discrete device with the state in host memory, the shard the step ends with (shard
+  /// 0, which the next one begins with) stays there: its stepped state is copied out, so the
+  /// host copies are current for a checkpoint, a move or an evaluation, but not dropped, so the
+  /// next step's first forward waits neither for that copy out nor for an upload. Any other
+  /// shard is evicted.
+  Status AfterLastUse(size_t k, bool clipping) {
+    const bool dirty = !clipping && StepsOnDevice(k);
+    if (k != 0 || !dirty || !on_.discrete || disk_) return Evict(k, dirty);
+    for (Part* p : {&shards_[k].weights, &shards_[k].state}) {
+      if (p->at->where() == Residency::kOnDevice) CopyOut(*p);
+    }
+    return OkStatus();
   }
 
   /// With clipping: shard k's optimizer step, its gradients scaled by the global clip factor
@@ -1241,6 +1276,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     if (on_.discrete) GradsForStep(k);
     if (c.clip_scale != 1.0) s.optimizer->ScaleGrads(c.clip_scale);
     if (HostSteps(s)) HostCopiesChanged(k);  // first: a step that throws may have begun
+    if (on_.discrete) ComputeWaitsCopiesOut(k);
     s.optimizer->Step(LearningRateAt(tr, step_), step_ + 1);
     s.optimizer->ReleaseGrads();
     if (HostSteps(s)) TiedToDevice(s);

@@ -340,6 +340,51 @@ TEST_F(SpillingExecutorTest, ATrialMovesToAnotherDeviceBetweenSteps) {
   }
 }
 
+TEST_F(SpillingExecutorTest, OnADiscreteDeviceTheFirstShardStaysThereForTheNextStep) {
+  // The step ends with shard 0's backward and the next begins with its forward: on a discrete
+  // device it stays on the device in between (its stepped state copied out, not dropped), so
+  // every step after the first uploads its weights once less; an evaluation, which drops it
+  // after use, and a move to another device leave the host copies it goes on from.
+  Trial t = Small("adamw");
+  t.resources.shard_boundaries = {1, 2, 3, 4, 5};
+  auto reference = Make(Factory().get(), t);  // the same shards on a CPU: no copies at all
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  ExecutorOptions o;
+  o.threads = 2;
+  o.spill_dir = spill_.string();
+  o.optimizer_placement = OptimizerPlacement::kDevice;
+  o.devices.devices = {CpuDevice(0, 0), CpuDevice(1, 0)};
+  o.devices.simulate_discrete = true;
+  auto exec = Make(MakeExecutorFactory(o).get(), t);
+  ASSERT_TRUE(exec.ok()) << exec.status();
+  std::vector<double> losses, expected;
+  std::vector<int64_t> uploaded = {0};
+  auto step = [&] {
+    const auto l = Losses(exec->get(), 1);
+    losses.insert(losses.end(), l.begin(), l.end());
+    const auto r = Losses(reference->get(), 1);
+    expected.insert(expected.end(), r.begin(), r.end());
+    uploaded.push_back((*exec)->stats().bytes_uploaded);
+  };
+  auto per_step = [&](size_t i) { return uploaded[i] - uploaded[i - 1]; };
+  step();
+  step();
+  step();
+  EXPECT_LT(per_step(2), per_step(1)) << "shard 0 went up again at the second step";
+  EXPECT_EQ(per_step(3), per_step(2));
+  const int64_t first_shard = per_step(1) - per_step(2);
+  ASSERT_TRUE((*exec)->Evaluate().ok());
+  ASSERT_TRUE((*reference)->Evaluate().ok());
+  uploaded.back() = (*exec)->stats().bytes_uploaded;
+  step();  // after the evaluation dropped it, shard 0 goes up from its host copies
+  EXPECT_EQ(per_step(4), per_step(2) + first_shard);
+  step();
+  ASSERT_TRUE((*exec)->MoveTo(1).ok());
+  step();
+  step();
+  testing::ExpectStepLossesNear(losses, expected, 1e-6);
+}
+
 TEST_F(SpillingExecutorTest, ShardsWhoseOptimizersStepInDifferentPlacesTrainAsUnsharded) {
   // The measured rates of a GPU-like link (the trial-wide choice: the host) with compute that
   // hides the blocks' state copies: the blocks and the head step on the device, the embedding

@@ -60,17 +60,17 @@ class LmHeadLossFunction : public torch::autograd::Function<LmHeadLossFunction> 
   static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
     const auto saved = ctx->get_saved_variables();
     const auto &hc = saved[0], &wc = saved[1], &g = saved[2];
-    const double scale =
-        grad_out[0].item<double>() / static_cast<double>(ctx->saved_data["n"].toInt());
+    // The mean's 1/n times the incoming gradient, as a tensor where that gradient is (reading
+    // it on the host would wait for a GPU's queued work in the middle of the backward): the
+    // float a scalar multiplier would be, so the products are the same.
+    const auto scale =
+        (grad_out[0].to(torch::kDouble) / static_cast<double>(ctx->saved_data["n"].toInt()))
+            .to(torch::kFloat);
     auto type = [&](const char* key) {
       return static_cast<torch::ScalarType>(ctx->saved_data[key].toInt());
     };
-    auto dh = torch::mm(g, wc).to(type("h_type"));
-    auto dw = torch::mm(g.t(), hc).to(type("w_type"));
-    if (scale != 1.0) {
-      dh.mul_(scale);
-      dw.mul_(scale);
-    }
+    auto dh = torch::mm(g, wc).to(torch::kFloat).mul_(scale).to(type("h_type"));
+    auto dw = torch::mm(g.t(), hc).to(torch::kFloat).mul_(scale).to(type("w_type"));
     return {dh, dw, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };

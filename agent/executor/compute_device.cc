@@ -86,25 +86,29 @@ Status CapGpuMemory(const std::vector<DeviceSpec>& devices) {
 
 namespace {
 
-bool IsOutOfMemory(const c10::Error& e) {
-  if (dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr) return true;
-  // LibTorch 1.13's CPU allocator fails with a plain c10::Error.
-  const std::string m = e.what_without_backtrace();
+/// How HostTensorPool says the system refused it memory.
+constexpr char kHostPoolRefused[] = "the system refused host memory for a device's copies";
+
+/// Host memory ran out: the CPU allocator's failure (LibTorch 1.13 throws it as a plain
+/// c10::Error) or HostTensorPool's, whatever device the trial computes on.
+bool IsHostOutOfMemory(const std::string& m) {
   return m.find("DefaultCPUAllocator: can't allocate memory") != std::string::npos ||
-         m.find("DefaultCPUAllocator: not enough memory") != std::string::npos;
+         m.find("DefaultCPUAllocator: not enough memory") != std::string::npos ||
+         m.find(kHostPoolRefused) != std::string::npos;
 }
 
 }  // namespace
 
 Status TorchErrorStatus(const c10::Error& e, const std::string& what, const torch::Device& device) {
   const std::string message = e.what_without_backtrace();
-  if (!IsOutOfMemory(e)) return InternalError(what + ": " + message);
-  if (!device.is_cuda()) {
+  const bool out_of_memory = dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr;
+  if (IsHostOutOfMemory(message) || (out_of_memory && !device.is_cuda())) {
     return ResourceExhaustedError(
         what + " ran out of host memory: " + message +
         ". Other trials or processes hold the machine's memory; hydra-agent --host-memory (or "
         "hydra run --host-memory) bounds what trials may hold together");
   }
+  if (!out_of_memory) return InternalError(what + ": " + message);
   DeviceSpec gpu;
   gpu.kind = DeviceKind::kCuda;
   gpu.index = device.index();
@@ -304,8 +308,7 @@ std::vector<torch::Tensor> HostTensorPool::Get(const std::vector<std::vector<int
     total += (bytes + kAlign - 1) / kAlign * kAlign;
   }
   std::shared_ptr<AlignedSlab> slab = pool_.Get(std::max(total, kAlign));
-  TORCH_CHECK_WITH(OutOfMemoryError, slab != nullptr, "the system refused ", total,
-                   " bytes of host memory for a device's copies");
+  TORCH_CHECK(slab != nullptr, kHostPoolRefused, " (", total, " bytes)");
   std::vector<torch::Tensor> out;
   for (size_t i = 0; i < shapes.size(); ++i) {
     out.push_back(torch::from_blob(

@@ -126,8 +126,10 @@ Status CheckSpillTrailer(ConstBytes block, uint64_t digest, uint64_t total,
   return OkStatus();
 }
 
+size_t AlignedSlab::SizeFor(size_t bytes) { return std::max(RoundUp(bytes), kSpillAlignment); }
+
 std::shared_ptr<AlignedSlab> AlignedSlab::Allocate(size_t bytes) {
-  const size_t size = std::max(RoundUp(bytes), kSpillAlignment);
+  const size_t size = SizeFor(bytes);
   void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) return nullptr;
   return std::shared_ptr<AlignedSlab>(new AlignedSlab(static_cast<char*>(p), size));

@@ -47,6 +47,8 @@ class AlignedSlab {
  public:
   /// nullptr when the system refuses the memory.
   static std::shared_ptr<AlignedSlab> Allocate(size_t bytes);
+  /// The size of a slab allocated for `bytes`: whole 4 KiB pages, at least one.
+  static size_t SizeFor(size_t bytes);
   ~AlignedSlab();
   AlignedSlab(const AlignedSlab&) = delete;
   AlignedSlab& operator=(const AlignedSlab&) = delete;

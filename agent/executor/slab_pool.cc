@@ -41,9 +41,11 @@ std::shared_ptr<AlignedSlab> SlabPool::Get(size_t bytes) {
   std::shared_ptr<AlignedSlab> slab;
   {
     std::lock_guard<std::mutex> lock(state_->mu);
-    auto it = state_->idle.lower_bound(bytes);
-    // The same size, or a little larger: a shard's parts come in a few sizes.
-    if (it != state_->idle.end() && it->first <= bytes + bytes / 8) {
+    // The same size, or a little larger: a shard's parts come in a few sizes. (Slabs are whole
+    // pages: a request is compared as the slab it would make.)
+    const size_t want = AlignedSlab::SizeFor(bytes);
+    auto it = state_->idle.lower_bound(want);
+    if (it != state_->idle.end() && it->first <= want + want / 8) {
       slab = std::move(it->second);
       state_->idle.erase(it);
       state_->stats.idle_bytes -= slab->size();

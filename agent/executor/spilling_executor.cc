@@ -462,8 +462,11 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
         break;
       case Residency::kOnDisk: break;
     }
-    RETURN_IF_ERROR(p.at->To(Residency::kReading));
-    if (on_.discrete) ReserveOnDevice(p);
+    if (on_.discrete) ReserveOnDevice(p);  // first: if it throws, nothing has changed
+    if (Status reading = p.at->To(Residency::kReading); !reading.ok()) {
+      p.reserved.clear();
+      return reading;
+    }
     // Materialize first: it makes the slab that Read is then handed.
     auto parts = Materialize(p);
     p.read = disk_->Read(Key(k, p.key), std::move(parts), p.slab);
@@ -479,6 +482,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       Status read = p->read.get();
       RETURN_IF_ERROR(p->at->To(Residency::kOnDevice));
       if (on_.discrete && read.ok()) Upload(*p);
+      p->reserved.clear();  // a failed read's reserved memory
       if (first.ok()) first = read;
     }
     for (Part* p : {&shards_[k].weights, &shards_[k].state}) {
@@ -734,13 +738,15 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
 
   /// Discrete: the pool the host copies, the bf16 transit copies and the gradients bound for
   /// the host come from, bounded by what the trial can hold there at once: every shard's state
-  /// and twice its gradients (the gradients, and the bf16 weights or the tied ones); past that
+  /// and twice its gradients (the gradients and the bf16 weights), the tied parameters and
+  /// their gradients; past that
   /// the memory is plain (copies from it are synchronous) and freed when dropped.
   void MakeHostPool() {
     size_t limit = 0;
     for (const auto& sp : plan_.shards) {
       limit += static_cast<size_t>(sp.state_bytes + 2 * sp.gradient_bytes);
     }
+    limit += static_cast<size_t>(2 * plan_.pinned_bytes);  // the tied ones and their gradients
     host_pool_ = std::make_unique<HostTensorPool>(on_.device, limit);
   }
 

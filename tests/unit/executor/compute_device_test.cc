@@ -9,6 +9,7 @@ namespace hydra::executor {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 Status Caught(const std::function<void()>& f, const torch::Device& device) {
   try {
@@ -36,6 +37,21 @@ TEST(TorchErrorStatusTest, RunningOutOfHostMemoryIsResourceExhausted) {
   EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s;
   EXPECT_THAT(s.message(), HasSubstr("training step 3 of t-1 ran out of host memory"));
   EXPECT_THAT(s.message(), HasSubstr("--host-memory"));
+}
+
+TEST(TorchErrorStatusTest, HostMemoryRunningOutUnderAGpuTrialIsNotCalledTheGpus) {
+  // The pinned host pool refusing memory (the system is out of it), for a trial on a GPU.
+  HostTensorPool pool(torch::kCPU, 0);
+  const Status s = Caught([&] { (void)pool.GetOne({int64_t{1} << 60}, torch::kFloat); },
+                          torch::Device(torch::kCUDA, 0));
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s;
+  EXPECT_THAT(s.message(), HasSubstr("ran out of host memory"));
+  EXPECT_THAT(s.message(), Not(HasSubstr("deviceMemoryBudget")));
+  // The CPU allocator's failure too.
+  const Status t =
+      Caught([] { (void)torch::empty({int64_t{1} << 50}); }, torch::Device(torch::kCUDA, 0));
+  EXPECT_EQ(t.code(), StatusCode::kResourceExhausted) << t;
+  EXPECT_THAT(t.message(), HasSubstr("ran out of host memory"));
 }
 
 TEST(TorchErrorStatusTest, OtherErrorsAreInternal) {

@@ -56,6 +56,16 @@ TEST(SlabPoolTest, ASlabIsPinnedOnceAndReusedForTheSameSize) {
   EXPECT_EQ(st.idle_bytes, st.pooled_bytes);
 }
 
+TEST(SlabPoolTest, ASmallSlabIsReusedThoughItsPageIsMoreThanWasAsked) {
+  // 6 KiB (a LayerNorm's gradients) makes an 8 KiB slab: the next step's 6 KiB gets it back.
+  FakePinning pin;
+  SlabPool pool(1 << 20, pin.Hooks());
+  for (size_t bytes : {6144u, 6144u, 100u, 4096u}) pool.Get(bytes);
+  EXPECT_EQ(pool.stats().made, 2) << "8 KiB, then one page";
+  EXPECT_EQ(pool.stats().reused, 2);
+  EXPECT_EQ(pin.pins, 2);
+}
+
 TEST(SlabPoolTest, SlabsInUseAreNeverHandedOutTwice) {
   SlabPool pool(1 << 20, {});
   auto a = pool.Get(8192);

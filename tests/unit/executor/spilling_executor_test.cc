@@ -383,6 +383,13 @@ TEST_F(SpillingExecutorTest, OnADiscreteDeviceTheFirstShardStaysThereForTheNextS
   step();
   step();
   testing::ExpectStepLossesNear(losses, expected, 1e-6);
+  // A checkpoint taken, and one restored, while shard 0 is kept on the device.
+  const int64_t at = (*exec)->step();
+  auto state = (*exec)->ExportState();
+  ASSERT_TRUE(state.ok()) << state.status();
+  const auto ahead = Losses(exec->get(), 2);
+  ASSERT_TRUE((*exec)->ImportState(at, *state).ok());
+  EXPECT_EQ(Losses(exec->get(), 2), ahead);
 }
 
 TEST_F(SpillingExecutorTest, ShardsWhoseOptimizersStepInDifferentPlacesTrainAsUnsharded) {

@@ -416,6 +416,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     ASSIGN_OR_RETURN(Placement to, PlaceOn(devices_, device));
     try {
       WaitForCopies();  // the next copy in, on the new device, reads the host copies
+      RETURN_IF_ERROR(FinishWrites());  // a shard kept while its write went on leaves
       streams_.MoveTo(to.device);
       on_ = to;
       MoveResidentsToDevice();
@@ -441,13 +442,14 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   /// the device: their device memory is reserved at once and disk reads start on I/O threads;
   /// Wait(k) completes them. Optimizer state stepped on the host stays in the host tier: the
   /// step reads the gradients the backward left and updates the host copy of the weights.
+  /// `with_state`: the task steps the shard's optimizer (it changes the shard).
   Status Fetch(size_t k, bool with_state) {
-    RETURN_IF_ERROR(FetchPart(k, shards_[k].weights));
+    RETURN_IF_ERROR(FetchPart(k, shards_[k].weights, with_state));
     const bool on_device = shards_[k].plan.optimizer == OptimizerPlacement::kDevice;
-    return with_state && on_device ? FetchPart(k, shards_[k].state) : OkStatus();
+    return with_state && on_device ? FetchPart(k, shards_[k].state, true) : OkStatus();
   }
 
-  Status FetchPart(size_t k, Part& p) {
+  Status FetchPart(size_t k, Part& p, bool to_change) {
     switch (p.at->where()) {
       case Residency::kReading:
       case Residency::kOnDevice: return OkStatus();
@@ -456,8 +458,11 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
         if (on_.discrete) Upload(p);
         return OkStatus();
       case Residency::kWritingBack:
-        // Not reached by the step's order of tasks: the write finishes and the part is read
-        // back, so the dropped copy is never the one used.
+        // Still on the device, its file being rewritten (the shard a step ended with, which
+        // the next begins with). On a discrete device a forward reads that copy as it is while
+        // the write goes on (its eviction waits for the write); a task that changes the shard
+        // waits for the write and reads the file back, so no write reads what it changes.
+        if (on_.discrete && !to_change) return OkStatus();
         RETURN_IF_ERROR(FinishWrite(k));
         break;
       case Residency::kOnDisk: break;
@@ -510,7 +515,8 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       return s.state.at->To(Residency::kInHost);
     }
     if (dirty) return WriteBack(k);
-    return s.write.valid() ? OkStatus() : Drop(k);
+    // A shard read while its write went on (FetchPart) leaves once the write is done.
+    return s.write.valid() ? FinishWrite(k) : Drop(k);
   }
 
   /// Starts writing both parts of shard k to their spill files; they stay on the device until
@@ -569,9 +575,10 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     return st.ok() ? dropped : st;
   }
 
-  Status FinishWrites() {
+  /// Finishes the writes of shards `from`.. on.
+  Status FinishWrites(size_t from = 0) {
     Status first;
-    for (size_t k = 0; k < shards_.size(); ++k) {
+    for (size_t k = from; k < shards_.size(); ++k) {
       Status s = FinishWrite(k);
       if (first.ok()) first = s;
     }
@@ -1110,7 +1117,9 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       RETURN_IF_ERROR(ApplyTask(t - (2 * S - 1)));
     }
     if (cur_->next == TasksPerStep()) {
-      RETURN_IF_ERROR(FinishWrites());
+      // On a discrete device the shard the step ended with (shard 0, being written back) stays
+      // for the next step's first forward, which reads it while the write goes on.
+      RETURN_IF_ERROR(FinishWrites(on_.discrete ? 1 : 0));
       cur_->m.loss = cur_->loss_sum.item<double>() / static_cast<double>(cur_->A);
       cur_->m.learning_rate = LearningRateAt(tr, step_);
       *finished = true;

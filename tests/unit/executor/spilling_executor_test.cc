@@ -342,54 +342,63 @@ TEST_F(SpillingExecutorTest, ATrialMovesToAnotherDeviceBetweenSteps) {
 
 TEST_F(SpillingExecutorTest, OnADiscreteDeviceTheFirstShardStaysThereForTheNextStep) {
   // The step ends with shard 0's backward and the next begins with its forward: on a discrete
-  // device it stays on the device in between (its stepped state copied out, not dropped), so
-  // every step after the first uploads its weights once less; an evaluation, which drops it
-  // after use, and a move to another device leave the host copies it goes on from.
-  Trial t = Small("adamw");
-  t.resources.shard_boundaries = {1, 2, 3, 4, 5};
-  auto reference = Make(Factory().get(), t);  // the same shards on a CPU: no copies at all
-  ASSERT_TRUE(reference.ok()) << reference.status();
-  ExecutorOptions o;
-  o.threads = 2;
-  o.spill_dir = spill_.string();
-  o.optimizer_placement = OptimizerPlacement::kDevice;
-  o.devices.devices = {CpuDevice(0, 0), CpuDevice(1, 0)};
-  o.devices.simulate_discrete = true;
-  auto exec = Make(MakeExecutorFactory(o).get(), t);
-  ASSERT_TRUE(exec.ok()) << exec.status();
-  std::vector<double> losses, expected;
-  std::vector<int64_t> uploaded = {0};
-  auto step = [&] {
-    const auto l = Losses(exec->get(), 1);
-    losses.insert(losses.end(), l.begin(), l.end());
-    const auto r = Losses(reference->get(), 1);
-    expected.insert(expected.end(), r.begin(), r.end());
-    uploaded.push_back((*exec)->stats().bytes_uploaded);
-  };
-  auto per_step = [&](size_t i) { return uploaded[i] - uploaded[i - 1]; };
-  step();
-  step();
-  step();
-  EXPECT_LT(per_step(2), per_step(1)) << "shard 0 went up again at the second step";
-  EXPECT_EQ(per_step(3), per_step(2));
-  const int64_t first_shard = per_step(1) - per_step(2);
-  ASSERT_TRUE((*exec)->Evaluate().ok());
-  ASSERT_TRUE((*reference)->Evaluate().ok());
-  uploaded.back() = (*exec)->stats().bytes_uploaded;
-  step();  // after the evaluation dropped it, shard 0 goes up from its host copies
-  EXPECT_EQ(per_step(4), per_step(2) + first_shard);
-  step();
-  ASSERT_TRUE((*exec)->MoveTo(1).ok());
-  step();
-  step();
-  testing::ExpectStepLossesNear(losses, expected, 1e-6);
-  // A checkpoint taken, and one restored, while shard 0 is kept on the device.
-  const int64_t at = (*exec)->step();
-  auto state = (*exec)->ExportState();
-  ASSERT_TRUE(state.ok()) << state.status();
-  const auto ahead = Losses(exec->get(), 2);
-  ASSERT_TRUE((*exec)->ImportState(at, *state).ok());
-  EXPECT_EQ(Losses(exec->get(), 2), ahead);
+  // device it stays on the device in between (host tier: its stepped state copied out, not
+  // dropped; disk tier: the forward reads it while its write goes on), so every step after the
+  // first moves its weights once less (uploaded, or read from disk); an evaluation, which drops
+  // it after use, and a move to another device leave the host copies or files it goes on from.
+  for (bool disk : {false, true}) {
+    SCOPED_TRACE(disk ? "disk tier" : "host tier");
+    Trial t = Small("adamw");
+    t.resources.shard_boundaries = {1, 2, 3, 4, 5};
+    if (disk) t.resources.offload = "disk";
+    auto reference = Make(Factory().get(), t);  // the same shards on a CPU: no device copies
+    ASSERT_TRUE(reference.ok()) << reference.status();
+    ExecutorOptions o;
+    o.threads = 2;
+    o.spill_dir = (spill_ / "discrete").string();
+    o.optimizer_placement = OptimizerPlacement::kDevice;
+    o.devices.devices = {CpuDevice(0, 0), CpuDevice(1, 0)};
+    o.devices.simulate_discrete = true;
+    auto exec = Make(MakeExecutorFactory(o).get(), t);
+    ASSERT_TRUE(exec.ok()) << exec.status();
+    auto moved = [&] {
+      const auto st = (*exec)->stats();
+      return disk ? st.disk_bytes_read : st.bytes_uploaded;
+    };
+    std::vector<double> losses, expected;
+    std::vector<int64_t> bytes = {moved()};
+    auto step = [&] {
+      const auto l = Losses(exec->get(), 1);
+      losses.insert(losses.end(), l.begin(), l.end());
+      const auto r = Losses(reference->get(), 1);
+      expected.insert(expected.end(), r.begin(), r.end());
+      bytes.push_back(moved());
+    };
+    auto per_step = [&](size_t i) { return bytes[i] - bytes[i - 1]; };
+    step();
+    step();
+    step();
+    EXPECT_LT(per_step(2), per_step(1)) << "shard 0 was moved again for the second step";
+    EXPECT_EQ(per_step(3), per_step(2));
+    const int64_t first_shard = per_step(1) - per_step(2);
+    ASSERT_TRUE((*exec)->Evaluate().ok());
+    ASSERT_TRUE((*reference)->Evaluate().ok());
+    bytes.back() = moved();
+    step();  // after the evaluation dropped it, shard 0 comes back from its host copy or file
+    EXPECT_EQ(per_step(4), per_step(2) + first_shard);
+    step();
+    ASSERT_TRUE((*exec)->MoveTo(1).ok());
+    step();
+    step();
+    testing::ExpectStepLossesNear(losses, expected, 1e-6);
+    // A checkpoint taken, and one restored, while shard 0 is kept on the device.
+    const int64_t at = (*exec)->step();
+    auto state = (*exec)->ExportState();
+    ASSERT_TRUE(state.ok()) << state.status();
+    const auto ahead = Losses(exec->get(), 2);
+    ASSERT_TRUE((*exec)->ImportState(at, *state).ok());
+    EXPECT_EQ(Losses(exec->get(), 2), ahead);
+  }
 }
 
 TEST_F(SpillingExecutorTest, ShardsWhoseOptimizersStepInDifferentPlacesTrainAsUnsharded) {

@@ -746,8 +746,8 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   /// Discrete: the pool the host copies, the bf16 transit copies and the gradients bound for
   /// the host come from, bounded by what the trial can hold there at once: every shard's state
   /// and twice its gradients (the gradients and the bf16 weights), the tied parameters and
-  /// their gradients; past that
-  /// the memory is plain (copies from it are synchronous) and freed when dropped.
+  /// their gradients. Past that the memory is plain (copies from it are synchronous) and freed
+  /// when dropped.
   void MakeHostPool() {
     size_t limit = 0;
     for (const auto& sp : plan_.shards) {

@@ -731,14 +731,8 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       for (const auto& [n, t] : ts) out.push_back(t.detach());
       return out;
     }
-    std::vector<std::vector<int64_t>> shapes;
-    std::vector<torch::ScalarType> types;
-    for (const auto& [n, t] : ts) {
-      shapes.push_back(t.sizes().vec());
-      types.push_back(t.scalar_type());
-    }
     torch::NoGradGuard g;
-    out = host_pool_->Get(shapes, types);
+    out = HostLike(Values(ts));
     for (size_t i = 0; i < ts.size(); ++i) out[i].copy_(ts[i].second);
     return out;
   }
@@ -1062,13 +1056,20 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       GradsToHost(k, &grads, /*tied=*/!s.pinned.empty());
       for (size_t i = 0; i < grads.size(); ++i) s.weights.host[i].mutable_grad() = grads[i];
     }
+    StepOptimizer(k);
+    return OkStatus();
+  }
+
+  /// Shard k's optimizer step on the gradients where it steps, then its gradients go; the
+  /// tied weights a host step changed go up.
+  void StepOptimizer(size_t k) {
+    Shard& s = shards_[k];
     if (HostSteps(s)) HostCopiesChanged(k);  // first: a step that throws may have begun
     if (on_.discrete) ComputeWaitsCopiesOut(k);
     s.optimizer->Step(LearningRateAt(trial_.training, step_), step_ + 1);
     s.optimizer->ReleaseGrads();
     if (HostSteps(s)) TiedToDevice(s);
     ledger_.Release(Tier::kDevice, s.grad_bytes);
-    return OkStatus();
   }
 
   /// The step under way, between its tasks.
@@ -1243,7 +1244,8 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   /// 0, which the next one begins with) stays there: its stepped state is copied out, so the
   /// host copies are current for a checkpoint, a move or an evaluation, but not dropped, so the
   /// next step's first forward waits neither for that copy out nor for an upload. Any other
-  /// shard is evicted.
+  /// shard is evicted. (With the disk tier shard 0 is written back as usual and stays through
+  /// its write: FetchPart, and Task, which leaves that write running past the step's end.)
   Status AfterLastUse(size_t k, bool clipping) {
     const bool dirty = !clipping && StepsOnDevice(k);
     if (k != 0 || !dirty || !on_.discrete || disk_) return Evict(k, dirty);
@@ -1290,12 +1292,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     }
     if (on_.discrete) GradsForStep(k);
     if (c.clip_scale != 1.0) s.optimizer->ScaleGrads(c.clip_scale);
-    if (HostSteps(s)) HostCopiesChanged(k);  // first: a step that throws may have begun
-    if (on_.discrete) ComputeWaitsCopiesOut(k);
-    s.optimizer->Step(LearningRateAt(tr, step_), step_ + 1);
-    s.optimizer->ReleaseGrads();
-    if (HostSteps(s)) TiedToDevice(s);
-    ledger_.Release(Tier::kDevice, s.grad_bytes);
+    StepOptimizer(k);
     RETURN_IF_ERROR(Evict(k, StepsOnDevice(k)));
     return FinishWrite(k);
   }

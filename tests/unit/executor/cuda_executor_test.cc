@@ -312,14 +312,12 @@ TEST_F(CudaExecutorTest, CopiesOnTheirStreamsOverlapCompute) {
   auto host_out = HostTensorFor(dev, {n}, torch::kFloat);
   auto dev_in = torch::empty({n}, torch::TensorOptions(dev));
   auto dev_out = torch::ones({n}, torch::TensorOptions(dev));
-  auto compute = [&](int rounds) { return products.Queue(rounds); };
-  auto seconds = SecondsSince;
   auto copies = [&] {
     auto in = streams.CopyIn({dev_in}, {host_in}, {}, streams.MarkCompute());
     auto out = streams.CopyOut({host_out}, {dev_out}, {});
     return std::make_pair(in, out);
   };
-  compute(2).Synchronize();  // warm up cuBLAS
+  products.Queue(2).Synchronize();  // warm up cuBLAS
   auto [in0, out0] = copies();
   in0.Synchronize();
   out0.Synchronize();
@@ -327,22 +325,22 @@ TEST_F(CudaExecutorTest, CopiesOnTheirStreamsOverlapCompute) {
   auto [in1, out1] = copies();
   in1.Synchronize();
   out1.Synchronize();
-  const double copy_s = seconds(t0);
+  const double copy_s = SecondsSince(t0);
   t0 = Clock::now();
-  compute(10).Synchronize();
+  products.Queue(10).Synchronize();
   // As much compute as copying: overlapped, the two take about half their sum; serialized, all.
-  const int rounds = std::max(1, static_cast<int>(10 * copy_s / seconds(t0)));
+  const int rounds = std::max(1, static_cast<int>(10 * copy_s / SecondsSince(t0)));
   t0 = Clock::now();
-  compute(rounds).Synchronize();
-  const double compute_s = seconds(t0);
+  products.Queue(rounds).Synchronize();
+  const double compute_s = SecondsSince(t0);
   // Both at once: the copies are issued first, on their own streams, then the compute.
   t0 = Clock::now();
   auto [in2, out2] = copies();
-  auto done = compute(rounds);
+  auto done = products.Queue(rounds);
   in2.Synchronize();
   out2.Synchronize();
   done.Synchronize();
-  const double both_s = seconds(t0);
+  const double both_s = SecondsSince(t0);
   std::printf("compute %.4f s (%d matrix products), copies %.4f s, both %.4f s\n", compute_s,
               rounds, copy_s, both_s);
   EXPECT_LT(both_s, 0.8 * (compute_s + copy_s)) << "the copies did not overlap the compute";
@@ -357,17 +355,15 @@ TEST_F(CudaExecutorTest, ACopyIntoMemoryReservedAheadDoesNotWaitForTheComputeQue
   MatrixProducts products(streams, dev);
   const int64_t n = int64_t{16} << 20;  // 64 MiB
   auto host = HostTensorFor(dev, {n}, torch::kFloat).fill_(3);
-  auto compute = [&](int rounds) { return products.Queue(rounds); };
-  auto seconds = SecondsSince;
-  compute(2).Synchronize();  // warm up cuBLAS
+  products.Queue(2).Synchronize();  // warm up cuBLAS
   auto dev_mem = torch::empty({n}, torch::TensorOptions(dev));
   streams.CopyIn({dev_mem}, {host}, {}, streams.MarkCompute()).Synchronize();
   auto t0 = Clock::now();
   streams.CopyIn({dev_mem}, {host}, {}, streams.MarkCompute()).Synchronize();
-  const double copy_s = seconds(t0);
+  const double copy_s = SecondsSince(t0);
   t0 = Clock::now();
-  compute(10).Synchronize();
-  const double product_s = seconds(t0) / 10;
+  products.Queue(10).Synchronize();
+  const double product_s = SecondsSince(t0) / 10;
   // Twenty times as much compute as copying queued behind the copy's reservation.
   const int rounds = std::max(10, static_cast<int>(20 * copy_s / product_s));
 
@@ -375,7 +371,7 @@ TEST_F(CudaExecutorTest, ACopyIntoMemoryReservedAheadDoesNotWaitForTheComputeQue
   // the disk read runs never touches it, so the copy in runs beside that compute.
   auto reserved = torch::empty({n}, torch::TensorOptions(dev));
   const StreamMark free = streams.MarkCompute();
-  const StreamMark busy = compute(rounds);
+  const StreamMark busy = products.Queue(rounds);
   const StreamMark in = streams.CopyIn({reserved}, {host}, {}, free);
   in.Synchronize();
   EXPECT_FALSE(busy.Reached()) << "the copy into reserved memory waited for " << rounds
@@ -386,7 +382,7 @@ TEST_F(CudaExecutorTest, ACopyIntoMemoryReservedAheadDoesNotWaitForTheComputeQue
 
   // Into memory compute reads (a resident tensor): the copy waits for the compute before it.
   host.fill_(4);
-  const StreamMark busy_again = compute(rounds);
+  const StreamMark busy_again = products.Queue(rounds);
   streams.CopyIn({reserved}, {host}, {}, streams.MarkCompute()).Synchronize();
   EXPECT_TRUE(busy_again.Reached()) << "the copy overwrote memory before compute was done";
   EXPECT_TRUE(reserved.eq(4).all().item<bool>());

@@ -56,7 +56,10 @@ if [ -n "$GPU" ]; then
   # HYDRA_BENCH_DEADLINE (seconds since the epoch; unset: none): a GPU machine is lent for
   # minutes, so each run gets the time left and a run that cannot start in time is recorded as
   # skipped. The most telling runs come first: unspilled, PyTorch eager, 50%, then the rest.
+  # HYDRA_BENCH_RUN_MAX (seconds; unset: none) caps each run, so that one that hangs leaves
+  # time for the rest.
   DEADLINE="${HYDRA_BENCH_DEADLINE:-0}"
+  RUN_MAX="${HYDRA_BENCH_RUN_MAX:-100000}"
   OUT=$(mktemp)
   trap 'rm -rf "$SPILL_DIR" "$OUT" "$OUT.err" "$OUT.line"' EXIT
   json_tail() { "$PY" -c 'import json,sys; print(json.dumps(open(sys.argv[1]).read()[-300:]))' "$OUT.err"; }
@@ -70,8 +73,9 @@ if [ -n "$GPU" ]; then
   }
   # time_left: prints the seconds a run may take (0: none left); 100000 without a deadline.
   time_left() {
-    if [ "$DEADLINE" = 0 ]; then echo 100000; return; fi
-    local left=$((DEADLINE - $(date +%s)))
+    local left=100000
+    [ "$DEADLINE" = 0 ] || left=$((DEADLINE - $(date +%s)))
+    ((left < RUN_MAX)) || left=$RUN_MAX
     if ((left < 30)); then echo 0; else echo "$left"; fi
   }
   for shape in "${SHAPES[@]}"; do

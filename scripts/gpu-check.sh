@@ -7,9 +7,10 @@
 # 2. Builds the torch-only parts against python3's torch (-DHYDRA_WITH_SERVICES=OFF: no gRPC,
 #    protobuf, cpprestsdk or prometheus-cpp; -DHYDRA_WITH_CUDA=ON) in build-gpu/.
 # 3. Runs the GPU tests (cuda_executor_test, the proof; GPU discovery), the example job on the
-#    GPU, the pilot on the GPU, the example on CPU devices, the GPU benchmark (bench/spill.sh
-#    --gpu; HYDRA_GPU_BENCH=smoke|none), then the build's other tests with the time left (CI
-#    runs them too), and writes report.md (GPU, driver, torch and CUDA versions,
+#    GPU, the pilot on the GPU, the GPU benchmark (bench/spill.sh --gpu;
+#    HYDRA_GPU_BENCH=smoke|none), then the example on CPU devices and the build's other tests
+#    with the time left (CI runs them too), each step capped so that one that hangs leaves
+#    time for the rest, and writes report.md (GPU, driver, torch and CUDA versions,
 #    what passed, what failed, what was skipped and why) and logs.tar.gz (every log) to the
 #    report directory: two files, as the device tool brings back at most 8.
 # Environment: HYDRA_GPU_SECONDS (default 540: every step after the configuration is killed at
@@ -141,9 +142,12 @@ failed=0
 # --- 3. the GPU tests first, then the example on the GPU, then the rest ---------------------
 # cuda_executor_test is the proof (spilled = unsharded on the GPU, the allocator's peak, the
 # copy streams, the pilot's rates); its measured lines go into the report.
-for t in executor/cuda_executor_test executor/gpus_test common/nvml_test; do
+# Each step has a cap, so that one that hangs leaves time for the rest.
+for t in executor/cuda_executor_test:240 executor/gpus_test:60 common/nvml_test:60; do
+  cap=${t#*:}
+  t=${t%:*}
   name=${t#*/}
-  run_left "$LOGS/$name.log" "$BUILD/tests/unit/$t"
+  run_left "$LOGS/$name.log" "$cap" "$BUILD/tests/unit/$t"
   rc=$?
   ((rc == 0)) || failed=1
   say "3. $name ($(outcome "$LOGS/$name.log" $rc)): $(gtest_line "$LOGS/$name.log")"
@@ -153,7 +157,7 @@ done
 
 RUN_DIR="$BUILD/example-run"
 rm -rf "$RUN_DIR" "$RUN_DIR.cpu"
-run_left "$LOGS/example-cuda.log" "$BUILD/cli/hydra" run examples/tiny-sweep.yaml -o "$RUN_DIR" \
+run_left "$LOGS/example-cuda.log" 150 "$BUILD/cli/hydra" run examples/tiny-sweep.yaml -o "$RUN_DIR" \
   --devices cuda --progress log
 rc=$?
 ((rc == 0)) || failed=1
@@ -163,11 +167,6 @@ run_left "$LOGS/plan-pilot-cuda.log" 120 "$BUILD/cli/hydra" plan examples/spot-a
 rc=$?
 ((rc == 0)) || failed=1
 say "   hydra plan --pilot-device cuda:0 (GPT-2 medium, bf16; $(outcome "$LOGS/plan-pilot-cuda.log" $rc)): $(head -n 1 "$LOGS/plan-pilot-cuda.log")"
-run_left "$LOGS/example-cpu.log" 120 "$BUILD/cli/hydra" run examples/tiny-sweep.yaml \
-  -o "$RUN_DIR.cpu" --progress log
-rc=$?
-((rc == 0)) || failed=1
-say "   hydra run on CPU devices ($(outcome "$LOGS/example-cpu.log" $rc)): $(grep -c Succeeded "$LOGS/example-cpu.log") trial line(s) Succeeded"
 say ""
 
 # --- 5. the GPU benchmark --------------------------------------------------------------------
@@ -178,7 +177,7 @@ bench() {  # bench <report name> <bench/spill.sh arguments...>
   local name=$1 start=$SECONDS
   shift
   if HYDRA_BENCH_SPILL_BIN="$BUILD/bench/spill" HYDRA_BENCH_PYTHON="$PY" \
-      HYDRA_BENCH_DEADLINE=$((DEADLINE - 120)) \
+      HYDRA_BENCH_DEADLINE=$((DEADLINE - 60)) HYDRA_BENCH_RUN_MAX=180 \
       bash bench/spill.sh "$@" >"$LOGS/$name.md" 2>"$LOGS/$name.log"; then
     say "5. bench/spill.sh $* in $((SECONDS - start)) s:"
     say ""
@@ -199,15 +198,20 @@ elif [ "${HYDRA_GPU_BENCH:-full}" != none ]; then
   bench bench-spill-medium-bf16 --gpu cuda:0 --precision bf16 --shapes medium
   bench bench-spill-xl --gpu cuda:0 --shapes xl
 fi
-# --- 6. the build's other tests ----------------------------------------------------------------
-# They run in CI too: here they get what the benchmark left (its deadline is two minutes
-# before ours), and running out of time is not a failure.
+# --- 6. the example on CPU devices, then the build's other tests -------------------------------
+# They run in CI too: here they get what the benchmark left (its deadline is a minute before
+# ours), and running out of time is not a failure.
+run_left "$LOGS/example-cpu.log" 120 "$BUILD/cli/hydra" run examples/tiny-sweep.yaml \
+  -o "$RUN_DIR.cpu" --progress log
+rc=$?
+case $rc in 0 | 124 | 125 | 137) ;; *) failed=1 ;; esac
+say "6. hydra run on CPU devices ($(outcome "$LOGS/example-cpu.log" $rc)): $(grep -c Succeeded "$LOGS/example-cpu.log") trial line(s) Succeeded"
 start=$SECONDS
 run_left "$LOGS/ctest.log" ctest --test-dir "$BUILD" --output-on-failure --timeout 300 \
   -j"$((JOBS > 8 ? 8 : JOBS))" -E '^(gpus_test|nvml_test|cuda_executor_test)$'
 rc=$?
 case $rc in 0 | 124 | 125 | 137) ;; *) failed=1 ;; esac
-say "6. ctest, the other tests ($(outcome "$LOGS/ctest.log" $rc), $((SECONDS - start)) s): $(grep -E 'tests passed' "$LOGS/ctest.log" || echo 'no summary')"
+say "   ctest, the other tests ($(outcome "$LOGS/ctest.log" $rc), $((SECONDS - start)) s): $(grep -E 'tests passed' "$LOGS/ctest.log" || echo 'no summary')"
 grep -E '^\s+[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess aborted|Not Run)\)' "$LOGS/ctest.log" | sed 's/^/   /' | tee -a "$MD"
 say ""
 if ((failed)); then

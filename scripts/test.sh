@@ -46,6 +46,7 @@ HYDRA_FUZZ_SEED="${HYDRA_FUZZ_SEED:-1}" HYDRA_FUZZ_RUNS="${HYDRA_FUZZ_RUNS:-2000
 
 echo "== CUDA build (compile and link against PyPI's CUDA LibTorch; no GPU needed)"
 bash scripts/build-cuda.sh
+build-cuda/tests/unit/executor/std_binding_test  # libstdc++'s std::filesystem, not the wheel's
 build-cuda/tests/unit/executor/gpus_test
 build-cuda/tests/unit/executor/cuda_executor_test  # skips: no GPU here
 # The GPU code paths of the executors on the CPU, against torch 2.11 (build/ has 1.13).

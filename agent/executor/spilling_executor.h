@@ -27,7 +27,9 @@ struct ExecutorOptions {
   /// the weights of their matrix products (Linear and Conv2d weights, which autocast casts to
   /// bf16 anyway) to the device as bf16, cast on the host: half those weights' copy
   /// traffic, with the same numbers as autocast's own cast (the gradients come back and are
-  /// accumulated in fp32). Off by default until bench/spill.sh --gpu shows it pays.
+  /// accumulated in fp32). Off by default: it did not pay on an H200 (bench/RESULTS.md, GPU
+  /// check: GPT-2 medium's shape at 25%, host-stepped, 5602 tokens/s with it against 6306
+  /// without; the cast on the host costs more than the halved copy saves on a 55 GB/s link).
   bool bf16_weight_transit = false;
   /// Where trials train (Build's `device` indexes these); empty: one CPU device.
   ExecutorDevices devices = {};

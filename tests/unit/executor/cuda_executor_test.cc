@@ -38,11 +38,11 @@ StatusOr<DeviceSpec> FirstGpu() {
 }
 
 #ifdef HYDRA_WITH_CUDA
-/// Bytes the caching allocator has handed out on `gpu` now.
+/// Bytes the caching allocator has handed out on `gpu` now: none before its first allocation
+/// there (reading its statistics then throws "Invalid device argument").
 int64_t AllocatedNow(const DeviceSpec& gpu) {
-  return c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(gpu.index))
-      .allocated_bytes[0]
-      .current;
+  const auto bytes = CachingAllocatorBytes(gpu);
+  return bytes ? bytes->allocated : 0;
 }
 #endif
 
@@ -51,8 +51,14 @@ int64_t AllocatedNow(const DeviceSpec& gpu) {
   if (!gpu##_or.ok()) GTEST_SKIP() << "no GPU: " << gpu##_or.status(); \
   const DeviceSpec gpu = *gpu##_or
 
+/// A 6 x 256 GPT-2. AdamW's learning rate is low enough that rounding differences stay small
+/// over 30 steps: the optimizer on the host rounds differently from the one on the GPU, and at
+/// 1e-3 this trial amplifies such differences (on an H200, host- and GPU-stepped fp32 runs
+/// drifted 1e-4 apart by step 27, and a bf16 run's loss spiked to 8.2 at step 25; on the CPU,
+/// one thread against two drifts 6e-6 by step 29 in fp32 and spikes in bf16). At 3e-4 the same
+/// CPU check stays within 1e-7 (fp32) and 4e-5 (bf16) over the 30 steps.
 Trial Medium(const std::string& optimizer) {
-  return testing::GptTrial("gpu", optimizer, 6, 256, 4, 128, 5, 1e-3);
+  return testing::GptTrial("gpu", optimizer, 6, 256, 4, 128, 5, 3e-4);
 }
 
 class CudaExecutorTest : public ::testing::Test {

@@ -78,7 +78,8 @@ std::shared_ptr<v1::AgentService::Stub> GrpcAgentPool::StubLocked(const std::str
     // that, not after gRPC's default backoff (which grows to two minutes).
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 500);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 5000);
-    e.stub = v1::AgentService::NewStub(grpc::CreateCustomChannel(endpoint, creds_, args));
+    e.channel = grpc::CreateCustomChannel(endpoint, creds_, args);
+    e.stub = v1::AgentService::NewStub(e.channel);
   }
   return e.stub;
 }
@@ -245,13 +246,15 @@ double GrpcAgentPool::SecondsSinceContact(const std::string& endpoint) {
   return std::chrono::duration<double>(Clock::now() - since).count();
 }
 
-void GrpcAgentPool::Refresh(const std::string& endpoint, const Poller* poller) {
+bool GrpcAgentPool::Refresh(const std::string& endpoint, const Poller* poller) {
   std::shared_ptr<v1::AgentService::Stub> stub;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = entries_.find(endpoint);
     // A retired poller calls no more: its endpoint was forgotten (or is polled anew).
-    if (poller != nullptr && (it == entries_.end() || it->second.poller.get() != poller)) return;
+    if (poller != nullptr && (it == entries_.end() || it->second.poller.get() != poller)) {
+      return false;
+    }
     stub = StubLocked(endpoint, entries_[endpoint]);
   }
   grpc::ClientContext ctx;
@@ -261,7 +264,9 @@ void GrpcAgentPool::Refresh(const std::string& endpoint, const Poller* poller) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = entries_.find(endpoint);
   // A retired poller's late answer is dropped: the endpoint left (or came back anew).
-  if (it == entries_.end() || (poller != nullptr && it->second.poller.get() != poller)) return;
+  if (it == entries_.end() || (poller != nullptr && it->second.poller.get() != poller)) {
+    return false;
+  }
   auto& e = it->second;
   LogTransition(endpoint, e, s);
   e.last_ok = s.ok();
@@ -273,6 +278,22 @@ void GrpcAgentPool::Refresh(const std::string& endpoint, const Poller* poller) {
   } else {
     e.last_error = s.error_message();
   }
+  return s.ok();
+}
+
+bool GrpcAgentPool::AwaitConnection(const std::string& endpoint, const Poller* poller) {
+  std::shared_ptr<grpc::Channel> channel;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = entries_.find(endpoint);
+    if (it == entries_.end() || it->second.poller.get() != poller) return false;
+    channel = it->second.channel;
+  }
+  // Connected already (the agent answered with an error, or not in time): nothing to drive.
+  if (channel == nullptr || channel->GetState(/*try_to_connect=*/false) == GRPC_CHANNEL_READY) {
+    return false;
+  }
+  return channel->WaitForConnected(std::chrono::system_clock::now() + refresh_);
 }
 
 void GrpcAgentPool::LogTransition(const std::string& endpoint, const Entry& e,
@@ -293,7 +314,12 @@ StatusOr<v1::GetStatusResponse> GrpcAgentPool::FreshStatus(const std::string& en
 
 void GrpcAgentPool::Poll(std::string endpoint, std::shared_ptr<Poller> poller) {
   while (!poller->stop) {
-    Refresh(endpoint, poller.get());
+    // An agent that could not be reached: wait for its connection rather than idly, and ask
+    // again as soon as it is up.
+    if (!Refresh(endpoint, poller.get()) && !poller->stop &&
+        AwaitConnection(endpoint, poller.get())) {
+      continue;
+    }
     std::unique_lock<std::mutex> lock(poller->mu);
     poller->cv.wait_for(lock, refresh_, [&] { return poller->stop.load(); });
   }

@@ -106,6 +106,7 @@ class GrpcAgentPool : public AgentPoolInterface {
     std::thread thread;
   };
   struct Entry {
+    std::shared_ptr<grpc::Channel> channel;  ///< the stub's
     std::shared_ptr<v1::AgentService::Stub> stub;
     std::string server_name;  ///< empty: the pool's
     v1::GetStatusResponse last;
@@ -123,7 +124,13 @@ class GrpcAgentPool : public AgentPoolInterface {
   /// Stops the entry's poller and hands it to Reap (needs mu_ held).
   void Retire(Entry& e);
   /// One GetStatus; the answer is kept if `poller` still owns the endpoint (null: always).
-  void Refresh(const std::string& endpoint, const Poller* poller);
+  /// Whether it answered.
+  bool Refresh(const std::string& endpoint, const Poller* poller);
+  /// Drives the endpoint's channel to connect for up to `refresh_`; whether it connected (false
+  /// at once if it was connected already: the agent answered with an error). A failed
+  /// call leaves gRPC reconnecting in the background, where a TLS handshake advances only on
+  /// a backup poller's ticks seconds apart and can miss its connect deadline again and again.
+  bool AwaitConnection(const std::string& endpoint, const Poller* poller);
   void Poll(std::string endpoint, std::shared_ptr<Poller> poller);
   /// Logs an answer that differs from the last one kept in `e` (needs mu_ held).
   static void LogTransition(const std::string& endpoint, const Entry& e, const grpc::Status& s);

@@ -85,6 +85,10 @@ int main(int argc, char** argv) {
                  "start from this Hugging Face GPT-2 model.safetensors (spec.model.init)");
   std::string devices = "cpu:1", optimizer = "auto";
   bool bf16_transit = false;
+  bool no_attention_recompute = false;
+  app.add_flag("--no-attention-recompute", no_attention_recompute,
+               "plans keep every attention score for backward (the plan may otherwise recompute "
+               "them where that pays)");
   app.add_flag("--bf16-transit", bf16_transit,
                "bf16 on a GPU with the optimizer on the host: matrix weights travel as bf16");
   app.add_option("--devices", devices, "cpu:1, or a GPU: cuda:0 (the CUDA build)")
@@ -129,6 +133,7 @@ int main(int argc, char** argv) {
   const hydra::DeviceSpec device = found->front();
   options.devices.devices = {device};
   options.bf16_weight_transit = bf16_transit;
+  options.attention_recompute = !no_attention_recompute;
   if (const std::string rates = hydra::executor::UseMeasuredLinkRates(&options); !rates.empty()) {
     std::cerr << rates << "\n";  // stdout is the JSON line
   }
@@ -194,6 +199,7 @@ int main(int argc, char** argv) {
                               {"budgetBytes", *t.resources.device_memory_budget},
                               {"shards", after.shards},
                               {"policies", policies},
+                              {"recomputeAttention", plan->recompute_attention},
                               {"optimizerPlacements", placements},
                               {"tokensPerSecond",
                                steps * t.training.batch_size * t.model.context_length / seconds},

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <thread>
 
 #include "agent/executor/cpu_threads.h"
@@ -121,6 +122,9 @@ int Plan(const std::string& path, bool pilot, const std::string& pilot_device, i
   if (int rc = LoadOrExplain(path, &job, &trials)) return rc;
   int rc = 0;
   double flops = 1e11;
+  // On a GPU, plan as the executors there do: no activations stashed across shards (they would
+  // stay in the GPU's memory), and the host link's measured rates.
+  std::optional<hydra::executor::LinkRates> link;
   if (pilot || !pilot_device.empty()) {
     auto device = PilotDevice(pilot_device.empty() ? "cpu" : pilot_device);
     if (!device.ok()) {
@@ -135,6 +139,17 @@ int Plan(const std::string& path, bool pilot, const std::string& pilot_device, i
       return 1;
     }
     flops = p->flops_per_second;
+    if (device->kind == hydra::DeviceKind::kCuda) {
+      auto rates = hydra::executor::MeasureLinkRates(*device);
+      if (!rates.ok()) {
+        std::cerr << "error: " << rates.status().message() << "\n";
+        return 1;
+      }
+      link = *rates;
+      std::printf("host link %.1f GB/s, host AdamW %.1f GB/s\n",
+                  rates->host_link_bytes_per_second / 1e9,
+                  rates->host_optimizer_bytes_per_second / 1e9);
+    }
     std::printf(
         "pilot (%s) on %s: layer %s forward+backward took %.4f s; the cost model's %.3g FLOPs "
         "at 100 GFLOP/s predict %.4f s (measured/predicted %.2f); estimates below use the "
@@ -146,6 +161,11 @@ int Plan(const std::string& path, bool pilot, const std::string& pilot_device, i
   for (const auto& t : trials) {
     auto po = hydra::PartitionOptionsFor(t);
     po.flops_per_second = flops;
+    if (link) {
+      po.host_activation_budget = 0;
+      po.host_link_bytes_per_second = link->host_link_bytes_per_second;
+      po.host_optimizer_bytes_per_second = link->host_optimizer_bytes_per_second;
+    }
     auto plan = hydra::PlanShards(t, po);
     if (!plan.ok()) {
       std::cout << t.name << ": cannot be planned: " << plan.status().message() << "\n";
@@ -451,7 +471,8 @@ int main(int argc, char** argv) {
                  "rate for the estimates");
   plan->add_option("--pilot-device", plan_pilot_device,
                    "Where --pilot times (implies it): cpu (default), or a GPU of the CUDA build: "
-                   "cuda (the first) or cuda:I");
+                   "cuda (the first) or cuda:I, whose host link is measured too and planned "
+                   "with as the executors there do (no activations stashed across shards)");
 
   SimulateArgs sim;
   auto* simulate = app.add_subcommand(

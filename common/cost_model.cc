@@ -92,11 +92,13 @@ std::vector<LayerCost> GptCosts(const ModelSpec& m, int64_t micro_batch, Precisi
     // In bf16 the residual stream and LayerNorm inputs stay fp32 (8C bytes), the GEMMs' inputs
     // and the MLP's hidden are bf16 (14C values, 28C bytes); the softmax output stays fp32 next
     // to its bf16 copy for the GEMM (6 bytes per score).
-    b.activation_bytes = precision == Precision::kBf16
-                             ? a.Bytes(tokens * (36 * C + 6 * H * T), b.name, "activations")
-                             : a.Bytes(tokens * (16 * C + 2 * H * T) * f, b.name, "activations");
+    const bool bf16 = precision == Precision::kBf16;
+    b.activation_bytes = bf16 ? a.Bytes(tokens * (36 * C + 6 * H * T), b.name, "activations")
+                              : a.Bytes(tokens * (16 * C + 2 * H * T) * f, b.name, "activations");
+    b.attention_bytes = a.Bytes(tokens * H * T * (bf16 ? 6 : 2 * f), b.name, "attention scores");
     b.output_bytes = a.Bytes(tokens * C * f, b.name, "output");
-    b.forward_flops = tokens * (2.0 * 12 * C * C + 4.0 * T * C);
+    b.attention_flops = tokens * 4.0 * T * C;
+    b.forward_flops = tokens * 2.0 * 12 * C * C + b.attention_flops;
     layers.push_back(b);
   }
   LayerCost head;

@@ -20,8 +20,13 @@ struct LayerCost {
   /// head). When the model is sharded they stay resident on the device for the whole step.
   int64_t tied_parameters = 0;
   int64_t activation_bytes = 0;  ///< bytes autograd keeps for backward, per micro-batch
-  int64_t output_bytes = 0;      ///< bytes of the layer's output, per micro-batch
-  double forward_flops = 0;      ///< per micro-batch
+  /// Of activation_bytes, those that recomputing the attention scores in backward frees (a
+  /// GPT-2 block's H x T scores and probabilities per token; 0 for other layers), and the
+  /// forward FLOPs that recompute costs (QK^T and PV), per micro-batch.
+  int64_t attention_bytes = 0;
+  double attention_flops = 0;
+  int64_t output_bytes = 0;  ///< bytes of the layer's output, per micro-batch
+  double forward_flops = 0;  ///< per micro-batch
 };
 
 /// Per-layer costs of the trial's model, in execution order. For family torchscript they come

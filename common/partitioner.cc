@@ -37,13 +37,21 @@ int64_t ShardState(const std::vector<LayerNeed>& l, int a, int b) {
   return s;
 }
 
-/// Greedy contiguous packing with each shard's need capped at `cap`; empty if a layer exceeds it.
+/// Greedy contiguous packing with each shard's need capped at `cap`, from the last layer back:
+/// the last shard, which runs its forward and backward at once and never recomputes, gets as
+/// many layers as the cap allows. Empty if a layer exceeds the cap.
 std::vector<int> Pack(const std::vector<LayerNeed>& l, int64_t cap, int64_t mb) {
-  std::vector<int> starts = {0};
   const int n = static_cast<int>(l.size());
-  for (int i = 1; i < n; ++i) {
-    if (ShardNeed(l, starts.back(), i, mb) > cap) starts.push_back(i);
+  std::vector<int> starts;  // back to front, then reversed
+  int end = n - 1;
+  for (int i = n - 2; i >= 0; --i) {
+    if (ShardNeed(l, i, end, mb) > cap) {
+      starts.push_back(i + 1);
+      end = i;
+    }
   }
+  starts.push_back(0);
+  std::reverse(starts.begin(), starts.end());
   for (size_t s = 0; s < starts.size(); ++s) {
     const int end = s + 1 < starts.size() ? starts[s + 1] - 1 : n - 1;
     if (ShardNeed(l, starts[s], end, mb) > cap) return {};
@@ -124,19 +132,21 @@ PartitionOptions PartitionOptionsFor(const Trial& trial) {
   return po;
 }
 
-StatusOr<PartitionPlan> PlanShards(const Trial& trial, const PartitionOptions& o) {
+namespace {
+
+/// PlanShards for one choice of keeping or recomputing the attention scores. With
+/// `recompute_attention` a layer keeps its activations less its attention bytes, and the
+/// largest layer's attention bytes are the transient of whichever layer runs its backward.
+StatusOr<PartitionPlan> PlanFor(const Trial& trial, const PartitionOptions& o,
+                                const std::vector<LayerCost>& costs, bool recompute_attention) {
   const int64_t mb_count = std::max<int64_t>(1, o.micro_batches);
   const int64_t micro = trial.training.batch_size / trial.training.gradient_accumulation_steps;
-  const auto costs = ModelLayerCosts(trial, micro);
-  if (costs.empty()) {
-    return FailedPreconditionError("the layers of " + trial.model.path +
-                                   " are not known before the module is loaded");
-  }
   const int64_t opt = OptimizerBytesPerParameter(trial.training);
   const int n = static_cast<int>(costs.size());
 
   PartitionPlan plan;
   plan.state_tier = o.state_tier;
+  plan.recompute_attention = recompute_attention;
   if (o.state_tier == StateTier::kDisk && o.optimizer_placement == OptimizerPlacement::kHost) {
     return InvalidArgumentError(
         "the optimizer steps on the host only with the state in the host tier, not on disk");
@@ -146,20 +156,25 @@ StatusOr<PartitionPlan> PlanShards(const Trial& trial, const PartitionOptions& o
   std::vector<LayerNeed> need(n);
   int64_t tied = 0;
   int64_t whole = 0;
+  int64_t transient = 0;  // one layer's attention scores, rebuilt during its backward
   for (int i = 0; i < n; ++i) {
+    const int64_t kept = recompute_attention ? costs[i].attention_bytes : 0;
+    transient = std::max(transient, kept);
     tied += costs[i].tied_parameters;
     need[i].params = costs[i].parameters - costs[i].tied_parameters;
     // Tied weights stay on the device, but their optimizer state moves with the shard.
     need[i].moved = need[i].params * (4 + opt) + costs[i].tied_parameters * opt;
     need[i].state = need[i].params * (4 + opt_on_device) + costs[i].tied_parameters * opt_on_device;
     need[i].grad = need[i].params * 4;
-    need[i].act = costs[i].activation_bytes;
+    need[i].act = costs[i].activation_bytes - kept;
     need[i].out = costs[i].output_bytes;
     need[i].flops = costs[i].forward_flops;
-    whole += costs[i].parameters * (8 + opt) + costs[i].activation_bytes;
+    whole += costs[i].parameters * (8 + opt) + need[i].act;
   }
+  whole += transient;
   const int64_t tied_bytes = tied * 8;  // weights and gradients, resident all step
   const int64_t budget = o.device_budget;
+  const int64_t usable = budget - tied_bytes - transient;  // for the shards' own needs
 
   std::vector<int> starts;
   bool packed = false;  // cut to the budget (possibly into one shard, its optimizer on the host)
@@ -177,7 +192,6 @@ StatusOr<PartitionPlan> PlanShards(const Trial& trial, const PartitionOptions& o
     starts = {0};  // fits: plain training
   } else {
     packed = true;
-    const int64_t usable = budget - tied_bytes;
     for (int i = 0; i < n; ++i) {
       const int64_t single = ShardNeed(need, i, i, mb_count);
       if (single > usable) {
@@ -208,10 +222,10 @@ StatusOr<PartitionPlan> PlanShards(const Trial& trial, const PartitionOptions& o
       std::vector<int> all(n);
       for (int i = 0; i < n; ++i) all[i] = i;
       if (PackPeak(need, all, mb_count) > usable) {
-        return ResourceExhaustedError("no sharding fits the device budget of " +
-                                      FormatBytes(budget) +
-                                      " with a prefetch buffer; one layer per shard needs " +
-                                      FormatBytes(PackPeak(need, all, mb_count) + tied_bytes));
+        return ResourceExhaustedError(
+            "no sharding fits the device budget of " + FormatBytes(budget) +
+            " with a prefetch buffer; one layer per shard needs " +
+            FormatBytes(PackPeak(need, all, mb_count) + tied_bytes + transient));
       }
       starts = all;
     }
@@ -232,6 +246,7 @@ StatusOr<PartitionPlan> PlanShards(const Trial& trial, const PartitionOptions& o
       sp.gradient_bytes += p * 4;
       sp.activation_bytes += need[i].act;
       sp.forward_flops += need[i].flops;
+      if (recompute_attention) sp.attention_flops += costs[i].attention_flops;
     }
     const double fwd = sp.forward_flops * static_cast<double>(mb_count) / o.flops_per_second;
     const double recompute_cost = fwd;
@@ -243,11 +258,13 @@ StatusOr<PartitionPlan> PlanShards(const Trial& trial, const PartitionOptions& o
                                                                  : ActivationPolicy::kRecompute;
     sp.optimizer = sharded ? placement : OptimizerPlacement::kDevice;
     sp.workspace_bytes = ShardNeed(need, sp.first_layer, sp.last_layer, mb_count) -
-                         ShardState(need, sp.first_layer, sp.last_layer) - [&] {
+                         ShardState(need, sp.first_layer, sp.last_layer) -
+                         [&] {
                            int64_t g = 0;
                            for (int i = sp.first_layer; i <= sp.last_layer; ++i) g += need[i].grad;
                            return g;
-                         }();
+                         }() +
+                         transient;
     plan.shards.push_back(sp);
     plan.total_state_bytes += sp.state_bytes;
   }
@@ -279,7 +296,8 @@ StatusOr<PartitionPlan> PlanShards(const Trial& trial, const PartitionOptions& o
   }
   for (auto& sp : plan.shards) {
     const double fwd = sp.forward_flops * static_cast<double>(mb_count) / o.flops_per_second;
-    sp.estimated_seconds = 3.0 * fwd + (sp.policy == ActivationPolicy::kRecompute ? fwd : 0.0);
+    sp.estimated_seconds = 3.0 * fwd + (sp.policy == ActivationPolicy::kRecompute ? fwd : 0.0) +
+                           sp.attention_flops * static_cast<double>(mb_count) / o.flops_per_second;
   }
   // Per shard, the optimizer steps where that shard's step is shorter. The trial-wide choice
   // above leaves compute out; compute hides the optimizer state's copies on the copy streams
@@ -303,7 +321,7 @@ StatusOr<PartitionPlan> PlanShards(const Trial& trial, const PartitionOptions& o
       }
     };
     add_state(opt);
-    if (budget > 0 && PackPeak(need, starts, mb_count) > budget - tied_bytes) {
+    if (budget > 0 && PackPeak(need, starts, mb_count) > usable) {
       add_state(-opt);
       continue;
     }
@@ -313,9 +331,41 @@ StatusOr<PartitionPlan> PlanShards(const Trial& trial, const PartitionOptions& o
     plan.peak_device_bytes = whole;
   } else {
     std::vector<int> st(starts.begin(), starts.end());
-    plan.peak_device_bytes = PackPeak(need, st, mb_count) + plan.pinned_bytes;
+    plan.peak_device_bytes = PackPeak(need, st, mb_count) + plan.pinned_bytes + transient;
   }
   return plan;
+}
+
+double StepSeconds(const PartitionPlan& plan) {
+  double s = 0;
+  for (const auto& sp : plan.shards) s += sp.estimated_seconds;
+  return s;
+}
+
+}  // namespace
+
+StatusOr<PartitionPlan> PlanShards(const Trial& trial, const PartitionOptions& o) {
+  const int64_t micro = trial.training.batch_size / trial.training.gradient_accumulation_steps;
+  const auto costs = ModelLayerCosts(trial, micro);
+  if (costs.empty()) {
+    return FailedPreconditionError("the layers of " + trial.model.path +
+                                   " are not known before the module is loaded");
+  }
+  auto kept = PlanFor(trial, o, costs, false);
+  const bool has_attention = std::any_of(costs.begin(), costs.end(),
+                                         [](const LayerCost& c) { return c.attention_bytes > 0; });
+  if (!o.attention_recompute || !has_attention || !o.explicit_boundaries.empty() ||
+      o.device_budget <= 0) {
+    return kept;
+  }
+  // Recomputing the attention scores costs FLOPs but shrinks every block's activations: it
+  // pays where it saves more, in fewer shards or fewer shards recomputing their whole forward
+  // (the estimated compute of a step decides; fewer shards also move less), or where the
+  // trial fits no other way.
+  auto lean = PlanFor(trial, o, costs, true);
+  if (!lean.ok()) return kept;
+  if (!kept.ok() || StepSeconds(*lean) < StepSeconds(*kept)) return lean;
+  return kept;
 }
 
 std::string FormatPlan(const Trial& trial, const PartitionPlan& plan) {
@@ -327,6 +377,7 @@ std::string FormatPlan(const Trial& trial, const PartitionPlan& plan) {
       << FormatBytes(plan.peak_device_bytes);
   if (plan.pinned_bytes > 0)
     out << " (" << FormatBytes(plan.pinned_bytes) << " pinned tied weights)";
+  if (plan.recompute_attention) out << ", attention scores recomputed in backward";
   out << "\n";
   char line[256];
   std::snprintf(line, sizeof(line), "  %5s  %-19s  %10s  %11s  %11s  %11s  %-9s  %-9s  %8s\n",

@@ -35,6 +35,9 @@ struct ShardPlan {
   int64_t gradient_bytes = 0;    ///< exist on the device only during the shard's backward
   int64_t activation_bytes = 0;  ///< one micro-batch's autograd activations of the shard
   double forward_flops = 0;      ///< per micro-batch
+  /// Forward FLOPs the backward repeats to rebuild attention scores (PartitionPlan::
+  /// recompute_attention), per micro-batch; 0 otherwise.
+  double attention_flops = 0;
   ActivationPolicy policy = ActivationPolicy::kStash;
   OptimizerPlacement optimizer = OptimizerPlacement::kDevice;
   double estimated_seconds = 0;  ///< forward + backward (+ recompute) of a whole step
@@ -66,6 +69,10 @@ struct PartitionOptions {
   /// Host bytes that stashed activations may use (with the state on disk, also the weights
   /// their autograd graphs hold); above it shards recompute instead. < 0: unlimited.
   int64_t host_activation_budget = -1;
+  /// May the plan recompute the attention scores in backward (keeping q, k and v, not the
+  /// H x T scores; agent/executor/attention.h) where that makes the step's estimated compute
+  /// shorter or is the only way the trial fits? Off: every layer keeps its activations.
+  bool attention_recompute = true;
 };
 
 struct PartitionPlan {
@@ -74,6 +81,9 @@ struct PartitionPlan {
   int64_t peak_device_bytes = 0;
   int64_t total_state_bytes = 0;
   StateTier state_tier = StateTier::kHost;
+  /// Every attention layer recomputes its scores in backward; the shards' activation bytes
+  /// leave them out, and workspace and peak count one layer's scores, rebuilt in its backward.
+  bool recompute_attention = false;
 };
 
 /// The options a trial's manifest implies: device budget, host budget (for stashed
@@ -82,8 +92,10 @@ PartitionOptions PartitionOptionsFor(const Trial& trial);
 
 /// Cuts the trial's layers into contiguous shards so that each shard's device need plus the
 /// next shard's prefetch buffer fits the budget, then chooses each shard's activation policy
-/// from the cost model. RESOURCE_EXHAUSTED naming the layer and bytes when one layer cannot
-/// fit; INVALID_ARGUMENT for unusable explicit boundaries.
+/// from the cost model, and whether attention scores are recomputed (options.
+/// attention_recompute) by the estimated compute of a step with and without. RESOURCE_EXHAUSTED
+/// naming the layer and bytes when one layer cannot fit; INVALID_ARGUMENT for unusable explicit
+/// boundaries.
 StatusOr<PartitionPlan> PlanShards(const Trial& trial, const PartitionOptions& options);
 
 /// Where a sharded trial's optimizer steps when `options` leave it to the cost model: on the

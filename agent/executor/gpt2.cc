@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "agent/executor/attention.h"
 #include "agent/executor/lm_head_loss.h"
 #include "agent/executor/precision.h"
 
@@ -44,21 +45,23 @@ class Gpt2Block : public SequentialLayer {
       return t.view({B, T, heads_, D}).transpose(1, 2).reshape({B * heads_, T, D});
     };
     auto q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);
-    // One GEMM computes mask + scale * q k^T: no separate passes for scaling and masking.
-    auto att = torch::softmax(torch::baddbmm(mask_.narrow(0, 0, T).narrow(1, 0, T).unsqueeze(0), q,
-                                             k.transpose(1, 2), /*beta=*/1.0,
-                                             /*alpha=*/1.0 / std::sqrt(static_cast<double>(D))),
-                              -1, torch::kFloat);  // fp32 softmax in every precision
-    auto y = torch::bmm(att, v).view({B, heads_, T, D}).transpose(1, 2).reshape({B, T, C});
+    auto y = CausalAttention(q, k, v, mask_.narrow(0, 0, T).narrow(1, 0, T),
+                             1.0 / std::sqrt(static_cast<double>(D)), recompute_attention_)
+                 .view({B, heads_, T, D})
+                 .transpose(1, 2)
+                 .reshape({B, T, C});
     auto h = x + proj->forward(y);
     return h + fc_proj->forward(torch::gelu(fc->forward(ln2->forward(h)), "tanh"));
   }
+
+  void set_recompute_attention(bool on) override { recompute_attention_ = on; }
 
   torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
   torch::nn::Linear qkv{nullptr}, proj{nullptr}, fc{nullptr}, fc_proj{nullptr};
 
  private:
   int64_t heads_;
+  bool recompute_attention_ = false;
   torch::Tensor mask_;
 };
 

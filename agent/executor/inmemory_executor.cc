@@ -23,9 +23,11 @@ class InMemoryExecutor : public TrialExecutorInterface, private ReturnsHostMemor
  public:
   /// `model` is built in host memory; it moves to `device` (the factory's device `index`)
   /// before the optimizer allocates its state there.
+  /// `peak_device_bytes`: the plan's (the footprint, less what recomputed attention scores
+  /// save).
   InMemoryExecutor(const Trial& trial, std::shared_ptr<const TokenDataset> data,
                    LayerSequence model, torch::Device device, int bound_device,
-                   ExecutorDevices devices)
+                   ExecutorDevices devices, int64_t peak_device_bytes)
       : trial_(trial),
         data_(std::move(data)),
         model_(MovedTo(std::move(model), device)),
@@ -39,7 +41,7 @@ class InMemoryExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     SynchronizeDevice(device);
     for (const auto& [name, p] : params_) stats_.parameters += p.numel();
     stats_.shards = 1;
-    stats_.peak_device_bytes = EstimateTrialFootprint(trial).total_bytes();
+    stats_.peak_device_bytes = peak_device_bytes;
   }
 
   StatusOr<StepMetrics> TrainStep() override {
@@ -214,14 +216,19 @@ class InMemoryExecutorFactory : public ExecutorFactoryInterface {
 
   StatusOr<std::unique_ptr<TrialExecutorInterface>> Build(const Trial& given,
                                                           std::shared_ptr<const TokenDataset> data,
-                                                          const Admission&, int device) override {
+                                                          const Admission& admission,
+                                                          int device) override {
     Trial trial = WithDeviceBudget(given, options_.devices);
     RETURN_IF_ERROR(ResolveModel(&trial));
     ASSIGN_OR_RETURN(Placement on, PlaceOn(options_.devices, device));
     try {
       ASSIGN_OR_RETURN(LayerSequence model, BuildModel(trial));
+      model.SetRecomputeAttention(admission.plan.recompute_attention);
+      const int64_t peak = admission.plan.peak_device_bytes > 0
+                               ? admission.plan.peak_device_bytes
+                               : EstimateTrialFootprint(trial).total_bytes();
       return std::unique_ptr<TrialExecutorInterface>(std::make_unique<InMemoryExecutor>(
-          trial, std::move(data), std::move(model), on.device, on.bound, options_.devices));
+          trial, std::move(data), std::move(model), on.device, on.bound, options_.devices, peak));
     } catch (const c10::Error& e) {
       return TorchErrorStatus(e, "building " + trial.name, on.device);
     }

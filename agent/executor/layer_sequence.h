@@ -27,6 +27,9 @@ class SequentialLayer : public torch::nn::Module {
                                      const torch::Tensor& /*target*/) {
     return {};
   }
+  /// Whether the layer recomputes its attention scores in backward instead of keeping them
+  /// (attention.h; the plan's recompute_attention). Layers without attention ignore it.
+  virtual void set_recompute_attention(bool /*on*/) {}
 };
 
 /// A model as an ordered list of named layers. Parameters shared between layers (GPT-2's tied
@@ -34,6 +37,10 @@ class SequentialLayer : public torch::nn::Module {
 struct LayerSequence {
   std::vector<std::string> names;
   std::vector<std::shared_ptr<SequentialLayer>> layers;
+
+  void SetRecomputeAttention(bool on) const {
+    for (const auto& layer : layers) layer->set_recompute_attention(on);
+  }
 
   torch::Tensor Forward(torch::Tensor x) const {
     for (const auto& layer : layers) x = layer->forward(x);

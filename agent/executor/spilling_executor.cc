@@ -134,6 +134,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     if (!built.ok()) return built.status();
     model_ = std::move(built).value();
     RETURN_IF_ERROR(status);
+    model_.SetRecomputeAttention(plan_.recompute_attention);
     for (const auto& [name, p] : model_.NamedParameters()) {
       global_order_[name] = global_order_.size();
     }
@@ -1341,6 +1342,7 @@ class ExecutorFactory : public ExecutorFactoryInterface {
             : options_.flops_per_second;
     po.host_link_bytes_per_second = options_.host_link_bytes_per_second;
     po.host_optimizer_bytes_per_second = options_.host_optimizer_bytes_per_second;
+    po.attention_recompute = options_.attention_recompute;
     if (options_.optimizer_placement && po.state_tier == StateTier::kHost) {
       po.optimizer_placement = options_.optimizer_placement;
     }

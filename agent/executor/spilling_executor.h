@@ -31,6 +31,8 @@ struct ExecutorOptions {
   /// check: GPT-2 medium's shape at 25%, host-stepped, 5602 tokens/s with it against 6306
   /// without; the cast on the host costs more than the halved copy saves on a 55 GB/s link).
   bool bf16_weight_transit = false;
+  /// May plans recompute attention scores in backward (PartitionOptions::attention_recompute)?
+  bool attention_recompute = true;
   /// Where trials train (Build's `device` indexes these); empty: one CPU device.
   ExecutorDevices devices = {};
 };

@@ -31,13 +31,19 @@ TEST(CostModelTest, FootprintCountsOptimizerState) {
   EXPECT_GT(EstimateTrialFootprint(t).activation_bytes, sgd.activation_bytes);
 }
 
-TEST(CostModelTest, Bf16HalvesMostActivationsAndAddsTheWorkingCopyOfTheWeights) {
+/// A 2-block GPT-2 of width `embd` with 4 heads.
+Trial TwoBlocks(int64_t embd, int64_t context, int64_t batch) {
   Trial t;
   t.model.n_layer = 2;
-  t.model.n_embd = 256;
+  t.model.n_embd = embd;
   t.model.n_head = 4;
-  t.model.context_length = 256;
-  t.training.batch_size = 8;
+  t.model.context_length = context;
+  t.training.batch_size = batch;
+  return t;
+}
+
+TEST(CostModelTest, Bf16HalvesMostActivationsAndAddsTheWorkingCopyOfTheWeights) {
+  Trial t = TwoBlocks(256, 256, 8);
   const auto fp32 = ModelLayerCosts(t, 8);
   t.training.precision = Precision::kBf16;
   const auto bf16 = ModelLayerCosts(t, 8);
@@ -60,6 +66,24 @@ TEST(CostModelTest, Bf16HalvesMostActivationsAndAddsTheWorkingCopyOfTheWeights) 
   const auto fp = EstimateTrialFootprint(t);
   EXPECT_EQ(fp.parameter_bytes, fp.parameters * 4) << "master weights stay fp32";
   EXPECT_EQ(fp.optimizer_bytes, fp.parameters * 8) << "AdamW moments stay fp32";
+}
+
+TEST(CostModelTest, ABlocksAttentionScoresAreThePartThatRecomputingThemFrees) {
+  Trial t = TwoBlocks(128, 512, 2);
+  const double tokens = 2.0 * 512, C = 128, HT = 4.0 * 512, T = 512;
+  const auto fp32 = ModelLayerCosts(t, 2);
+  // The H x T scores and probabilities per token, fp32; QK^T and PV again: 4TC FLOPs a token.
+  EXPECT_EQ(fp32[1].attention_bytes, static_cast<int64_t>(tokens * 2 * HT * 4));
+  EXPECT_DOUBLE_EQ(fp32[1].attention_flops, tokens * 4 * T * C);
+  EXPECT_DOUBLE_EQ(fp32[1].forward_flops, tokens * (24 * C * C + 4 * T * C));
+  EXPECT_LT(fp32[1].attention_bytes, fp32[1].activation_bytes);
+  // bf16: the fp32 probabilities beside their bf16 copy, 6 bytes a score.
+  t.training.precision = Precision::kBf16;
+  EXPECT_EQ(ModelLayerCosts(t, 2)[1].attention_bytes, static_cast<int64_t>(tokens * 6 * HT));
+  // Layers without attention have nothing to recompute.
+  EXPECT_EQ(fp32.front().attention_bytes, 0);
+  EXPECT_EQ(fp32.back().attention_bytes, 0);
+  EXPECT_EQ(fp32.back().attention_flops, 0);
 }
 
 }  // namespace

@@ -3,6 +3,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 namespace hydra {
 namespace {
 
@@ -218,6 +220,81 @@ TEST(PartitionerTest, HostActivationBudgetLimitsTheStash) {
     EXPECT_EQ(p->shards[i].policy, ActivationPolicy::kRecompute);
   }
   EXPECT_THAT(FormatPlan(t, *p), HasSubstr("recompute"));
+}
+
+/// A GPT-2 whose blocks' activations are mostly attention scores (16 heads at context 512
+/// against width 256: 80% of a block's activations, 25% of its forward FLOPs; GPT-2 medium's
+/// shape has 67% and 14%).
+Trial LongContext() {
+  Trial t = Gpt2(6, 256);
+  t.model.n_head = 16;
+  t.model.context_length = 512;
+  t.model.vocab_size = 256;
+  return t;
+}
+
+/// A discrete device's options (no activations stashed across shards) at `budget`.
+PartitionOptions OnAGpu(int64_t budget) {
+  PartitionOptions o;
+  o.device_budget = budget;
+  o.host_activation_budget = 0;
+  o.host_link_bytes_per_second = 25e9;
+  return o;
+}
+
+double StepSeconds(const PartitionPlan& p) {
+  double s = 0;
+  for (const auto& sh : p.shards) s += sh.estimated_seconds;
+  return s;
+}
+
+TEST(PartitionerTest, OnAGpuRecomputingAttentionScoresLetsATrialTrainUnspilled) {
+  const Trial t = LongContext();
+  const int64_t full = EstimateTrialFootprint(t).total_bytes();
+  PartitionOptions o = OnAGpu(full / 2);
+  PartitionOptions keep = o;
+  keep.attention_recompute = false;
+  auto kept = PlanShards(t, keep);
+  auto lean = PlanShards(t, o);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  ASSERT_TRUE(lean.ok()) << lean.status();
+  EXPECT_FALSE(kept->recompute_attention);
+  EXPECT_GT(kept->shards.size(), 1u);
+  EXPECT_TRUE(lean->recompute_attention);
+  EXPECT_EQ(lean->shards.size(), 1u) << FormatPlan(t, *lean);
+  EXPECT_LT(StepSeconds(*lean), StepSeconds(*kept));
+  EXPECT_LE(lean->peak_device_bytes, o.device_budget);
+  // The activations leave the scores out; the scores of one block (rebuilt in its backward)
+  // are the plan's transient.
+  int64_t activations = 0, attention = 0, largest = 0;
+  double attention_flops = 0, forward_flops = 0;
+  for (const auto& c : ModelLayerCosts(t, t.training.batch_size)) {
+    activations += c.activation_bytes - c.attention_bytes;
+    attention += c.attention_bytes;
+    largest = std::max(largest, c.attention_bytes);
+    attention_flops += c.attention_flops;
+    forward_flops += c.forward_flops;
+  }
+  EXPECT_EQ(lean->shards[0].activation_bytes, activations);
+  EXPECT_EQ(lean->peak_device_bytes, EstimateTrialFootprint(t).total_bytes() - attention + largest);
+  EXPECT_DOUBLE_EQ(lean->shards[0].estimated_seconds,
+                   (3 * forward_flops + attention_flops) / o.flops_per_second);
+  EXPECT_THAT(FormatPlan(t, *lean), HasSubstr("attention scores recomputed in backward"));
+}
+
+TEST(PartitionerTest, WhereActivationsCanBeStashedTheScoresAreKept) {
+  // On a CPU device the stash costs nothing to keep: recomputing would only add FLOPs.
+  const Trial t = LongContext();
+  PartitionOptions o;
+  o.device_budget = EstimateTrialFootprint(t).total_bytes() / 2;
+  auto p = PlanShards(t, o);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_FALSE(p->recompute_attention);
+  // Nor when the budget fits the trial, or the boundaries are given.
+  EXPECT_FALSE(PlanShards(t, OnAGpu(EstimateTrialFootprint(t).total_bytes()))->recompute_attention);
+  PartitionOptions cut = OnAGpu(0);
+  cut.explicit_boundaries = {2, 4};
+  EXPECT_FALSE(PlanShards(t, cut)->recompute_attention);
 }
 
 }  // namespace

@@ -27,13 +27,16 @@ Trial Small(const std::string& optimizer) {
   return testing::GptTrial("spill", optimizer, 4, 64, 4, 32, 11, 2e-3);
 }
 
-/// The largest budget (in 1% steps of the unsharded footprint) whose plan has >= `shards`.
-int64_t BudgetFor(const Trial& t, size_t shards) {
+/// The largest budget (in 1% steps of the unsharded footprint) whose plan has >= `shards`;
+/// `discrete`: planned as on a GPU, where no activations are stashed across shards (and
+/// attention scores may be recomputed instead).
+int64_t BudgetFor(const Trial& t, size_t shards, bool discrete = false) {
   const int64_t full = EstimateTrialFootprint(t).total_bytes();
   for (int pct = 100; pct > 1; --pct) {
     PartitionOptions o;
     o.device_budget = full * pct / 100;
     o.micro_batches = t.training.gradient_accumulation_steps;
+    if (discrete) o.host_activation_budget = 0;
     auto p = PlanShards(t, o);
     if (p.ok() && p->shards.size() >= shards) return o.device_budget;
   }
@@ -117,7 +120,7 @@ void SpillingExecutorTest::ExpectVariantsTrackUnsharded(const Trial& base,
     } else if (v.min_shards == 1) {
       t.resources.device_memory_budget = BudgetFor(t, 2);
     } else {
-      t.resources.device_memory_budget = BudgetFor(t, v.min_shards);
+      t.resources.device_memory_budget = BudgetFor(t, v.min_shards, v.discrete);
     }
     if (v.disk) t.resources.offload = "disk";
     auto factory = Factory(v.link, v.host_optimizer, v.discrete);
@@ -484,6 +487,38 @@ TEST_F(SpillingExecutorTest, Bf16WeightTransitChangesNoNumber) {
     // for its backward (recompute): 4 blocks of 4 matrix weights, 10 steps.
     EXPECT_EQ(casts[0], 0);
     EXPECT_EQ(casts[1], 4 * 4 * 10);
+  }
+}
+
+TEST_F(SpillingExecutorTest, OnADiscreteDeviceAPlanThatRecomputesAttentionScoresTrainsAsUnsharded) {
+  // Attention scores are most of this model's activations (8 heads at context 128 against
+  // width 64): on a GPU (here the CPU as a discrete device) its plans recompute them rather
+  // than cut it into more shards that recompute whole forwards.
+  const Trial base = testing::GptTrial("attention", "adamw", 8, 64, 8, 128, 11, 1e-3);
+  auto data = TokenDataset::Open(base.dataset, base.model.context_length + 1);
+  ASSERT_TRUE(data.ok());
+  auto plain = MakeInMemoryExecutorFactory({2})->Create(base, *data);
+  ASSERT_TRUE(plain.ok());
+  const auto expected = Losses(plain->get(), 30);
+  const int64_t full = EstimateTrialFootprint(base).total_bytes();
+  for (const int percent : {50, 40}) {  // one shard, then two
+    SCOPED_TRACE(std::to_string(percent) + "% of the footprint");
+    Trial t = base;
+    t.resources.device_memory_budget = full * percent / 100;
+    auto factory = Factory(25e9, false, /*discrete=*/true);
+    auto admitted = factory->Admit(t, **data);
+    ASSERT_TRUE(admitted.ok()) << admitted.status();
+    EXPECT_TRUE(admitted->plan.recompute_attention);
+    EXPECT_EQ(admitted->plan.shards.size(), percent == 50 ? 1u : 2u);
+    auto exec = factory->Build(t, *data, *admitted, 0);
+    ASSERT_TRUE(exec.ok()) << exec.status();
+    const auto losses = Losses(exec->get(), 30);
+    if (percent == 50) {
+      EXPECT_EQ(losses, expected);  // the in-memory executor, scores recomputed: exactly
+    } else {
+      testing::ExpectStepLossesNear(losses, expected, 1e-5);
+    }
+    EXPECT_LE((*exec)->stats().peak_device_bytes, *t.resources.device_memory_budget);
   }
 }
 

@@ -88,14 +88,16 @@ std::vector<LayerCost> GptCosts(const ModelSpec& m, int64_t micro_batch, Precisi
     b.parameters = a.Parameters(12 * C * C + 13 * C, b.name);
     // Saved for backward per token: layer-norm inputs/outputs, qkv, attention output,
     // projections, the MLP's 4C hidden twice (pre/post GELU), plus attention probabilities
-    // and scores (H x T each).
+    // (H x T) and the scores they come from (H x T, alive while the softmax runs).
     // In bf16 the residual stream and LayerNorm inputs stay fp32 (8C bytes), the GEMMs' inputs
     // and the MLP's hidden are bf16 (14C values, 28C bytes); the softmax output stays fp32 next
-    // to its bf16 copy for the GEMM (6 bytes per score).
+    // to its bf16 copy for the GEMM (6 bytes per score), and while the softmax runs its bf16
+    // scores and, under CUDA's autocast, their fp32 copy are alive too (6 more: on an H200 the
+    // allocator's peak passed a ledger without them by about that, one block's worth).
     const bool bf16 = precision == Precision::kBf16;
-    b.activation_bytes = bf16 ? a.Bytes(tokens * (36 * C + 6 * H * T), b.name, "activations")
+    b.activation_bytes = bf16 ? a.Bytes(tokens * (36 * C + 12 * H * T), b.name, "activations")
                               : a.Bytes(tokens * (16 * C + 2 * H * T) * f, b.name, "activations");
-    b.attention_bytes = a.Bytes(tokens * H * T * (bf16 ? 6 : 2 * f), b.name, "attention scores");
+    b.attention_bytes = a.Bytes(tokens * H * T * (bf16 ? 12 : 2 * f), b.name, "attention scores");
     b.output_bytes = a.Bytes(tokens * C * f, b.name, "output");
     b.attention_flops = tokens * 4.0 * T * C;
     b.forward_flops = tokens * 2.0 * 12 * C * C + b.attention_flops;

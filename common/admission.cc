@@ -11,7 +11,7 @@ StatusOr<Admission> PlanAdmission(const Trial& trial, const PartitionOptions& op
   a.host_bytes = p.state_tier == StateTier::kHost ? p.total_state_bytes + p.peak_device_bytes
                                                   : p.peak_device_bytes;
   a.disk_bytes = SpillDiskBytes(trial, p);
-  for (const auto& s : p.shards) a.est_step_seconds += s.estimated_seconds;
+  a.est_step_seconds = EstimatedStepSeconds(p);
   return a;
 }
 

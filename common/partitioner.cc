@@ -336,13 +336,13 @@ StatusOr<PartitionPlan> PlanFor(const Trial& trial, const PartitionOptions& o,
   return plan;
 }
 
-double StepSeconds(const PartitionPlan& plan) {
+}  // namespace
+
+double EstimatedStepSeconds(const PartitionPlan& plan) {
   double s = 0;
   for (const auto& sp : plan.shards) s += sp.estimated_seconds;
   return s;
 }
-
-}  // namespace
 
 StatusOr<PartitionPlan> PlanShards(const Trial& trial, const PartitionOptions& o) {
   const int64_t micro = trial.training.batch_size / trial.training.gradient_accumulation_steps;
@@ -364,7 +364,7 @@ StatusOr<PartitionPlan> PlanShards(const Trial& trial, const PartitionOptions& o
   // trial fits no other way.
   auto lean = PlanFor(trial, o, costs, true);
   if (!lean.ok()) return kept;
-  if (!kept.ok() || StepSeconds(*lean) < StepSeconds(*kept)) return lean;
+  if (!kept.ok() || EstimatedStepSeconds(*lean) < EstimatedStepSeconds(*kept)) return lean;
   return kept;
 }
 

@@ -98,6 +98,9 @@ PartitionOptions PartitionOptionsFor(const Trial& trial);
 /// boundaries.
 StatusOr<PartitionPlan> PlanShards(const Trial& trial, const PartitionOptions& options);
 
+/// The plan's estimated compute of one step: its shards' estimated_seconds together.
+double EstimatedStepSeconds(const PartitionPlan& plan);
+
 /// Where a sharded trial's optimizer steps when `options` leave it to the cost model: on the
 /// host when that takes less time per step than moving the optimizer state to the device and
 /// back (2 x its bytes over the host link); the host streams weights, gradients and state in

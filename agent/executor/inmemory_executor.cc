@@ -224,11 +224,9 @@ class InMemoryExecutorFactory : public ExecutorFactoryInterface {
     try {
       ASSIGN_OR_RETURN(LayerSequence model, BuildModel(trial));
       model.SetRecomputeAttention(admission.plan.recompute_attention);
-      const int64_t peak = admission.plan.peak_device_bytes > 0
-                               ? admission.plan.peak_device_bytes
-                               : EstimateTrialFootprint(trial).total_bytes();
       return std::unique_ptr<TrialExecutorInterface>(std::make_unique<InMemoryExecutor>(
-          trial, std::move(data), std::move(model), on.device, on.bound, options_.devices, peak));
+          trial, std::move(data), std::move(model), on.device, on.bound, options_.devices,
+          admission.plan.peak_device_bytes));
     } catch (const c10::Error& e) {
       return TorchErrorStatus(e, "building " + trial.name, on.device);
     }

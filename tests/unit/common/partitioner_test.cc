@@ -242,12 +242,6 @@ PartitionOptions OnAGpu(int64_t budget) {
   return o;
 }
 
-double StepSeconds(const PartitionPlan& p) {
-  double s = 0;
-  for (const auto& sh : p.shards) s += sh.estimated_seconds;
-  return s;
-}
-
 TEST(PartitionerTest, OnAGpuRecomputingAttentionScoresLetsATrialTrainUnspilled) {
   const Trial t = LongContext();
   const int64_t full = EstimateTrialFootprint(t).total_bytes();
@@ -262,7 +256,7 @@ TEST(PartitionerTest, OnAGpuRecomputingAttentionScoresLetsATrialTrainUnspilled) 
   EXPECT_GT(kept->shards.size(), 1u);
   EXPECT_TRUE(lean->recompute_attention);
   EXPECT_EQ(lean->shards.size(), 1u) << FormatPlan(t, *lean);
-  EXPECT_LT(StepSeconds(*lean), StepSeconds(*kept));
+  EXPECT_LT(EstimatedStepSeconds(*lean), EstimatedStepSeconds(*kept));
   EXPECT_LE(lean->peak_device_bytes, o.device_budget);
   // The activations leave the scores out; the scores of one block (rebuilt in its backward)
   // are the plan's transient.

@@ -122,8 +122,8 @@ int Plan(const std::string& path, bool pilot, const std::string& pilot_device, i
   if (int rc = LoadOrExplain(path, &job, &trials)) return rc;
   int rc = 0;
   double flops = 1e11;
-  // On a GPU, plan as the executors there do: no activations stashed across shards (they would
-  // stay in the GPU's memory), and the host link's measured rates.
+  // On a GPU, plan as the executors there do: stashed graphs stay in the GPU's memory, and the
+  // host link's measured rates.
   std::optional<hydra::executor::LinkRates> link;
   if (pilot || !pilot_device.empty()) {
     auto device = PilotDevice(pilot_device.empty() ? "cpu" : pilot_device);
@@ -162,7 +162,7 @@ int Plan(const std::string& path, bool pilot, const std::string& pilot_device, i
     auto po = hydra::PartitionOptionsFor(t);
     po.flops_per_second = flops;
     if (link) {
-      po.host_activation_budget = 0;
+      po.stash_on_device = true;  // as the executors on a GPU plan
       po.host_link_bytes_per_second = link->host_link_bytes_per_second;
       po.host_optimizer_bytes_per_second = link->host_optimizer_bytes_per_second;
     }
@@ -472,7 +472,7 @@ int main(int argc, char** argv) {
   plan->add_option("--pilot-device", plan_pilot_device,
                    "Where --pilot times (implies it): cpu (default), or a GPU of the CUDA build: "
                    "cuda (the first) or cuda:I, whose host link is measured too and planned "
-                   "with as the executors there do (no activations stashed across shards)");
+                   "with as the executors there do (stashed graphs kept in the GPU's memory)");
 
   SimulateArgs sim;
   auto* simulate = app.add_subcommand(

@@ -59,24 +59,116 @@ std::vector<int> Pack(const std::vector<LayerNeed>& l, int64_t cap, int64_t mb) 
   return starts;
 }
 
-/// Peak device bytes of a packing: a shard's need plus the next shard's prefetched state.
-int64_t PackPeak(const std::vector<LayerNeed>& l, const std::vector<int>& starts, int64_t mb) {
-  const int n = static_cast<int>(l.size());
+int64_t ShardActivations(const std::vector<LayerNeed>& l, int a, int b) {
+  int64_t s = 0;
+  for (int i = a; i <= b; ++i) s += l[i].act;
+  return s;
+}
+
+/// The last layer of shard s of a packing.
+int ShardEnd(const std::vector<LayerNeed>& l, const std::vector<int>& starts, size_t s) {
+  return s + 1 < starts.size() ? starts[s + 1] - 1 : static_cast<int>(l.size()) - 1;
+}
+
+/// Peak device bytes of a packing: a shard's need plus the next shard's prefetched state, and
+/// the inputs the shards before it keep for their backward; with `stash` (per shard, the bytes
+/// of the forward graphs it keeps on the device until its backward, all micro-batches'; 0: it
+/// recomputes), also the graphs the shards before it keep.
+int64_t PackPeak(const std::vector<LayerNeed>& l, const std::vector<int>& starts, int64_t mb,
+                 const std::vector<int64_t>& stash = {}) {
   int64_t peak = 0;
+  int64_t kept = 0;  // inputs and graphs the shards before this one keep on the device
   for (size_t s = 0; s < starts.size(); ++s) {
-    const int end = s + 1 < starts.size() ? starts[s + 1] - 1 : n - 1;
+    const int end = ShardEnd(l, starts, s);
     int64_t need = ShardNeed(l, starts[s], end, mb);
     // In backward the previous shard is being prefetched while the next one is still being
     // written back: both neighbours' state may be in memory at once.
     int64_t neighbour = 0;
-    if (s + 1 < starts.size()) {
-      const int nend = s + 2 < starts.size() ? starts[s + 2] - 1 : n - 1;
-      neighbour += ShardState(l, starts[s + 1], nend);
-    }
+    if (s + 1 < starts.size())
+      neighbour += ShardState(l, starts[s + 1], ShardEnd(l, starts, s + 1));
     if (s > 0) neighbour += ShardState(l, starts[s - 1], starts[s] - 1);
-    peak = std::max(peak, need + neighbour);
+    // A stashing shard's forward keeps every micro-batch's graph, not one at a time.
+    const int64_t own =
+        stash.empty() || stash[s] == 0 ? 0 : stash[s] - ShardActivations(l, starts[s], end);
+    peak = std::max(peak, need + neighbour + kept + own);
+    kept += (starts[s] > 0 ? l[starts[s] - 1].out * mb : 0) + (stash.empty() ? 0 : stash[s]);
   }
   return peak;
+}
+
+/// Per shard of a packing, the bytes of the graphs it keeps on the device (stashed[s]) or 0.
+std::vector<int64_t> StashBytes(const std::vector<LayerNeed>& l, const std::vector<int>& starts,
+                                int64_t mb, const std::vector<bool>& stashed) {
+  std::vector<int64_t> bytes(starts.size(), 0);
+  for (size_t s = 0; s < starts.size(); ++s) {
+    if (stashed[s]) bytes[s] = ShardActivations(l, starts[s], ShardEnd(l, starts, s)) * mb;
+  }
+  return bytes;
+}
+
+double ShardFlops(const std::vector<LayerNeed>& l, int a, int b) {
+  double f = 0;
+  for (int i = a; i <= b; ++i) f += l[i].flops;
+  return f;
+}
+
+/// Stashing on the device (PartitionOptions::stash_on_device): which shards of a packing keep
+/// their forward's graph on the device instead of recomputing it, chosen greedily by the
+/// forward FLOPs each saves per byte it keeps while the packing's peak fits `usable`. The last
+/// shard runs its forward and backward at once: it never needs to.
+std::vector<bool> ChooseDeviceStash(const std::vector<LayerNeed>& l, const std::vector<int>& starts,
+                                    int64_t mb, int64_t usable) {
+  const size_t S = starts.size();
+  std::vector<bool> stashed(S, false);
+  std::vector<size_t> order;
+  for (size_t s = 0; s + 1 < S; ++s) order.push_back(s);
+  auto per_byte = [&](size_t s) {
+    const int end = ShardEnd(l, starts, s);
+    return ShardFlops(l, starts[s], end) /
+           static_cast<double>(1 + ShardActivations(l, starts[s], end));
+  };
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return per_byte(a) > per_byte(b); });
+  for (size_t s : order) {
+    stashed[s] = true;
+    if (usable > 0 && PackPeak(l, starts, mb, StashBytes(l, starts, mb, stashed)) > usable) {
+      stashed[s] = false;
+    }
+  }
+  return stashed;
+}
+
+/// Forward FLOPs per micro-batch that a packing's backward repeats: those of the shards that
+/// neither stash nor are the last.
+double RecomputedFlops(const std::vector<LayerNeed>& l, const std::vector<int>& starts,
+                       const std::vector<bool>& stashed) {
+  double f = 0;
+  for (size_t s = 0; s + 1 < starts.size(); ++s) {
+    if (!stashed[s]) f += ShardFlops(l, starts[s], ShardEnd(l, starts, s));
+  }
+  return f;
+}
+
+/// Stashing on the device: of every packing under `usable` (from the fewest shards), the one
+/// whose backward recomputes the fewest forward FLOPs once the stash is chosen; more shards
+/// only for at least 1% less recompute (the estimate leaves their extra copies out). Empty if
+/// none fits.
+std::vector<int> PackForDeviceStash(const std::vector<LayerNeed>& l, int64_t usable, int64_t mb) {
+  std::vector<int> best, last;
+  double fewest = 0;
+  for (int64_t cap = usable; cap > 0; cap = cap * 15 / 16) {
+    auto p = Pack(l, cap, mb);
+    if (p.empty()) break;  // a layer alone passes the cap: so it does every smaller one
+    if (p == last || PackPeak(l, p, mb) > usable) continue;
+    last = p;
+    const double recomputed = RecomputedFlops(l, p, ChooseDeviceStash(l, p, mb, usable));
+    if (best.empty() || recomputed < 0.99 * fewest) {
+      best = p;
+      fewest = recomputed;
+    }
+    if (recomputed == 0) break;
+  }
+  return best;
 }
 
 /// Seconds shard work of `compute_seconds` takes per step with its optimizer `where`, per the
@@ -147,6 +239,8 @@ StatusOr<PartitionPlan> PlanFor(const Trial& trial, const PartitionOptions& o,
   PartitionPlan plan;
   plan.state_tier = o.state_tier;
   plan.recompute_attention = recompute_attention;
+  const bool device_stash = o.stash_on_device && o.state_tier == StateTier::kHost;
+  plan.stash_on_device = device_stash;
   if (o.state_tier == StateTier::kDisk && o.optimizer_placement == OptimizerPlacement::kHost) {
     return InvalidArgumentError(
         "the optimizer steps on the host only with the state in the host tier, not on disk");
@@ -210,7 +304,8 @@ StatusOr<PartitionPlan> PlanFor(const Trial& trial, const PartitionOptions& o,
       }
     }
     // Largest per-shard cap whose packing (with prefetch buffers) fits: fewest shards.
-    for (int64_t cap = usable; cap > 0; cap = cap * 15 / 16) {
+    if (device_stash) starts = PackForDeviceStash(need, usable, mb_count);
+    for (int64_t cap = usable; starts.empty() && cap > 0; cap = cap * 15 / 16) {
       auto p = Pack(need, cap, mb_count);
       if (!p.empty() && PackPeak(need, p, mb_count) <= usable) {
         starts = p;
@@ -233,6 +328,11 @@ StatusOr<PartitionPlan> PlanFor(const Trial& trial, const PartitionOptions& o,
 
   const bool sharded = starts.size() > 1 || packed || o.state_tier == StateTier::kDisk;
   plan.pinned_bytes = sharded ? tied_bytes : 0;
+  const std::vector<bool> on_device =
+      device_stash ? ChooseDeviceStash(need, starts, mb_count, budget > 0 ? usable : 0)
+                   : std::vector<bool>(starts.size(), false);
+  const std::vector<int64_t> stash =
+      device_stash ? StashBytes(need, starts, mb_count, on_device) : std::vector<int64_t>{};
   for (size_t s = 0; s < starts.size(); ++s) {
     ShardPlan sp;
     sp.first_layer = starts[s];
@@ -254,8 +354,9 @@ StatusOr<PartitionPlan> PlanFor(const Trial& trial, const PartitionOptions& o,
     const double stash_cost =
         o.host_link_bytes_per_second > 0 ? stash_bytes / o.host_link_bytes_per_second : 0.0;
     const bool last = s + 1 == starts.size();
-    sp.policy = last || !sharded || stash_cost <= recompute_cost ? ActivationPolicy::kStash
-                                                                 : ActivationPolicy::kRecompute;
+    const bool stashes = device_stash ? on_device[s] : stash_cost <= recompute_cost;
+    sp.policy =
+        last || !sharded || stashes ? ActivationPolicy::kStash : ActivationPolicy::kRecompute;
     sp.optimizer = sharded ? placement : OptimizerPlacement::kDevice;
     sp.workspace_bytes = ShardNeed(need, sp.first_layer, sp.last_layer, mb_count) -
                          ShardState(need, sp.first_layer, sp.last_layer) -
@@ -277,7 +378,9 @@ StatusOr<PartitionPlan> PlanFor(const Trial& trial, const PartitionOptions& o,
     return sp.activation_bytes * mb_count +
            (o.state_tier == StateTier::kDisk ? sp.parameters * 4 : 0);
   };
-  if (o.host_activation_budget >= 0 && sharded) {
+  // A discrete device stashes in its own memory or not at all.
+  const int64_t host_budget = o.stash_on_device ? 0 : o.host_activation_budget;
+  if (host_budget >= 0 && sharded && !device_stash) {
     int64_t stashed = 0;
     for (size_t s = 0; s + 1 < plan.shards.size(); ++s) {
       if (plan.shards[s].policy == ActivationPolicy::kStash) stashed += stash_bytes(plan.shards[s]);
@@ -288,7 +391,7 @@ StatusOr<PartitionPlan> PlanFor(const Trial& trial, const PartitionOptions& o,
       return stash_bytes(plan.shards[a]) > stash_bytes(plan.shards[b]);
     });
     for (size_t s : order) {
-      if (stashed <= o.host_activation_budget) break;
+      if (stashed <= host_budget) break;
       if (plan.shards[s].policy != ActivationPolicy::kStash) continue;
       plan.shards[s].policy = ActivationPolicy::kRecompute;
       stashed -= stash_bytes(plan.shards[s]);
@@ -321,7 +424,7 @@ StatusOr<PartitionPlan> PlanFor(const Trial& trial, const PartitionOptions& o,
       }
     };
     add_state(opt);
-    if (budget > 0 && PackPeak(need, starts, mb_count) > usable) {
+    if (budget > 0 && PackPeak(need, starts, mb_count, stash) > usable) {
       add_state(-opt);
       continue;
     }
@@ -330,8 +433,8 @@ StatusOr<PartitionPlan> PlanFor(const Trial& trial, const PartitionOptions& o,
   if (!sharded) {
     plan.peak_device_bytes = whole;
   } else {
-    std::vector<int> st(starts.begin(), starts.end());
-    plan.peak_device_bytes = PackPeak(need, st, mb_count) + plan.pinned_bytes + transient;
+    plan.peak_device_bytes =
+        PackPeak(need, starts, mb_count, stash) + plan.pinned_bytes + transient;
   }
   return plan;
 }
@@ -378,6 +481,10 @@ std::string FormatPlan(const Trial& trial, const PartitionPlan& plan) {
   if (plan.pinned_bytes > 0)
     out << " (" << FormatBytes(plan.pinned_bytes) << " pinned tied weights)";
   if (plan.recompute_attention) out << ", attention scores recomputed in backward";
+  const bool keeps =
+      std::any_of(plan.shards.begin(), plan.shards.end() - 1,
+                  [](const ShardPlan& s) { return s.policy == ActivationPolicy::kStash; });
+  if (plan.stash_on_device && keeps) out << ", stashed graphs kept in device memory";
   out << "\n";
   char line[256];
   std::snprintf(line, sizeof(line), "  %5s  %-19s  %10s  %11s  %11s  %11s  %-9s  %-9s  %8s\n",

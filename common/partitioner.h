@@ -73,6 +73,14 @@ struct PartitionOptions {
   /// H x T scores; agent/executor/attention.h) where that makes the step's estimated compute
   /// shorter or is the only way the trial fits? Off: every layer keeps its activations.
   bool attention_recompute = true;
+  /// The device has memory of its own (a GPU): a shard that stashes keeps its forward's
+  /// autograd graph in device memory until its backward while its weights' memory is freed
+  /// (and filled again, in place, for the backward), so its activations count against the
+  /// device budget and host_activation_budget does not apply. The plan then stashes the shards
+  /// whose forwards it can keep, packing the layers into the shards that recompute least. With
+  /// the state on disk every shard but the last recomputes. Off: stashed graphs live in the
+  /// host tier (a CPU device, whose memory is the host's).
+  bool stash_on_device = false;
 };
 
 struct PartitionPlan {
@@ -84,6 +92,9 @@ struct PartitionPlan {
   /// Every attention layer recomputes its scores in backward; the shards' activation bytes
   /// leave them out, and workspace and peak count one layer's scores, rebuilt in its backward.
   bool recompute_attention = false;
+  /// Stashed shards keep their graphs in device memory (PartitionOptions::stash_on_device);
+  /// the peak counts them.
+  bool stash_on_device = false;
 };
 
 /// The options a trial's manifest implies: device budget, host budget (for stashed

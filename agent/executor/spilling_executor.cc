@@ -20,6 +20,7 @@
 #include "agent/executor/optimizer.h"
 #include "agent/executor/precision.h"
 #include "agent/executor/residency.h"
+#include "agent/executor/storage_in_place.h"
 #include "agent/executor/tensor_buffers.h"
 #include "agent/executor/tier_ledger.h"
 #include "agent/executor/torchscript.h"
@@ -520,6 +521,20 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     return s.write.valid() ? FinishWrite(k) : Drop(k);
   }
 
+  /// Discrete, after a forward whose graph stays on the device (Stashes): shard k leaves the
+  /// device, its weights' memory freed in place. The graph holds their storages (GEMMs save
+  /// the weights, or views of them, for backward), so each tensor keeps its storage, emptied,
+  /// and ReserveOnDevice fills the same storage again for the backward, whose graph then reads
+  /// the weights it saved. The optimizer state is not in the graph: it leaves as usual.
+  Status EvictKeepingGraph(size_t k) {
+    Shard& s = shards_[k];
+    RETURN_IF_ERROR(Wait(k));
+    for (auto& [n, t] : s.weights.tensors) FreeStorageInPlace(t);
+    if (s.state.at->where() == Residency::kOnDevice) LeaveDevice(s.state);
+    RETURN_IF_ERROR(s.weights.at->To(Residency::kInHost));
+    return s.state.at->To(Residency::kInHost);
+  }
+
   /// Starts writing both parts of shard k to their spill files; they stay on the device until
   /// FinishWrite.
   Status WriteBack(size_t k) {
@@ -781,6 +796,12 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     torch::NoGradGuard g;
     p.reserved.clear();
     for (size_t i = 0; i < p.tensors.size(); ++i) {
+      const torch::Tensor& t = p.tensors[i].second;
+      if (StorageFreedInPlace(t)) {  // a stashed graph holds it (EvictKeepingGraph)
+        RefillStorage(t);
+        p.reserved.push_back(t.variable_data());  // its own version counter: no autograd bump
+        continue;
+      }
       const bool bf16 = i < p.transit.size() && p.transit[i].defined();
       const auto type = bf16 ? torch::kBFloat16 : p.tensors[i].second.scalar_type();
       p.reserved.push_back(
@@ -1092,11 +1113,17 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     return 2 * S - 1 + (trial_.training.grad_clip_norm > 0 ? S : 0);
   }
 
-  /// Whether shard k keeps its forward's autograd graph for its backward (Harmony's stash). On
-  /// a discrete device that graph would hold device memory the plan does not have: recompute.
+  /// Whether shard k keeps its forward's autograd graph for its backward (Harmony's stash): in
+  /// the host tier on a CPU; on a discrete device in its memory, where the plan counted it
+  /// (PartitionPlan::stash_on_device; the state in host memory, the weights travelling as
+  /// they are).
   bool Stashes(size_t k) const {
-    return shards_[k].plan.policy == ActivationPolicy::kStash && !on_.discrete;
+    if (shards_[k].plan.policy != ActivationPolicy::kStash) return false;
+    return !on_.discrete || (plan_.stash_on_device && !disk_ && shards_[k].weights.transit.empty());
   }
+
+  /// Where shard k's stashed graph is counted.
+  Tier StashTier() const { return on_.discrete ? Tier::kDevice : Tier::kHost; }
 
   static torch::Tensor Leaf(const torch::Tensor& t, size_t k) {
     return k == 0 ? t : t.detach().requires_grad_(true);
@@ -1172,9 +1199,10 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     }
     ledger_.Release(Tier::kDevice, shards_[k].plan.workspace_bytes);
     if (stash) {
-      RETURN_IF_ERROR(
-          ledger_.Acquire(Tier::kHost, shards_[k].plan.activation_bytes * c.A, "stash"));
+      RETURN_IF_ERROR(ledger_.Acquire(StashTier(), shards_[k].plan.activation_bytes * c.A,
+                                      "stashed activations of shard " + std::to_string(k)));
     }
+    if (stash && on_.discrete) return EvictKeepingGraph(k);
     if (stash && disk_) {
       // The stashed graph holds the weights (GEMMs save them for backward): keep them in the
       // host tier rather than dropping them and reading them again for the backward.
@@ -1215,10 +1243,13 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     const bool clipping = trial_.training.grad_clip_norm > 0;
     RETURN_IF_ERROR(Wait(k));
     if (k > 0) RETURN_IF_ERROR(Fetch(k - 1, true));
+    const bool stash = Stashes(k);
+    // The workspace counts the shard's activations: on the device, its stash becomes that.
+    const int64_t stashed = stash ? shards_[k].plan.activation_bytes * c.A : 0;
+    if (stash && on_.discrete) ledger_.Release(Tier::kDevice, stashed);
     RETURN_IF_ERROR(ledger_.Acquire(Tier::kDevice,
                                     shards_[k].plan.workspace_bytes + shards_[k].grad_bytes,
                                     "activations and gradients of shard " + std::to_string(k)));
-    const bool stash = Stashes(k);
     for (int64_t a = 0; a < c.A; ++a) {
       torch::Tensor in, out;
       if (stash) {
@@ -1234,7 +1265,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       c.grad_out[a] = k > 0 ? in.grad() : torch::Tensor();
     }
     ledger_.Release(Tier::kDevice, shards_[k].plan.workspace_bytes);
-    if (stash) ledger_.Release(Tier::kHost, shards_[k].plan.activation_bytes * c.A);
+    if (stash && !on_.discrete) ledger_.Release(Tier::kHost, stashed);
     RETURN_IF_ERROR(AfterBackward(k, clipping));
     if (k + 1 < S) RETURN_IF_ERROR(FinishWrite(k + 1));
     return AfterLastUse(k, clipping);
@@ -1346,9 +1377,11 @@ class ExecutorFactory : public ExecutorFactoryInterface {
     if (options_.optimizer_placement && po.state_tier == StateTier::kHost) {
       po.optimizer_placement = options_.optimizer_placement;
     }
-    // A stashed autograd graph would stay in a discrete device's memory: shards recompute.
+    // On a discrete device a stashed autograd graph stays in its memory (EvictKeepingGraph),
+    // or with device_stash off no shard but the last stashes.
     if (options_.devices.DiscreteMemoryBytes() > 0 || options_.devices.simulate_discrete) {
-      po.host_activation_budget = 0;
+      po.stash_on_device = options_.device_stash;
+      if (!options_.device_stash) po.host_activation_budget = 0;
     }
     auto admission = PlanAdmission(trial, po);
     if (!admission.ok()) return admission.status().WithContext("trial " + trial.name);

@@ -33,6 +33,10 @@ struct ExecutorOptions {
   bool bf16_weight_transit = false;
   /// May plans recompute attention scores in backward (PartitionOptions::attention_recompute)?
   bool attention_recompute = true;
+  /// On a discrete device, may shards keep their forward graphs in its memory until their
+  /// backward (PartitionOptions::stash_on_device)? Off: every shard but the last recomputes
+  /// its forward.
+  bool device_stash = true;
   /// Where trials train (Build's `device` indexes these); empty: one CPU device.
   ExecutorDevices devices = {};
 };

@@ -233,11 +233,11 @@ Trial LongContext() {
   return t;
 }
 
-/// A discrete device's options (no activations stashed across shards) at `budget`.
+/// A discrete device's options (stashed graphs kept in its memory) at `budget`.
 PartitionOptions OnAGpu(int64_t budget) {
   PartitionOptions o;
   o.device_budget = budget;
-  o.host_activation_budget = 0;
+  o.stash_on_device = true;
   o.host_link_bytes_per_second = 25e9;
   return o;
 }
@@ -289,6 +289,74 @@ TEST(PartitionerTest, WhereActivationsCanBeStashedTheScoresAreKept) {
   PartitionOptions cut = OnAGpu(0);
   cut.explicit_boundaries = {2, 4};
   EXPECT_FALSE(PlanShards(t, cut)->recompute_attention);
+}
+
+/// The shards of `p` but the last that stash, and their activations (one micro-batch's).
+int64_t StashedActivations(const PartitionPlan& p, size_t* stashing) {
+  int64_t bytes = 0;
+  *stashing = 0;
+  for (size_t s = 0; s + 1 < p.shards.size(); ++s) {
+    if (p.shards[s].policy != ActivationPolicy::kStash) continue;
+    ++*stashing;
+    bytes += p.shards[s].activation_bytes;
+  }
+  return bytes;
+}
+
+TEST(PartitionerTest, OnAGpuStashedGraphsCountAgainstTheDeviceBudget) {
+  const Trial t = Gpt2(6, 128);
+  PartitionOptions host;  // a CPU: the stash lives in the host tier
+  host.explicit_boundaries = {2, 4, 6};
+  PartitionOptions gpu = OnAGpu(0);
+  gpu.explicit_boundaries = host.explicit_boundaries;
+  auto in_host = PlanShards(t, host);
+  auto on_device = PlanShards(t, gpu);
+  ASSERT_TRUE(in_host.ok() && on_device.ok());
+  size_t stashing = 0;
+  const int64_t stashed = StashedActivations(*on_device, &stashing);
+  EXPECT_EQ(stashing, on_device->shards.size() - 1);  // no budget: every shard stashes
+  EXPECT_TRUE(on_device->stash_on_device);
+  EXPECT_FALSE(in_host->stash_on_device);
+  // While the last shard runs, every other shard's graph is on the device beside it.
+  const ShardPlan& last = on_device->shards.back();
+  EXPECT_GE(on_device->peak_device_bytes,
+            stashed + last.state_bytes + last.gradient_bytes + last.workspace_bytes);
+  EXPECT_GE(on_device->peak_device_bytes, in_host->peak_device_bytes + stashed / 2);
+  EXPECT_THAT(FormatPlan(t, *on_device), HasSubstr("stashed graphs kept in device memory"));
+}
+
+TEST(PartitionerTest, OnAGpuShardsStashWhatTheBudgetHoldsAndRecomputeTheRest) {
+  const Trial t = LongContext();
+  const int64_t full = EstimateTrialFootprint(t).total_bytes();
+  size_t plans_stashing = 0;
+  for (int percent : {35, 30, 25, 20}) {
+    SCOPED_TRACE(std::to_string(percent) + "% of the footprint");
+    PartitionOptions o = OnAGpu(full * percent / 100);
+    PartitionOptions recompute = o;  // as GPUs planned before: every shard but the last
+    recompute.stash_on_device = false;
+    recompute.host_activation_budget = 0;
+    auto p = PlanShards(t, o);
+    auto r = PlanShards(t, recompute);
+    ASSERT_TRUE(p.ok()) << p.status();
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_LE(p->peak_device_bytes, o.device_budget) << FormatPlan(t, *p);
+    EXPECT_LE(EstimatedStepSeconds(*p), EstimatedStepSeconds(*r))
+        << FormatPlan(t, *p) << FormatPlan(t, *r);
+    size_t stashing = 0;
+    StashedActivations(*p, &stashing);
+    EXPECT_GT(p->shards.size(), 1u);
+    if (stashing > 0) ++plans_stashing;
+  }
+  EXPECT_GT(plans_stashing, 0u);
+  // With the state on disk every shard but the last recomputes, as before.
+  PartitionOptions disk = OnAGpu(full / 4);
+  disk.state_tier = StateTier::kDisk;
+  auto d = PlanShards(t, disk);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_FALSE(d->stash_on_device);
+  for (size_t s = 0; s + 1 < d->shards.size(); ++s) {
+    EXPECT_EQ(d->shards[s].policy, ActivationPolicy::kRecompute) << FormatPlan(t, *d);
+  }
 }
 
 }  // namespace

@@ -87,6 +87,18 @@ class CudaExecutorTest : public ::testing::Test {
     return testing::StepLosses(e, steps);
   }
 
+  /// `t`'s step losses over 30 steps, trained unsharded on `gpu` (the in-memory executor).
+  static std::vector<double> UnshardedLosses(const DeviceSpec& gpu, const Trial& t) {
+    auto data = TokenDataset::Open(t.dataset, t.model.context_length + 1);
+    EXPECT_TRUE(data.ok()) << data.status();
+    if (!data.ok()) return {};
+    InMemoryExecutorOptions io;
+    io.devices.devices = {gpu};
+    auto plain = MakeInMemoryExecutorFactory(io)->Create(t, *data);
+    EXPECT_TRUE(plain.ok()) << plain.status();
+    return plain.ok() ? Losses(plain->get(), 30) : std::vector<double>{};
+  }
+
   fs::path spill_;
 };
 
@@ -151,11 +163,7 @@ TEST_F(CudaExecutorTest, Bf16SpilledTrainingOnAGpuTracksBf16UnshardedTrainingOnI
   base.training.precision = Precision::kBf16;
   auto data = TokenDataset::Open(base.dataset, base.model.context_length + 1);
   ASSERT_TRUE(data.ok()) << data.status();
-  InMemoryExecutorOptions io;
-  io.devices.devices = {gpu};
-  auto plain = MakeInMemoryExecutorFactory(io)->Create(base, *data);
-  ASSERT_TRUE(plain.ok()) << plain.status();
-  const auto expected = Losses(plain->get(), 30);
+  const auto expected = UnshardedLosses(gpu, base);
   struct Variant {
     const char* name;
     bool disk, host_optimizer, transit;
@@ -283,11 +291,7 @@ TEST_F(CudaExecutorTest, PlansThatRecomputeAttentionScoresTrainOnAGpuAsUnsharded
     SCOPED_TRACE(PrecisionName(precision));
     auto data = TokenDataset::Open(base.dataset, base.model.context_length + 1);
     ASSERT_TRUE(data.ok());
-    InMemoryExecutorOptions io;
-    io.devices.devices = {gpu};
-    auto plain = MakeInMemoryExecutorFactory(io)->Create(base, *data);
-    ASSERT_TRUE(plain.ok()) << plain.status();
-    const auto expected = Losses(plain->get(), 30);
+    const auto expected = UnshardedLosses(gpu, base);
     auto factory = Factory(gpu, /*host_optimizer=*/false);
     auto admit = [&](int percent) {
       Trial t = base;
@@ -311,6 +315,62 @@ TEST_F(CudaExecutorTest, PlansThatRecomputeAttentionScoresTrainOnAGpuAsUnsharded
                                     precision == Precision::kFp32 ? 1e-5 : 1e-2);
     }
   }
+}
+
+TEST_F(CudaExecutorTest, StashedGraphsStayOnTheGpuWithoutTheirWeightsAndTrainAsUnsharded) {
+  // A shard whose forward graph the budget holds keeps it in GPU memory while its weights'
+  // memory goes back to the caching allocator (freed in place; the graph keeps the storages),
+  // and its backward refills them and recomputes nothing. A trial whose weights and optimizer
+  // state outweigh its activations (width 512, context 32), at the largest budgets that spill
+  // with every shard stashing and with some recomputing; the allocator's peak stays within the
+  // budget: had the graphs kept the weights, it would not.
+  REQUIRE_GPU(gpu);
+#ifdef HYDRA_WITH_CUDA
+  for (const Precision precision : {Precision::kFp32, Precision::kBf16}) {
+    SCOPED_TRACE(PrecisionName(precision));
+    Trial base = testing::GptTrial("stash", "adamw", 8, 512, 8, 32, 5, 3e-4);
+    base.training.precision = precision;
+    auto data = TokenDataset::Open(base.dataset, base.model.context_length + 1);
+    ASSERT_TRUE(data.ok());
+    const auto expected = UnshardedLosses(gpu, base);
+    auto factory = Factory(gpu, /*host_optimizer=*/false);
+    bool all = false, mixed = false;
+    for (int percent = 95; percent > 5 && !(all && mixed); percent -= 5) {
+      Trial t = base;
+      const int64_t budget = EstimateTrialFootprint(t).total_bytes() * percent / 100;
+      t.resources.device_memory_budget = budget;
+      auto admitted = factory->Admit(t, **data);
+      if (!admitted.ok() || admitted->plan.shards.size() < 2) continue;
+      size_t stashing = 0;
+      for (size_t s = 0; s + 1 < admitted->plan.shards.size(); ++s) {
+        stashing += admitted->plan.shards[s].policy == ActivationPolicy::kStash;
+      }
+      const size_t others = admitted->plan.shards.size() - 1;
+      const bool now_all = stashing == others, now_mixed = stashing > 0 && stashing < others;
+      if (!(now_all && !all) && !(now_mixed && !mixed)) continue;
+      all = all || now_all;
+      mixed = mixed || now_mixed;
+      SCOPED_TRACE(std::to_string(percent) + "% of the footprint:\n" +
+                   FormatPlan(t, admitted->plan));
+      auto exec = factory->Build(t, *data, *admitted, 0);
+      ASSERT_TRUE(exec.ok()) << exec.status();
+      const auto index = static_cast<c10::DeviceIndex>(gpu.index);
+      at::cuda::clearCublasWorkspaces();
+      c10::cuda::CUDACachingAllocator::emptyCache();
+      c10::cuda::CUDACachingAllocator::resetPeakStats(index);
+      testing::ExpectStepLossesNear(Losses(exec->get(), 30), expected,
+                                    precision == Precision::kFp32 ? 1e-5 : 1e-2);
+      const int64_t peak =
+          c10::cuda::CUDACachingAllocator::getDeviceStats(index).allocated_bytes[0].peak;
+      std::printf("%d%%: budget %lld, allocator peak %lld, ledger peak %lld\n", percent,
+                  static_cast<long long>(budget), static_cast<long long>(peak),
+                  static_cast<long long>((*exec)->stats().peak_device_bytes));
+      EXPECT_LE(peak, budget + (int64_t{64} << 20));  // two cuBLAS workspaces, as above
+    }
+    EXPECT_TRUE(all);
+    EXPECT_TRUE(mixed);
+  }
+#endif
 }
 
 TEST_F(CudaExecutorTest, TheCachingAllocatorIsCappedAtTheGpusBudget) {

@@ -89,6 +89,10 @@ int main(int argc, char** argv) {
   app.add_flag("--no-attention-recompute", no_attention_recompute,
                "plans keep every attention score for backward (the plan may otherwise recompute "
                "them where that pays)");
+  bool no_device_stash = false;
+  app.add_flag("--no-device-stash", no_device_stash,
+               "on a GPU every shard but the last recomputes its forward (plans may otherwise keep "
+               "shards' forward graphs in the GPU's memory)");
   app.add_flag("--bf16-transit", bf16_transit,
                "bf16 on a GPU with the optimizer on the host: matrix weights travel as bf16");
   app.add_option("--devices", devices, "cpu:1, or a GPU: cuda:0 (the CUDA build)")
@@ -134,6 +138,7 @@ int main(int argc, char** argv) {
   options.devices.devices = {device};
   options.bf16_weight_transit = bf16_transit;
   options.attention_recompute = !no_attention_recompute;
+  options.device_stash = !no_device_stash;
   if (const std::string rates = hydra::executor::UseMeasuredLinkRates(&options); !rates.empty()) {
     std::cerr << rates << "\n";  // stdout is the JSON line
   }
@@ -142,7 +147,8 @@ int main(int argc, char** argv) {
         optimizer == "host" ? hydra::OptimizerPlacement::kHost : hydra::OptimizerPlacement::kDevice;
   }
   auto factory = hydra::executor::MakeExecutorFactory(options);
-  // The plan the executor runs (on a GPU: recompute, and the optimizer where the link says).
+  // The plan the executor runs (on a GPU: graphs kept in its memory where the budget holds
+  // them, and the optimizer where the link says).
   auto admission = factory->Admit(t, **data);
   if (!admission.ok()) {
     stop();

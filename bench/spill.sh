@@ -82,14 +82,17 @@ if [ -n "$GPU" ]; then
     set -- $shape
     name=$1 ctx=$6 vocab=$7 dims="--layers $2 --embd $3 --heads $4 --ctx $6 --vocab $7 --batch $5"
     eager_args="--layers $2 --embd $3 --heads $4 --ctx $ctx --vocab $vocab --batch $5"
-    # 50% without recomputing attention scores: what the plan's choice to recompute them buys.
-    CFGS=("1.0 host" "eager" "0.5 host" "0.5 host --no-attention-recompute" "0.25 host"
-      "0.25 disk")
+    # 50% with every shard but the last recomputing its forward, and without recomputing
+    # attention scores: what the plan's choices to keep graphs on the GPU and to recompute
+    # scores buy.
+    CFGS=("1.0 host" "eager" "0.5 host" "0.5 host --no-device-stash"
+      "0.5 host --no-attention-recompute" "0.25 host" "0.25 disk")
     # bf16: issue 18 item 2 side by side, matrix weights sent as bf16 to a host-stepped
     # optimizer, right after the unspilled run (they decide the transit's default).
     if [ "$PRECISION" = bf16 ]; then
       CFGS=("1.0 host" "0.25 host --optimizer=host" "0.25 host --optimizer=host --bf16-transit"
-        "eager" "0.5 host" "0.5 host --no-attention-recompute" "0.25 host" "0.25 disk")
+        "eager" "0.5 host" "0.5 host --no-device-stash" "0.5 host --no-attention-recompute"
+        "0.25 host" "0.25 disk")
     fi
     for cfg in "${CFGS[@]}"; do
       set -- $cfg
@@ -123,7 +126,7 @@ runs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 shapes = {}
 for r in runs:
     shapes.setdefault(r.get("shape") or "", []).append(r)
-print("| shape | budget | state tier | shards | optimizer per shard (d/h) | tokens/s | ratio to unspilled | device peak: ledger / allocator / reserved |")
+print("| shape | budget | state tier | shards (s: stash, r: recompute) | optimizer per shard (d/h) | tokens/s | ratio to unspilled | device peak: ledger / allocator / reserved |")
 print("|---|---|---|---|---|---|---|---|")
 for name, rs in shapes.items():
     spill = [r for r in rs if r.get("impl") != "pytorch-eager"]
@@ -137,9 +140,10 @@ for name, rs in shapes.items():
                   f"{outcome} | - | - |")
             continue
         ratio = f"{r['tokensPerSecond'] / base['tokensPerSecond']:.2f}" if base else "-"
-        attention = " (attention recomputed)" if r.get("recomputeAttention") else ""
+        attention = ", attention recomputed" if r.get("recomputeAttention") else ""
         print(f"| {name}: {r['parameters'] / 1e6:.0f}M on {r['deviceModel']} | {r['budgetFraction']:.0%} "
-              f"({r['budgetBytes'] / 2**30:.1f} GiB) | {r['offload']} | {r['shards']}{attention} | "
+              f"({r['budgetBytes'] / 2**30:.1f} GiB) | {r['offload']} | {r['shards']} "
+              f"({r.get('policies', '')}{attention}) | "
               f"{r['optimizerPlacements']}{' + bf16 transit' if r.get('bf16Transit') else ''} | "
               f"{r['tokensPerSecond']:.0f} | {ratio} | "
               f"{r['peakDeviceBytes'] / 2**30:.2f} / {r.get('allocatorPeakBytes', 0) / 2**30:.2f} / "

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 #include <sstream>
 
 #include "common/units.h"
@@ -114,8 +115,9 @@ double ShardFlops(const std::vector<LayerNeed>& l, int a, int b) {
 
 /// Stashing on the device (PartitionOptions::stash_on_device): which shards of a packing keep
 /// their forward's graph on the device instead of recomputing it, chosen greedily by the
-/// forward FLOPs each saves per byte it keeps while the packing's peak fits `usable`. The last
-/// shard runs its forward and backward at once: it never needs to.
+/// forward FLOPs each saves per byte it keeps while the packing's peak fits `usable` (bytes;
+/// no budget: the largest int64). The last shard runs its forward and backward at once: it
+/// never needs to.
 std::vector<bool> ChooseDeviceStash(const std::vector<LayerNeed>& l, const std::vector<int>& starts,
                                     int64_t mb, int64_t usable) {
   const size_t S = starts.size();
@@ -131,9 +133,7 @@ std::vector<bool> ChooseDeviceStash(const std::vector<LayerNeed>& l, const std::
                    [&](size_t a, size_t b) { return per_byte(a) > per_byte(b); });
   for (size_t s : order) {
     stashed[s] = true;
-    if (usable > 0 && PackPeak(l, starts, mb, StashBytes(l, starts, mb, stashed)) > usable) {
-      stashed[s] = false;
-    }
+    if (PackPeak(l, starts, mb, StashBytes(l, starts, mb, stashed)) > usable) stashed[s] = false;
   }
   return stashed;
 }
@@ -329,7 +329,8 @@ StatusOr<PartitionPlan> PlanFor(const Trial& trial, const PartitionOptions& o,
   const bool sharded = starts.size() > 1 || packed || o.state_tier == StateTier::kDisk;
   plan.pinned_bytes = sharded ? tied_bytes : 0;
   const std::vector<bool> on_device =
-      device_stash ? ChooseDeviceStash(need, starts, mb_count, budget > 0 ? usable : 0)
+      device_stash ? ChooseDeviceStash(need, starts, mb_count,
+                                       budget > 0 ? usable : std::numeric_limits<int64_t>::max())
                    : std::vector<bool>(starts.size(), false);
   const std::vector<int64_t> stash =
       device_stash ? StashBytes(need, starts, mb_count, on_device) : std::vector<int64_t>{};

@@ -456,7 +456,12 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       case Residency::kReading:
       case Residency::kOnDevice: return OkStatus();
       case Residency::kInHost:
-        RETURN_IF_ERROR(p.at->To(Residency::kOnDevice));
+        // Device memory first: if that throws, the part is still in host memory.
+        if (on_.discrete) ReserveOnDevice(p);
+        if (Status moved = p.at->To(Residency::kOnDevice); !moved.ok()) {
+          p.reserved.clear();
+          return moved;
+        }
         if (on_.discrete) Upload(p);
         return OkStatus();
       case Residency::kWritingBack:
@@ -1229,6 +1234,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       SumTransitGrads(L);
       c.loss_sum.add_(loss.detach().to(torch::kDouble));
       if (L > 0) c.grad_out[a] = in.grad();
+      c.inputs[L][a] = torch::Tensor();  // nothing reads it again this step
     }
     ledger_.Release(Tier::kDevice, shards_[L].plan.workspace_bytes);
     RETURN_IF_ERROR(AfterBackward(L, clipping));
@@ -1263,6 +1269,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       SumTransitGrads(k);
       c.outputs[k][a] = torch::Tensor();
       c.grad_out[a] = k > 0 ? in.grad() : torch::Tensor();
+      c.inputs[k][a] = torch::Tensor();  // with a stashed graph's leaf, its gradient
     }
     ledger_.Release(Tier::kDevice, shards_[k].plan.workspace_bytes);
     if (stash && !on_.discrete) ledger_.Release(Tier::kHost, stashed);
@@ -1378,10 +1385,13 @@ class ExecutorFactory : public ExecutorFactoryInterface {
       po.optimizer_placement = options_.optimizer_placement;
     }
     // On a discrete device a stashed autograd graph stays in its memory (EvictKeepingGraph),
-    // or with device_stash off no shard but the last stashes.
+    // or with device_stash off no shard but the last stashes. Weights that travel as bf16
+    // change the parameters' type on the device: their shards recompute (Stashes).
     if (options_.devices.DiscreteMemoryBytes() > 0 || options_.devices.simulate_discrete) {
-      po.stash_on_device = options_.device_stash;
-      if (!options_.device_stash) po.host_activation_budget = 0;
+      const bool transit =
+          options_.bf16_weight_transit && trial.training.precision == Precision::kBf16;
+      po.stash_on_device = options_.device_stash && !transit;
+      if (!po.stash_on_device) po.host_activation_budget = 0;
     }
     auto admission = PlanAdmission(trial, po);
     if (!admission.ok()) return admission.status().WithContext("trial " + trial.name);

@@ -4,6 +4,11 @@
 
 #include <cmath>
 
+// LibTorch's fused multi-tensor AdamW for CPU and CUDA tensors: 2.4 and later.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+#define HYDRA_TORCH_FUSED_ADAMW 1
+#endif
+
 namespace hydra::executor {
 namespace {
 
@@ -50,30 +55,89 @@ Optimizer::Optimizer(std::vector<std::pair<std::string, torch::Tensor>> params,
   }
 }
 
+bool TorchFusedAdamW() {
+#ifdef HYDRA_TORCH_FUSED_ADAMW
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool Optimizer::UsesTorchFused() const {
+  if (kernel_ == AdamWKernel::kTorchFused) return true;
+  if (kernel_ != AdamWKernel::kAuto || !TorchFusedAdamW()) return false;
+  bool any = false;
+  for (const auto& s : slots_) {
+    if (!s.param.grad().defined()) continue;
+    if (!s.param.is_cuda()) return false;
+    any = true;
+  }
+  return any;
+}
+
+void Optimizer::AdamWPerSlot(double lr, int64_t step) {
+  const auto& t = training_;
+  const double bc1 = 1.0 - std::pow(t.beta1, static_cast<double>(step));
+  const double bc2_sqrt = std::sqrt(1.0 - std::pow(t.beta2, static_cast<double>(step)));
+  const double step_size = lr / bc1;
+  for (auto& s : slots_) {
+    const auto& g = s.param.grad();
+    if (!g.defined()) continue;
+    const double decay_factor = s.decay && t.weight_decay > 0 ? 1.0 - lr * t.weight_decay : 1.0;
+    if (kernel_ == AdamWKernel::kAuto && FusableOnCpu(s.param) && FusableOnCpu(g) &&
+        FusableOnCpu(s.m) && FusableOnCpu(s.v)) {
+      FusedAdamWCpu(s.param.data_ptr<float>(), g.data_ptr<float>(), s.m.data_ptr<float>(),
+                    s.v.data_ptr<float>(), s.param.numel(), static_cast<float>(decay_factor),
+                    static_cast<float>(t.beta1), static_cast<float>(t.beta2),
+                    static_cast<float>(step_size), static_cast<float>(bc2_sqrt),
+                    static_cast<float>(t.epsilon));
+      continue;
+    }
+    if (decay_factor != 1.0) s.param.mul_(decay_factor);
+    s.m.mul_(t.beta1).add_(g, 1.0 - t.beta1);
+    s.v.mul_(t.beta2).addcmul_(g, g, 1.0 - t.beta2);
+    auto denom = (s.v.sqrt() / bc2_sqrt).add_(t.epsilon);
+    s.param.addcdiv_(s.m, denom, -step_size);
+  }
+}
+
+void Optimizer::AdamWTorchFused(double lr, int64_t step) {
+#ifdef HYDRA_TORCH_FUSED_ADAMW
+  const auto& t = training_;
+  for (const bool decay : {true, false}) {
+    std::vector<torch::Tensor> params, grads, ms, vs, steps;
+    for (auto& s : slots_) {
+      if (!s.param.grad().defined() || (s.decay && t.weight_decay > 0) != decay) continue;
+      params.push_back(s.param);
+      grads.push_back(s.param.grad());
+      ms.push_back(s.m);
+      vs.push_back(s.v);
+    }
+    if (params.empty()) continue;
+    // The kernel reads each parameter's step count (torch.optim keeps one tensor each and
+    // increments it first): the same count for all of them.
+    const torch::Tensor count =
+        torch::full({}, static_cast<double>(step),
+                    torch::TensorOptions(params[0].device()).dtype(torch::kFloat));
+    steps.assign(params.size(), count);
+    at::_fused_adamw_(params, grads, ms, vs, /*max_exp_avg_sqs=*/{}, steps, lr, t.beta1, t.beta2,
+                      decay ? t.weight_decay : 0.0, t.epsilon, /*amsgrad=*/false,
+                      /*maximize=*/false);
+  }
+#else
+  (void)lr, (void)step;
+  TORCH_CHECK(false, "this LibTorch has no _fused_adamw_ (2.4 and later)");
+#endif
+}
+
 void Optimizer::Step(double lr, int64_t step) {
   torch::NoGradGuard no_grad;
   const auto& t = training_;
   if (adamw_) {
-    const double bc1 = 1.0 - std::pow(t.beta1, static_cast<double>(step));
-    const double bc2_sqrt = std::sqrt(1.0 - std::pow(t.beta2, static_cast<double>(step)));
-    const double step_size = lr / bc1;
-    for (auto& s : slots_) {
-      const auto& g = s.param.grad();
-      if (!g.defined()) continue;
-      const double decay_factor = s.decay && t.weight_decay > 0 ? 1.0 - lr * t.weight_decay : 1.0;
-      if (FusableOnCpu(s.param) && FusableOnCpu(g) && FusableOnCpu(s.m) && FusableOnCpu(s.v)) {
-        FusedAdamWCpu(s.param.data_ptr<float>(), g.data_ptr<float>(), s.m.data_ptr<float>(),
-                      s.v.data_ptr<float>(), s.param.numel(), static_cast<float>(decay_factor),
-                      static_cast<float>(t.beta1), static_cast<float>(t.beta2),
-                      static_cast<float>(step_size), static_cast<float>(bc2_sqrt),
-                      static_cast<float>(t.epsilon));
-        continue;
-      }
-      if (decay_factor != 1.0) s.param.mul_(decay_factor);
-      s.m.mul_(t.beta1).add_(g, 1.0 - t.beta1);
-      s.v.mul_(t.beta2).addcmul_(g, g, 1.0 - t.beta2);
-      auto denom = (s.v.sqrt() / bc2_sqrt).add_(t.epsilon);
-      s.param.addcdiv_(s.m, denom, -step_size);
+    if (UsesTorchFused()) {
+      AdamWTorchFused(lr, step);
+    } else {
+      AdamWPerSlot(lr, step);
     }
     return;
   }

@@ -11,6 +11,19 @@
 
 namespace hydra::executor {
 
+/// How AdamW's update runs.
+enum class AdamWKernel {
+  /// fp32 CPU tensors: one fused pass per parameter (FusedAdamWCpu); GPU tensors: LibTorch's
+  /// fused multi-tensor kernel (`_fused_adamw_`, LibTorch 2.4 and later: the CUDA build), a few
+  /// launches for a whole shard instead of nine per parameter; otherwise per tensor.
+  kAuto,
+  kPerTensor,   ///< torch.optim.AdamW's single-tensor operations, parameter by parameter
+  kTorchFused,  ///< `_fused_adamw_` on any device (tests; where TorchFusedAdamW() is true)
+};
+
+/// Whether this LibTorch has `_fused_adamw_` for CPU and CUDA tensors (2.4 and later).
+bool TorchFusedAdamW();
+
 /// AdamW (Loshchilov & Hutter) or SGD with momentum over a list of named parameters, with the
 /// optimizer state as plain named tensors so it can be checkpointed and (later) move with the
 /// parameters' shard. Same arithmetic as torch.optim's single-tensor implementations.
@@ -47,6 +60,9 @@ class Optimizer {
   /// Bytes of optimizer state.
   int64_t StateBytes() const;
 
+  /// Which AdamW kernel Step runs (kAuto unless a test says otherwise).
+  void set_adamw_kernel(AdamWKernel k) { kernel_ = k; }
+
  private:
   struct Slot {
     std::string name;
@@ -55,8 +71,17 @@ class Optimizer {
     torch::Tensor v;  // exp_avg_sq (AdamW)
     bool decay;
   };
+  /// Whether Step runs `_fused_adamw_` (kernel_, the build and where the slots are).
+  bool UsesTorchFused() const;
+  /// AdamW's update parameter by parameter: the fused CPU pass where it applies (kAuto).
+  void AdamWPerSlot(double lr, int64_t step);
+  /// AdamW's update of every slot with a gradient through `_fused_adamw_`: one call for the
+  /// slots with weight decay, one for those without.
+  void AdamWTorchFused(double lr, int64_t step);
+
   TrainingSpec training_;
   bool adamw_;
+  AdamWKernel kernel_ = AdamWKernel::kAuto;
   std::vector<Slot> slots_;
 };
 

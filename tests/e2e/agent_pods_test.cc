@@ -126,6 +126,14 @@ class AgentPodsTest : public ::testing::Test {
       std::printf("--- kubelet log (tail)\n%s\n", Tail(work_ / "kubelet.log").c_str());
       std::printf("--- pods\n%s\n", Slurp((work_ / "pods.txt").string()).c_str());
     }
+    // A test that failed may leave jobs that the next test's controller would reconcile, with
+    // their pods' dead addresses: they go, their finalizers with them (no controller runs now
+    // to remove those), and so do their agent pods.
+    Sh("kubectl delete mmj --all -A --wait=false");
+    Sh("kubectl get mmj -A -o jsonpath='{range .items[*]}{.metadata.namespace} "
+       "{.metadata.name}{\"\\n\"}{end}' | while read -r ns name; do kubectl patch mmj -n \"$ns\" "
+       "\"$name\" --type=merge -p '{\"metadata\":{\"finalizers\":null}}'; done");
+    Sh("kubectl delete pods -A -l hydra.dev/job --force --grace-period=0 --wait=false");
   }
 
   /// Waits up to `seconds` for the job's condition `type` to be True; `job` is the last read.

@@ -49,6 +49,10 @@ bash scripts/build-cuda.sh
 build-cuda/tests/unit/executor/std_binding_test  # libstdc++'s std::filesystem, not the wheel's
 build-cuda/tests/unit/executor/gpus_test
 build-cuda/tests/unit/executor/cuda_executor_test  # skips: no GPU here
+# torch 2.11's fused AdamW (a GPU's) against the per-parameter update, and storages freed and
+# refilled in place under 2.11's autograd, on the CPU.
+build-cuda/tests/unit/executor/optimizer_test
+build-cuda/tests/unit/executor/storage_in_place_test
 # The GPU code paths of the executors on the CPU, against torch 2.11 (build/ has 1.13).
 build-cuda/tests/unit/executor/spilling_executor_test \
   --gtest_filter='*Unsharded*:*Checkpoint*:*Moves*:*Transit*'

@@ -32,10 +32,12 @@ int64_t ShardNeed(const std::vector<LayerNeed>& l, int a, int b, int64_t micro_b
   return state + grad + act + boundary;
 }
 
-int64_t ShardState(const std::vector<LayerNeed>& l, int a, int b) {
-  int64_t s = 0;
-  for (int i = a; i <= b; ++i) s += l[i].state;
-  return s;
+/// One field of layers a..b summed: `ShardSum(l, a, b, &LayerNeed::state)`.
+template <typename T>
+T ShardSum(const std::vector<LayerNeed>& l, int a, int b, T LayerNeed::*field) {
+  T sum = 0;
+  for (int i = a; i <= b; ++i) sum += l[i].*field;
+  return sum;
 }
 
 /// Greedy contiguous packing with each shard's need capped at `cap`, from the last layer back:
@@ -60,12 +62,6 @@ std::vector<int> Pack(const std::vector<LayerNeed>& l, int64_t cap, int64_t mb) 
   return starts;
 }
 
-int64_t ShardActivations(const std::vector<LayerNeed>& l, int a, int b) {
-  int64_t s = 0;
-  for (int i = a; i <= b; ++i) s += l[i].act;
-  return s;
-}
-
 /// The last layer of shard s of a packing.
 int ShardEnd(const std::vector<LayerNeed>& l, const std::vector<int>& starts, size_t s) {
   return s + 1 < starts.size() ? starts[s + 1] - 1 : static_cast<int>(l.size()) - 1;
@@ -86,11 +82,12 @@ int64_t PackPeak(const std::vector<LayerNeed>& l, const std::vector<int>& starts
     // written back: both neighbours' state may be in memory at once.
     int64_t neighbour = 0;
     if (s + 1 < starts.size())
-      neighbour += ShardState(l, starts[s + 1], ShardEnd(l, starts, s + 1));
-    if (s > 0) neighbour += ShardState(l, starts[s - 1], starts[s] - 1);
+      neighbour += ShardSum(l, starts[s + 1], ShardEnd(l, starts, s + 1), &LayerNeed::state);
+    if (s > 0) neighbour += ShardSum(l, starts[s - 1], starts[s] - 1, &LayerNeed::state);
     // A stashing shard's forward keeps every micro-batch's graph, not one at a time.
-    const int64_t own =
-        stash.empty() || stash[s] == 0 ? 0 : stash[s] - ShardActivations(l, starts[s], end);
+    const int64_t own = stash.empty() || stash[s] == 0
+                            ? 0
+                            : stash[s] - ShardSum(l, starts[s], end, &LayerNeed::act);
     peak = std::max(peak, need + neighbour + kept + own);
     kept += (starts[s] > 0 ? l[starts[s] - 1].out * mb : 0) + (stash.empty() ? 0 : stash[s]);
   }
@@ -102,15 +99,9 @@ std::vector<int64_t> StashBytes(const std::vector<LayerNeed>& l, const std::vect
                                 int64_t mb, const std::vector<bool>& stashed) {
   std::vector<int64_t> bytes(starts.size(), 0);
   for (size_t s = 0; s < starts.size(); ++s) {
-    if (stashed[s]) bytes[s] = ShardActivations(l, starts[s], ShardEnd(l, starts, s)) * mb;
+    if (stashed[s]) bytes[s] = ShardSum(l, starts[s], ShardEnd(l, starts, s), &LayerNeed::act) * mb;
   }
   return bytes;
-}
-
-double ShardFlops(const std::vector<LayerNeed>& l, int a, int b) {
-  double f = 0;
-  for (int i = a; i <= b; ++i) f += l[i].flops;
-  return f;
 }
 
 /// Stashing on the device (PartitionOptions::stash_on_device): which shards of a packing keep
@@ -126,8 +117,8 @@ std::vector<bool> ChooseDeviceStash(const std::vector<LayerNeed>& l, const std::
   for (size_t s = 0; s + 1 < S; ++s) order.push_back(s);
   auto per_byte = [&](size_t s) {
     const int end = ShardEnd(l, starts, s);
-    return ShardFlops(l, starts[s], end) /
-           static_cast<double>(1 + ShardActivations(l, starts[s], end));
+    return ShardSum(l, starts[s], end, &LayerNeed::flops) /
+           static_cast<double>(1 + ShardSum(l, starts[s], end, &LayerNeed::act));
   };
   std::stable_sort(order.begin(), order.end(),
                    [&](size_t a, size_t b) { return per_byte(a) > per_byte(b); });
@@ -144,7 +135,7 @@ double RecomputedFlops(const std::vector<LayerNeed>& l, const std::vector<int>& 
                        const std::vector<bool>& stashed) {
   double f = 0;
   for (size_t s = 0; s + 1 < starts.size(); ++s) {
-    if (!stashed[s]) f += ShardFlops(l, starts[s], ShardEnd(l, starts, s));
+    if (!stashed[s]) f += ShardSum(l, starts[s], ShardEnd(l, starts, s), &LayerNeed::flops);
   }
   return f;
 }
@@ -360,12 +351,8 @@ StatusOr<PartitionPlan> PlanFor(const Trial& trial, const PartitionOptions& o,
         last || !sharded || stashes ? ActivationPolicy::kStash : ActivationPolicy::kRecompute;
     sp.optimizer = sharded ? placement : OptimizerPlacement::kDevice;
     sp.workspace_bytes = ShardNeed(need, sp.first_layer, sp.last_layer, mb_count) -
-                         ShardState(need, sp.first_layer, sp.last_layer) -
-                         [&] {
-                           int64_t g = 0;
-                           for (int i = sp.first_layer; i <= sp.last_layer; ++i) g += need[i].grad;
-                           return g;
-                         }() +
+                         ShardSum(need, sp.first_layer, sp.last_layer, &LayerNeed::state) -
+                         ShardSum(need, sp.first_layer, sp.last_layer, &LayerNeed::grad) +
                          transient;
     plan.shards.push_back(sp);
     plan.total_state_bytes += sp.state_bytes;

@@ -41,15 +41,18 @@ void FusedAdamWCpu(float* p, const float* g, float* m, float* v, int64_t n, floa
 }  // namespace
 
 Optimizer::Optimizer(std::vector<std::pair<std::string, torch::Tensor>> params,
-                     const TrainingSpec& training)
+                     const TrainingSpec& training, const StateAllocator& allocate)
     : training_(training), adamw_(training.optimizer == "adamw") {
+  auto zeros = [&](const torch::Tensor& p) {
+    return allocate ? allocate(p) : torch::zeros_like(p);
+  };
   for (auto& [name, p] : params) {
     Slot s{name, p, {}, {}, p.dim() >= 2};
     if (adamw_) {
-      s.m = torch::zeros_like(p);
-      s.v = torch::zeros_like(p);
+      s.m = zeros(p);
+      s.v = zeros(p);
     } else if (training.momentum > 0) {
-      s.m = torch::zeros_like(p);
+      s.m = zeros(p);
     }
     slots_.push_back(std::move(s));
   }

@@ -3,6 +3,7 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -30,8 +31,14 @@ bool TorchFusedAdamW();
 /// Weight decay applies to parameters with two or more dimensions only.
 class Optimizer {
  public:
-  Optimizer(std::vector<std::pair<std::string, torch::Tensor>> params,
-            const TrainingSpec& training);
+  /// Memory for one slot of a parameter's state: a zero-filled tensor of `param`'s shape and
+  /// type.
+  using StateAllocator = std::function<torch::Tensor(const torch::Tensor& param)>;
+
+  /// `allocate` (default: torch::zeros_like, beside the parameter) gives each state tensor its
+  /// memory: a discrete device's executor makes it in its host tier directly.
+  Optimizer(std::vector<std::pair<std::string, torch::Tensor>> params, const TrainingSpec& training,
+            const StateAllocator& allocate = nullptr);
 
   /// Applies one update from the parameters' .grad() with learning rate `lr`.
   /// `step` is the 1-based count of updates including this one (AdamW bias correction).

@@ -144,6 +144,9 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       // Set-up ran on the default stream, which the compute stream does not wait for.
       SynchronizeDevice(on_.device);
       if (disk_) MakeSlabPool();
+      // The shards were built in the heap, which keeps freed memory (KeepFreedHostMemory):
+      // give it back, as training on the device needs little of it.
+      if (!disk_) malloc_trim(0);
     }
     int64_t pinned_bytes = 0;
     for (const auto& [n, t] : pinned_) pinned_bytes += 2 * t.numel() * t.element_size();
@@ -169,6 +172,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     pinned_.insert(pinned_.end(), s.pinned.begin(), s.pinned.end());
     if (on_.discrete) {
       s.weights.host = HostCopies(s.weights.tensors);
+      if (!disk_) UseHostCopies(s.weights);
       for (const auto& [n, t] : s.pinned) s.pinned_host.emplace_back(n, HostCopy(t));
     }
     // On a discrete device a host-stepped optimizer updates the host copies, and its state is
@@ -176,10 +180,12 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     NamedTensors all = HostSteps(s) ? Named(s.weights.tensors, s.weights.host) : s.weights.tensors;
     const NamedTensors& tied = HostSteps(s) ? s.pinned_host : s.pinned;
     all.insert(all.end(), tied.begin(), tied.end());
-    s.optimizer = std::make_unique<Optimizer>(all, trial_.training);
+    s.optimizer = std::make_unique<Optimizer>(all, trial_.training, StateAllocatorFor(s));
     s.state.tensors = s.optimizer->NamedState();
     if (on_.discrete) {
-      s.state.host = HostSteps(s) ? Values(s.state.tensors) : HostCopies(s.state.tensors);
+      // Device-stepped, the state was made in its host memory (StateAllocatorFor; with the
+      // disk tier, in the memory set-up writes out and frees).
+      s.state.host = HostSteps(s) ? Values(s.state.tensors) : Aliases(s.state.tensors);
     }
     const std::string shard = " of shard " + std::to_string(k);
     const Tier rests_in = disk_ ? Tier::kDisk : Tier::kHost;
@@ -744,16 +750,38 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     torch::NoGradGuard g;
     return host_pool_->GetOne(t.sizes(), t.scalar_type()).copy_(t);
   }
+  /// Discrete host tier, in set-up: part p's tensors use their host copies' memory until they
+  /// first leave for the device, so the memory they were built in goes back now. Set-up then
+  /// holds at most one shard's freshly built weights beside the tier, never a shard twice.
+  static void UseHostCopies(Part& p) {
+    torch::NoGradGuard g;
+    for (size_t i = 0; i < p.tensors.size(); ++i) p.tensors[i].second.set_data(p.host[i]);
+  }
+
+  /// Discrete host tier: a device-stepped shard's optimizer state is made zero-filled in its
+  /// host memory, not beside the parameters and copied there. Null (beside the parameters)
+  /// otherwise.
+  Optimizer::StateAllocator StateAllocatorFor(const Shard& s) const {
+    if (!on_.discrete || disk_ || HostSteps(s)) return nullptr;
+    return [this](const torch::Tensor& param) {
+      torch::NoGradGuard g;
+      return host_pool_->GetOne(param.sizes(), param.scalar_type()).zero_();
+    };
+  }
+
+  /// Tensors sharing `ts`' memory (their host side, when that is where they were made).
+  static std::vector<torch::Tensor> Aliases(const NamedTensors& ts) {
+    std::vector<torch::Tensor> out;
+    for (const auto& [n, t] : ts) out.push_back(t.detach());
+    return out;
+  }
+
   /// Host copies of a part's tensors, carved from one slab. With the disk tier they are the
   /// built tensors themselves: set-up writes them out and frees them.
   std::vector<torch::Tensor> HostCopies(const NamedTensors& ts) const {
-    std::vector<torch::Tensor> out;
-    if (disk_) {
-      for (const auto& [n, t] : ts) out.push_back(t.detach());
-      return out;
-    }
+    if (disk_) return Aliases(ts);
     torch::NoGradGuard g;
-    out = HostLike(Values(ts));
+    std::vector<torch::Tensor> out = HostLike(Values(ts));
     for (size_t i = 0; i < ts.size(); ++i) out[i].copy_(ts[i].second);
     return out;
   }

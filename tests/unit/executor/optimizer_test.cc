@@ -121,5 +121,29 @@ TEST(OptimizerTest, StateIsNamedPerParameter) {
   EXPECT_EQ(sgd.NamedState()[0].first, "a.momentum_buffer");
 }
 
+TEST(OptimizerTest, StateLivesWhereItsAllocatorPutsIt) {
+  // A discrete device's executor makes the state in its host tier: every slot's memory comes
+  // from the allocator, and the update runs there.
+  auto a = torch::ones({2, 3}).requires_grad_(true);
+  auto b = torch::ones({3}).requires_grad_(true);
+  std::vector<torch::Tensor> made;
+  auto allocate = [&](const torch::Tensor& p) {
+    made.push_back(torch::full_like(p, 0.0));
+    return made.back();
+  };
+  TrainingSpec t;
+  Optimizer opt({{"a", a}, {"b", b}}, t, allocate);
+  const auto state = opt.NamedState();
+  ASSERT_EQ(made.size(), 4u);  // exp_avg and exp_avg_sq of both
+  ASSERT_EQ(state.size(), made.size());
+  for (size_t i = 0; i < state.size(); ++i) {
+    EXPECT_EQ(state[i].second.data_ptr(), made[i].data_ptr()) << state[i].first;
+  }
+  a.mutable_grad() = torch::ones({2, 3});
+  b.mutable_grad() = torch::ones({3});
+  opt.Step(0.1, 1);
+  EXPECT_GT(made[0].abs().sum().item<double>(), 0);  // the update wrote the allocated memory
+}
+
 }  // namespace
 }  // namespace hydra::executor

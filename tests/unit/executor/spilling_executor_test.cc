@@ -27,6 +27,17 @@ Trial Small(const std::string& optimizer) {
   return testing::GptTrial("spill", optimizer, 4, 64, 4, 32, 11, 2e-3);
 }
 
+/// Small("adamw") in another shape, batch 2: a model that weighs in resident memory.
+Trial Shaped(int64_t layers, int64_t width, int64_t heads, int64_t context) {
+  Trial t = Small("adamw");
+  t.model.n_layer = layers;
+  t.model.n_embd = width;
+  t.model.n_head = heads;
+  t.model.context_length = context;
+  t.training.batch_size = 2;
+  return t;
+}
+
 /// The largest budget (in 1% steps of the unsharded footprint) whose plan has >= `shards`;
 /// `discrete`: planned as on a GPU, where stashed graphs stay in the device's memory; `disk`:
 /// with the state on disk.
@@ -93,6 +104,14 @@ class SpillingExecutorTest : public ::testing::Test {
 
   std::vector<double> Losses(TrialExecutorInterface* e, int steps) {
     return testing::StepLosses(e, steps);
+  }
+
+  /// Trains a small trial for 2 steps and drops it, so that LibTorch's allocator and kernels
+  /// are warm and a resident-memory baseline taken next is steady.
+  void WarmUp(std::shared_ptr<const TokenDataset> data) {
+    auto w = MakeInMemoryExecutorFactory({2})->Create(Small("adamw"), std::move(data));
+    ASSERT_TRUE(w.ok()) << w.status();
+    Losses(w->get(), 2);
   }
 
   /// `t`'s step losses over 30 steps, trained unsharded on the CPU (2 threads).
@@ -641,12 +660,7 @@ TEST_F(SpillingExecutorTest, DiskFailureIsAClearError) {
 
 TEST_F(SpillingExecutorTest, DiskTierKeepsResidentMemoryNearTheBudget) {
   // ~35M parameters: 425 MiB of AdamW state, against a 96 MiB device budget.
-  Trial t = Small("adamw");
-  t.model.n_layer = 20;
-  t.model.n_embd = 384;
-  t.model.n_head = 6;
-  t.model.context_length = 64;
-  t.training.batch_size = 2;
+  Trial t = Shaped(20, 384, 6, 64);
   t.resources.device_memory_budget = 96 << 20;
   t.resources.offload = "disk";
   t.resources.host_memory_budget = 8 << 20;  // RAM is scarce: recompute rather than stash
@@ -655,11 +669,7 @@ TEST_F(SpillingExecutorTest, DiskTierKeepsResidentMemoryNearTheBudget) {
   auto factory = Factory();
   auto data = TokenDataset::Open(t.dataset, t.model.context_length + 1);
   ASSERT_TRUE(data.ok());
-  // Warm LibTorch's allocator and kernels first so that the baseline is steady.
-  Trial warm = Small("adamw");
-  auto w = MakeInMemoryExecutorFactory({2})->Create(warm, *data);
-  Losses(w->get(), 2);
-  w->reset();
+  WarmUp(*data);
   // Sampled from before the executor exists: building the model spills it layer by layer, so
   // even set-up never holds the whole state.
   const int64_t baseline = ResidentBytes();
@@ -677,6 +687,41 @@ TEST_F(SpillingExecutorTest, DiskTierKeepsResidentMemoryNearTheBudget) {
   EXPECT_LE((*exec)->stats().peak_device_bytes, *t.resources.device_memory_budget);
   // Counted from the shapes, not from the (spilled, empty) tensors.
   EXPECT_EQ((*exec)->stats().parameters, EstimateTrialFootprint(t).parameters);
+}
+
+TEST_F(SpillingExecutorTest, DiscreteSetUpHoldsTheHostTierAndOneShardsWeightsAtMost) {
+  // On a GPU the host tier holds every shard's weights and optimizer state, which is what
+  // admission counts (Admission::host_bytes). Set-up builds each shard in host memory and moves
+  // it into that tier: on top of the tier it may hold one shard's freshly built weights, not
+  // their optimizer state too, and afterwards it keeps neither (a model sized to the host's
+  // RAM must not fail in set-up, nor hold a shard twice for its whole run). ~50M parameters
+  // in two shards, on the CPU as a discrete device.
+  Trial t = Shaped(4, 1024, 8, 32);
+  t.resources.device_memory_budget = BudgetFor(t, 2, /*discrete=*/true);
+  auto factory = Factory(0, false, /*discrete=*/true);
+  auto data = TokenDataset::Open(t.dataset, t.model.context_length + 1);
+  ASSERT_TRUE(data.ok()) << data.status();
+  auto admitted = factory->Admit(t, **data);
+  ASSERT_TRUE(admitted.ok()) << admitted.status();
+  const PartitionPlan& plan = admitted->plan;
+  ASSERT_EQ(plan.state_tier, StateTier::kHost);
+  ASSERT_GE(plan.shards.size(), 2u);
+  int64_t largest_weights = 0;
+  for (const auto& s : plan.shards) largest_weights = std::max(largest_weights, s.gradient_bytes);
+  WarmUp(*data);
+  const int64_t baseline = ResidentBytes();
+  ResidentPeakSampler sampler;
+  auto exec = factory->Build(t, *data, *admitted, 0);
+  ASSERT_TRUE(exec.ok()) << exec.status();
+  sampler.Stop();
+  const int64_t after = ResidentBytes() - baseline;
+  const int64_t overhead = 64 << 20;  // stated fixed overhead: allocator slack, tied parameters
+  std::cout << "host tier " << FormatBytes(plan.total_state_bytes) << ", largest shard's weights "
+            << FormatBytes(largest_weights) << "; set-up's resident growth: peak "
+            << FormatBytes(sampler.peak() - baseline) << ", after " << FormatBytes(after) << "\n";
+  EXPECT_LT(sampler.peak() - baseline, plan.total_state_bytes + largest_weights + overhead);
+  EXPECT_LT(after, plan.total_state_bytes + overhead);
+  Losses(exec->get(), 1);  // and it trains
 }
 
 }  // namespace

@@ -40,6 +40,27 @@ std::pair<int64_t, int64_t> AllocatorPeaks(const hydra::DeviceSpec& device, bool
   return {0, 0};
 }
 
+/// What admission decided, as bench/spill.sh reads it: the plan's shape and the host and disk
+/// bytes the trial holds.
+nlohmann::json AdmissionJson(const hydra::Admission& a, int64_t budget,
+                             const hydra::DeviceSpec& device) {
+  std::string policies, placements;
+  for (const auto& s : a.plan.shards) {
+    policies += hydra::ActivationPolicyName(s.policy)[0];
+    placements += hydra::OptimizerPlacementName(s.optimizer)[0];
+  }
+  return {{"budgetBytes", budget},
+          {"deviceMemoryBytes", device.memory_bytes},
+          {"stateBytes", a.plan.total_state_bytes},
+          {"hostBytes", a.host_bytes},
+          {"diskBytes", a.disk_bytes},
+          {"estimatedStepSeconds", a.est_step_seconds},
+          {"shards", a.plan.shards.size()},
+          {"policies", policies},
+          {"recomputeAttention", a.plan.recompute_attention},
+          {"optimizerPlacements", placements}};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -72,6 +93,13 @@ int main(int argc, char** argv) {
   app.add_option("--budget-fraction", fraction, "device budget as a fraction of the footprint")
       ->capture_default_str();
   app.add_option("--budget-bytes", budget_bytes, "device budget in bytes (overrides the fraction)");
+  bool whole_device = false, plan_only = false;
+  app.add_flag("--budget-device", whole_device,
+               "device budget: the device's memory, as a trial without deviceMemoryBudget gets "
+               "(a GPU's free memory; overrides the fraction and the bytes)");
+  app.add_flag("--plan-only", plan_only,
+               "print the admission (shards, host and disk bytes, estimated step; at the default "
+               "rates, without the GPU pilot) as a JSON line and exit without building the model");
   app.add_option("--host-budget", host_budget,
                  "bytes of RAM for stashed activations; -1: unlimited, 0: recompute every shard")
       ->capture_default_str();
@@ -106,9 +134,11 @@ int main(int argc, char** argv) {
   t.training.precision = *hydra::ParsePrecision(precision);
 
   const int64_t footprint = hydra::EstimateTrialFootprint(t).total_bytes();
-  t.resources.device_memory_budget =
-      budget_bytes > 0 ? budget_bytes
-                       : static_cast<int64_t>(static_cast<double>(footprint) * fraction);
+  if (!whole_device) {  // otherwise admission gives the trial the device's memory
+    t.resources.device_memory_budget =
+        budget_bytes > 0 ? budget_bytes
+                         : static_cast<int64_t>(static_cast<double>(footprint) * fraction);
+  }
   t.resources.offload = offload;
   if (host_budget >= 0) t.resources.host_memory_budget = host_budget;
 
@@ -139,9 +169,9 @@ int main(int argc, char** argv) {
   options.bf16_weight_transit = bf16_transit;
   options.attention_recompute = !no_attention_recompute;
   options.device_stash = !no_device_stash;
-  if (const std::string rates = hydra::executor::UseMeasuredLinkRates(&options); !rates.empty()) {
-    std::cerr << rates << "\n";  // stdout is the JSON line
-  }
+  // Sizing a run (--plan-only), the host and disk bytes do not wait for the GPU pilot.
+  const std::string rates = plan_only ? "" : hydra::executor::UseMeasuredLinkRates(&options);
+  if (!rates.empty()) std::cerr << rates << "\n";  // stdout is the JSON line
   if (optimizer != "auto") {
     options.optimizer_placement =
         optimizer == "host" ? hydra::OptimizerPlacement::kHost : hydra::OptimizerPlacement::kDevice;
@@ -155,11 +185,14 @@ int main(int argc, char** argv) {
     std::cerr << admission.status() << "\n";
     return 1;
   }
-  const hydra::PartitionPlan* plan = &admission->plan;
-  std::string policies, placements;
-  for (const auto& s : plan->shards) {
-    policies += hydra::ActivationPolicyName(s.policy)[0];
-    placements += hydra::OptimizerPlacementName(s.optimizer)[0];
+  const int64_t budget = t.resources.device_memory_budget.value_or(device.memory_bytes);
+  nlohmann::json admitted = AdmissionJson(*admission, budget, device);
+  if (plan_only) {
+    stop();
+    admitted["parameters"] = hydra::EstimateTrialFootprint(t).parameters;
+    admitted["footprintBytes"] = footprint;
+    std::cout << admitted.dump() << std::endl;
+    return 0;
   }
   const auto setup_start = std::chrono::steady_clock::now();
   auto exec = factory->Build(t, *data, *admission, 0);
@@ -190,39 +223,31 @@ int main(int argc, char** argv) {
   const auto [allocated_peak, reserved_peak] = AllocatorPeaks(device, /*reset=*/false);
   stop();
   const double steps = static_cast<double>(t.training.steps);
-  std::cout << nlohmann::json{{"budgetFraction", fraction},
-                              {"device", device.name},
-                              {"deviceModel", device.model},
-                              {"optimizer", optimizer},
-                              {"bf16Transit", bf16_transit},
-                              {"hostLinkBytesPerSecond", options.host_link_bytes_per_second},
-                              {"precision", precision},
-                              {"offload", offload},
-                              {"hostBudget", host_budget},
-                              {"parameters", after.parameters},
-                              {"footprintBytes", footprint},
-                              {"stateBytes", plan->total_state_bytes},
-                              {"budgetBytes", *t.resources.device_memory_budget},
-                              {"shards", after.shards},
-                              {"policies", policies},
-                              {"recomputeAttention", plan->recompute_attention},
-                              {"optimizerPlacements", placements},
-                              {"tokensPerSecond",
-                               steps * t.training.batch_size * t.model.context_length / seconds},
-                              {"secondsPerStep", seconds / steps},
-                              {"setupSeconds", setup_seconds},
-                              {"init", init},
-                              {"peakDeviceBytes", after.peak_device_bytes},
-                              {"allocatorPeakBytes", allocated_peak},
-                              {"reservedPeakBytes", reserved_peak},
-                              {"baselineResidentBytes", baseline},
-                              {"peakResidentBytes", sampler.peak()},
-                              {"diskReadBytesPerStep",
-                               (after.disk_bytes_read - before.disk_bytes_read) / steps},
-                              {"diskWrittenBytesPerStep",
-                               (after.disk_bytes_written - before.disk_bytes_written) / steps},
-                              {"finalLoss", loss}}
-                   .dump()
-            << std::endl;
+  nlohmann::json out{
+      {"budgetFraction", whole_device ? 0.0 : fraction},
+      {"device", device.name},
+      {"deviceModel", device.model},
+      {"optimizer", optimizer},
+      {"bf16Transit", bf16_transit},
+      {"hostLinkBytesPerSecond", options.host_link_bytes_per_second},
+      {"precision", precision},
+      {"offload", offload},
+      {"hostBudget", host_budget},
+      {"parameters", after.parameters},
+      {"footprintBytes", footprint},
+      {"tokensPerSecond", steps * t.training.batch_size * t.model.context_length / seconds},
+      {"secondsPerStep", seconds / steps},
+      {"setupSeconds", setup_seconds},
+      {"init", init},
+      {"peakDeviceBytes", after.peak_device_bytes},
+      {"allocatorPeakBytes", allocated_peak},
+      {"reservedPeakBytes", reserved_peak},
+      {"baselineResidentBytes", baseline},
+      {"peakResidentBytes", sampler.peak()},
+      {"diskReadBytesPerStep", (after.disk_bytes_read - before.disk_bytes_read) / steps},
+      {"diskWrittenBytesPerStep", (after.disk_bytes_written - before.disk_bytes_written) / steps},
+      {"finalLoss", loss}};
+  out.update(admitted);
+  std::cout << out.dump() << std::endl;
   return 0;
 }

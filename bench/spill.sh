@@ -7,6 +7,8 @@
 #                       [--init model.safetensors]   (--largest only: start from a checkpoint)
 #   bash bench/spill.sh --gpu cuda:0 [--smoke] [--shapes medium,xl] [--precision bf16]
 #                       (a CUDA build: issue 17's GPU benchmark; below)
+#   bash bench/spill.sh --gpu cuda:0 --largest auto|LAYERSxWIDTH [--offload host|disk]
+#                       (the largest GPT trained on one GPU, its state in host memory or on disk)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN="${HYDRA_BENCH_SPILL_BIN:-build/bench/spill}"
@@ -21,6 +23,7 @@ INIT=()
 GPU=""
 SHAPE_FILTER=""
 SMOKE=0
+OFFLOAD=host
 while [ $# -gt 0 ]; do
   case "$1" in
     --smoke) SMOKE=1; ROUNDS=1; MODEL="--layers 8 --embd 64 --heads 4 --ctx 64 --batch 4 --steps 2 --warmup 1" ;;
@@ -30,11 +33,80 @@ while [ $# -gt 0 ]; do
     --precision) PRECISION="$2"; shift ;;
     --init) INIT=(--init "$2"); shift ;;
     --shapes) SHAPE_FILTER="$2"; shift ;;
+    --offload) OFFLOAD="$2"; shift ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
   shift
 done
 trap 'rm -rf "$SPILL_DIR"' EXIT
+
+# gpu_largest: the largest GPT trained on one GPU ($GPU), in a CUDA build: the GPU's memory as
+# the device budget (what a trial without deviceMemoryBudget gets), the state in host memory
+# (--offload host) or on disk (--offload disk), GPT-2's vocabulary, context 1024, batch 2, heads
+# of 128 wide; one step after a warm-up. --largest auto takes, of the shapes below (or
+# HYDRA_BENCH_LARGEST_SHAPES), the largest whose admission fits: its host bytes within 70% of
+# the memory this process may still take (MemAvailable, and the cgroup's limit), and on disk its
+# spill files within 85% of the spill directory's free space. Uses time_left and timed_out of
+# the GPU branch below.
+gpu_largest() {
+  local shapes=(${HYDRA_BENCH_LARGEST_SHAPES:-80x8192 64x6144 48x6144 48x5120 40x5120 40x4096 36x4096 32x4096 32x3072 32x2560 24x2048 24x1024})
+  [ "$LARGEST" = auto ] || shapes=("$LARGEST")
+  local ctx=${HYDRA_BENCH_LARGEST_CTX:-1024} batch=${HYDRA_BENCH_LARGEST_BATCH:-2}
+  mkdir -p "$SPILL_DIR"
+  local host_free disk_free
+  host_free=$(awk '/^MemAvailable:/ {printf "%.0f", $2 * 1024}' /proc/meminfo)
+  if [ -r /sys/fs/cgroup/memory.max ] && [ "$(cat /sys/fs/cgroup/memory.max)" != max ]; then
+    local cg=$(($(cat /sys/fs/cgroup/memory.max) - $(cat /sys/fs/cgroup/memory.current)))
+    ((cg < host_free)) && host_free=$cg
+  fi
+  disk_free=$(($(stat -f -c '%a * %S' "$SPILL_DIR")))
+  local chosen="" plan=""
+  for shape in "${shapes[@]}"; do
+    local layers=${shape%x*} width=${shape#*x}
+    local args=(--corpus "$CORPUS" --layers "$layers" --embd "$width" --heads $((width / 128 > 0 ? width / 128 : 1))
+      --ctx "$ctx" --vocab 50257 --batch "$batch" --budget-device --offload "$OFFLOAD"
+      --spill-dir "$SPILL_DIR" --precision "$PRECISION")
+    # Every parameter's weights and AdamW state (12 bytes) sit in host memory or on disk.
+    local params=$((12 * layers * width * width + 50257 * width))
+    if [ "$OFFLOAD" = host ] && ((12 * params > host_free * 7 / 10)); then continue; fi
+    if [ "$OFFLOAD" = disk ] && ((12 * params > disk_free * 85 / 100)); then continue; fi
+    plan=$("$BIN" --devices "$GPU" "${args[@]}" --plan-only 2>"$OUT.err") || continue
+    if "$PY" -c 'import json, sys; a = json.loads(sys.argv[1]); h, d = int(sys.argv[2]), int(sys.argv[3])
+sys.exit(0 if a["hostBytes"] <= h * 0.7 and a["diskBytes"] <= d * 0.85 else 1)' "$plan" "$host_free" "$disk_free"; then
+      chosen=$shape
+      break
+    fi
+  done
+  echo "host memory available: $((host_free >> 30)) GiB; spill directory free: $((disk_free >> 30)) GiB"
+  if [ -z "$chosen" ]; then
+    echo "no shape of ${shapes[*]} fits (last: $(tail -c 300 "$OUT.err" 2>/dev/null))"
+    return 0
+  fi
+  local layers=${chosen%x*} width=${chosen#*x} left line
+  left=$(time_left)
+  # shellcheck disable=SC2086
+  if ((left > 0)) && line=$(timeout -k 10 "$left" "$BIN" --devices "$GPU" --corpus "$CORPUS" \
+      --layers "$layers" --embd "$width" --heads $((width / 128 > 0 ? width / 128 : 1)) --ctx "$ctx" \
+      --vocab 50257 --batch "$batch" --budget-device --offload "$OFFLOAD" --spill-dir "$SPILL_DIR" \
+      --precision "$PRECISION" --steps 1 --warmup 1 2>"$OUT.err"); then
+    "$PY" - "$line" "$chosen" <<'PY'
+import json, sys
+r, shape = json.loads(sys.argv[1]), sys.argv[2]
+gib = lambda b: f"{b / 2**30:.1f} GiB"
+print("| shape | parameters | state tier | device budget (the GPU's memory) | footprint | shards (policies) | optimizer per shard (d/h) | host / disk bytes | set-up | seconds per step | tokens/s | device peak: ledger / allocator / reserved | peak resident | loss |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+print(f"| {shape} {r['precision']} | {r['parameters'] / 1e9:.2f} B | {r['offload']} | {gib(r['budgetBytes'])} on {r['deviceModel']} | "
+      f"{gib(r['footprintBytes'])} ({r['footprintBytes'] / max(r['budgetBytes'], 1):.1f}x the budget) | "
+      f"{r['shards']} ({r['policies']}) | {r['optimizerPlacements']} | {gib(r['hostBytes'])} / {gib(r['diskBytes'])} | "
+      f"{r['setupSeconds']:.0f} s | {r['secondsPerStep']:.1f} | {r['tokensPerSecond']:.0f} | "
+      f"{gib(r['peakDeviceBytes'])} / {gib(r['allocatorPeakBytes'])} / {gib(r['reservedPeakBytes'])} | "
+      f"{gib(r['peakResidentBytes'])} | {r['finalLoss']:.3f} |")
+PY
+  else
+    timed_out "$?" "$left"
+    echo "$chosen ($OFFLOAD) failed: $(tail -c 300 "$OUT.err")"
+  fi
+}
 
 if [ -n "$GPU" ]; then
   # On one GPU: the GPT-2 medium (24 x 1024) and XL (48 x 1600) shapes, GPT-2's vocabulary,
@@ -78,6 +150,10 @@ if [ -n "$GPU" ]; then
     ((left < RUN_MAX)) || left=$RUN_MAX
     if ((left < 30)); then echo 0; else echo "$left"; fi
   }
+  if [ -n "$LARGEST" ]; then
+    gpu_largest
+    exit 0
+  fi
   for shape in "${SHAPES[@]}"; do
     set -- $shape
     name=$1 ctx=$6 vocab=$7 dims="--layers $2 --embd $3 --heads $4 --ctx $6 --vocab $7 --batch $5"

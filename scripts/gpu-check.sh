@@ -13,6 +13,9 @@
 #    time for the rest, and writes report.md (GPU, driver, torch and CUDA versions,
 #    what passed, what failed, what was skipped and why) and logs.tar.gz (every log) to the
 #    report directory: two files, as the device tool brings back at most 8.
+# HYDRA_GPU_ONLY=largest: after the build, only the largest GPT that trains on the GPU, its
+# state in host memory, then on disk (bench/spill.sh --largest auto): for a second call on the
+# same warm machine, which keeps build-gpu.
 # Environment: HYDRA_GPU_SECONDS (default 540: every step after the configuration is killed at
 # this deadline, so that one 10-minute call of the device tool holds the check; the benchmark
 # gets what the build and tests left, fp32 first, then bf16, the most telling runs first, the
@@ -166,6 +169,33 @@ if ((rc != 0)); then
 fi
 say ""
 
+bench() {  # bench <report name> <bench/spill.sh arguments...>
+  local name=$1 start=$SECONDS
+  shift
+  if HYDRA_BENCH_SPILL_BIN="$BUILD/bench/spill" HYDRA_BENCH_PYTHON="$PY" \
+      HYDRA_BENCH_DEADLINE=$((DEADLINE - 60)) HYDRA_BENCH_RUN_MAX=${RUN_MAX:-180} \
+      bash bench/spill.sh "$@" >"$LOGS/$name.md" 2>"$LOGS/$name.log"; then
+    say "5. bench/spill.sh $* in $((SECONDS - start)) s:"
+    say ""
+    tee -a "$MD" <"$LOGS/$name.md"
+  else
+    failed=1
+    say "5. bench/spill.sh $* failed: $(tail -n 3 "$LOGS/$name.log")"
+  fi
+  say ""
+}
+
+if [ "${HYDRA_GPU_ONLY:-}" = largest ]; then
+  if [ "$CUDA_OK" != True ]; then
+    say "5. the largest GPT: skipped, torch sees no GPU here"
+  else
+    RUN_MAX=420 bench bench-largest-host --gpu cuda:0 --largest auto --offload host
+    RUN_MAX=420 bench bench-largest-disk --gpu cuda:0 --largest auto --offload disk
+  fi
+  ((failed)) && say "Result: FAILURES (see the logs beside this report)" && exit 1
+  say "Result: everything that ran passed"
+  exit 0
+fi
 # --- 3. the GPU tests first, then the example on the GPU, then the rest ---------------------
 # cuda_executor_test is the proof (spilled = unsharded on the GPU, the allocator's peak, the
 # copy streams, the pilot's rates); its measured lines go into the report.
@@ -201,21 +231,6 @@ say ""
 # then GPT-2 XL's (the two that issue 17's goals name), then medium's in bf16 (with the bf16
 # weight transit beside the same run without it), each run bounded by the time left
 # (bench/spill.sh's HYDRA_BENCH_DEADLINE): what the time does not reach is reported skipped.
-bench() {  # bench <report name> <bench/spill.sh arguments...>
-  local name=$1 start=$SECONDS
-  shift
-  if HYDRA_BENCH_SPILL_BIN="$BUILD/bench/spill" HYDRA_BENCH_PYTHON="$PY" \
-      HYDRA_BENCH_DEADLINE=$((DEADLINE - 60)) HYDRA_BENCH_RUN_MAX=180 \
-      bash bench/spill.sh "$@" >"$LOGS/$name.md" 2>"$LOGS/$name.log"; then
-    say "5. bench/spill.sh $* in $((SECONDS - start)) s:"
-    say ""
-    tee -a "$MD" <"$LOGS/$name.md"
-  else
-    failed=1
-    say "5. bench/spill.sh $* failed: $(tail -n 3 "$LOGS/$name.log")"
-  fi
-  say ""
-}
 if [ "$CUDA_OK" != True ]; then
   say "5. GPU benchmark skipped: torch sees no GPU here"
 elif [ "${HYDRA_GPU_BENCH:-full}" = smoke ]; then

@@ -57,7 +57,7 @@ nlohmann::json AdmissionJson(const hydra::Admission& a, int64_t budget,
           {"estimatedStepSeconds", a.est_step_seconds},
           {"shards", a.plan.shards.size()},
           {"policies", policies},
-          {"recomputeAttention", a.plan.recompute_attention},
+          {"attention", hydra::AttentionMemoryName(a.plan.attention)},
           {"optimizerPlacements", placements}};
 }
 
@@ -117,6 +117,11 @@ int main(int argc, char** argv) {
   app.add_flag("--no-attention-recompute", no_attention_recompute,
                "plans keep every attention score for backward (the plan may otherwise recompute "
                "them where that pays)");
+  bool no_fused_attention = false;
+  app.add_flag("--no-fused-attention", no_fused_attention,
+               "attention keeps its scores for backward (or recomputes them) instead of running "
+               "as one fused kernel where LibTorch has one (the CUDA build); the footprint the "
+               "budget fraction is taken of counts the scores then");
   bool no_device_stash = false;
   app.add_flag("--no-device-stash", no_device_stash,
                "on a GPU every shard but the last recomputes its forward (plans may otherwise keep "
@@ -133,7 +138,11 @@ int main(int argc, char** argv) {
   if (!init.empty()) t.model.init = hydra::ModelInit{hydra::InitFormat::kSafetensors, init, init};
   t.training.precision = *hydra::ParsePrecision(precision);
 
-  const int64_t footprint = hydra::EstimateTrialFootprint(t).total_bytes();
+  // The footprint the executor's plans count: without the attention scores where it fuses.
+  const bool fused = !no_fused_attention && hydra::executor::FusedAttentionAvailable();
+  const int64_t footprint = hydra::EstimateTrialFootprint(t, fused ? hydra::AttentionMemory::kFused
+                                                                   : hydra::AttentionMemory::kKept)
+                                .total_bytes();
   if (!whole_device) {  // otherwise admission gives the trial the device's memory
     t.resources.device_memory_budget =
         budget_bytes > 0 ? budget_bytes
@@ -169,6 +178,7 @@ int main(int argc, char** argv) {
   options.bf16_weight_transit = bf16_transit;
   options.attention_recompute = !no_attention_recompute;
   options.device_stash = !no_device_stash;
+  options.fused_attention = !no_fused_attention;
   // Sizing a run (--plan-only), the host and disk bytes do not wait for the GPU pilot.
   const std::string rates = plan_only ? "" : hydra::executor::UseMeasuredLinkRates(&options);
   if (!rates.empty()) std::cerr << rates << "\n";  // stdout is the JSON line

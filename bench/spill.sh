@@ -158,17 +158,17 @@ if [ -n "$GPU" ]; then
     set -- $shape
     name=$1 ctx=$6 vocab=$7 dims="--layers $2 --embd $3 --heads $4 --ctx $6 --vocab $7 --batch $5"
     eager_args="--layers $2 --embd $3 --heads $4 --ctx $ctx --vocab $vocab --batch $5"
-    # 50% with every shard but the last recomputing its forward, and without recomputing
-    # attention scores: what the plan's choices to keep graphs on the GPU and to recompute
-    # scores buy.
-    CFGS=("1.0 host" "eager" "0.5 host" "0.5 host --no-device-stash"
-      "0.5 host --no-attention-recompute" "0.25 host" "0.25 disk")
-    # bf16: issue 18 item 2 side by side, matrix weights sent as bf16 to a host-stepped
-    # optimizer, right after the unspilled run (they decide the transit's default).
+    # Budgets are fractions of the footprint the plans count (attention fused, where the
+    # build fuses it). Eager runs PyTorch's fused attention (F.scaled_dot_product_attention), as
+    # Hydra does. 50% with every shard but the last recomputing its forward: what keeping
+    # graphs on the GPU buys; last, unspilled with the scores kept, and eager so: what fusing
+    # attention buys.
+    CFGS=("1.0 host" "eager --attention sdpa" "0.5 host" "0.5 host --no-device-stash" "0.25 host"
+      "0.25 disk" "1.0 host --no-fused-attention" "eager --attention math")
+    # bf16: then issue 18 item 2's side by side, matrix weights sent as bf16 to a host-stepped
+    # optimizer (measured once: off by default).
     if [ "$PRECISION" = bf16 ]; then
-      CFGS=("1.0 host" "0.25 host --optimizer=host" "0.25 host --optimizer=host --bf16-transit"
-        "eager" "0.5 host" "0.5 host --no-device-stash" "0.5 host --no-attention-recompute"
-        "0.25 host" "0.25 disk")
+      CFGS+=("0.25 host --optimizer=host" "0.25 host --optimizer=host --bf16-transit")
     fi
     for cfg in "${CFGS[@]}"; do
       set -- $cfg
@@ -176,12 +176,12 @@ if [ -n "$GPU" ]; then
       if [ "$1" = eager ]; then
         # shellcheck disable=SC2086
         if ((left > 0)) && timeout -k 10 "$left" "$PY" bench/train_throughput.py --device "$GPU" \
-            --corpus "$CORPUS" $eager_args --steps 5 --warmup 2 --precision "$PRECISION" \
+            --corpus "$CORPUS" $eager_args --steps 5 --warmup 2 --precision "$PRECISION" "${@:2}" \
             >"$OUT.line" 2>"$OUT.err"; then
           sed "s/^{/{\"shape\": \"$name\", /" "$OUT.line" >>"$OUT"
         else
           timed_out "$?" "$left"
-          echo "{\"shape\": \"$name\", \"impl\": \"pytorch-eager\", \"error\": $(json_tail)}" >>"$OUT"
+          echo "{\"shape\": \"$name\", \"impl\": \"pytorch-eager\", \"attention\": \"${3:-math}\", \"error\": $(json_tail)}" >>"$OUT"
         fi
         continue
       fi
@@ -189,7 +189,7 @@ if [ -n "$GPU" ]; then
       if ((left > 0)) && line=$(timeout -k 10 "$left" "$BIN" --devices "$GPU" --corpus "$CORPUS" $dims \
           $STEPS --budget-fraction "$1" --offload "$2" "${@:3}" --spill-dir "$SPILL_DIR" \
           --precision "$PRECISION" 2>"$OUT.err"); then
-        echo "{\"shape\": \"$name\", ${line#\{}" >>"$OUT"
+        echo "{\"shape\": \"$name\", \"args\": \"${*:3}\", ${line#\{}" >>"$OUT"
       else
         timed_out "$?" "$left"
         echo "{\"shape\": \"$name\", \"budgetFraction\": $1, \"offload\": \"$2\", \"args\": \"${*:3}\", \"error\": $(json_tail)}" >>"$OUT"
@@ -216,7 +216,8 @@ for name, rs in shapes.items():
                   f"{outcome} | - | - |")
             continue
         ratio = f"{r['tokensPerSecond'] / base['tokensPerSecond']:.2f}" if base else "-"
-        attention = ", attention recomputed" if r.get("recomputeAttention") else ""
+        attention = f", attention {r['attention']}" if r.get("attention", "kept") != "kept" else ""
+        attention += f"; {r['args']}" if r.get("args") else ""
         print(f"| {name}: {r['parameters'] / 1e6:.0f}M on {r['deviceModel']} | {r['budgetFraction']:.0%} "
               f"({r['budgetBytes'] / 2**30:.1f} GiB) | {r['offload']} | {r['shards']} "
               f"({r.get('policies', '')}{attention}) | "
@@ -225,13 +226,17 @@ for name, rs in shapes.items():
               f"{r['peakDeviceBytes'] / 2**30:.2f} / {r.get('allocatorPeakBytes', 0) / 2**30:.2f} / "
               f"{r.get('reservedPeakBytes', 0) / 2**30:.2f} GiB |")
     for e in eager:
+        label = f"{name}: PyTorch eager ({e.get('attention', 'math')} attention), same GPU"
         if "error" in e:
             error = e['error'].strip()
             outcome = error if error.startswith("skipped") else f"failed: {error[-100:]}"
-            print(f"| {name}: PyTorch eager, same GPU | - | - | - | - | {outcome} | - | - |")
+            print(f"| {label} | - | - | - | - | {outcome} | - | - |")
             continue
-        vs = f"Hydra unspilled / eager: {base['tokensPerSecond'] / e['tokens_per_second']:.2f}" if base else "-"
-        print(f"| {name}: PyTorch eager, same GPU | - | - | - | - | {e['tokens_per_second']:.0f} | {vs} | "
+        # Against Hydra's unspilled run with the same attention.
+        same = next((r for r in spill if r.get("budgetFraction") == 1.0 and "tokensPerSecond" in r and
+                     (r.get("attention") == "fused") == (e.get("attention") == "sdpa")), None)
+        vs = f"Hydra unspilled / eager: {same['tokensPerSecond'] / e['tokens_per_second']:.2f}" if same else "-"
+        print(f"| {label} | - | - | - | - | {e['tokens_per_second']:.0f} | {vs} | "
               f"{e.get('peak_allocated_bytes', 0) / 2**30:.1f} GiB (allocator) |")
 PY
   exit 0

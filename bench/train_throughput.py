@@ -21,9 +21,9 @@ def offsets(seed, step, batch, train_tokens, window):
     return [splitmix64(base ^ i) % rng for i in range(batch)]
 
 class Block(nn.Module):
-    def __init__(self, c, h, t):
+    def __init__(self, c, h, t, sdpa=False):
         super().__init__()
-        self.h = h
+        self.h, self.sdpa = h, sdpa
         self.ln1, self.ln2 = nn.LayerNorm(c), nn.LayerNorm(c)
         self.qkv, self.proj = nn.Linear(c, 3 * c), nn.Linear(c, c)
         self.fc, self.fc_proj = nn.Linear(c, 4 * c), nn.Linear(4 * c, c)
@@ -36,18 +36,21 @@ class Block(nn.Module):
         q = q.view(B, T, self.h, D).transpose(1, 2)
         k = k.view(B, T, self.h, D).transpose(1, 2)
         v = v.view(B, T, self.h, D).transpose(1, 2)
-        att = torch.matmul(q, k.transpose(-2, -1)).mul_(1.0 / math.sqrt(D))
-        att = torch.softmax(att + self.mask[:, :, :T, :T], -1)
-        y = torch.matmul(att, v).transpose(1, 2).reshape(B, T, C)
+        if self.sdpa:  # one fused kernel (flash or memory-efficient on a GPU): no T x T scores kept
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, C)
+        else:
+            att = torch.matmul(q, k.transpose(-2, -1)).mul_(1.0 / math.sqrt(D))
+            att = torch.softmax(att + self.mask[:, :, :T, :T], -1)
+            y = torch.matmul(att, v).transpose(1, 2).reshape(B, T, C)
         x = x + self.proj(y)
         return x + self.fc_proj(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
 
 class GPT(nn.Module):
-    def __init__(self, v, t, c, h, n):
+    def __init__(self, v, t, c, h, n, sdpa=False):
         super().__init__()
         self.wte = nn.Parameter(torch.empty(v, c).normal_(0, 0.02))
         self.wpe = nn.Parameter(torch.empty(t, c).normal_(0, 0.02))
-        self.blocks = nn.ModuleList([Block(c, h, t) for _ in range(n)])
+        self.blocks = nn.ModuleList([Block(c, h, t, sdpa) for _ in range(n)])
         for b in self.blocks:
             for lin in (b.qkv, b.proj, b.fc, b.fc_proj):
                 std = 0.02 / math.sqrt(2 * n) if lin in (b.proj, b.fc_proj) else 0.02
@@ -70,6 +73,9 @@ def main():
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
                    help="bf16: torch.autocast(device, dtype=torch.bfloat16) around forward and loss")
     p.add_argument("--device", default="cpu", help="cpu, or cuda[:N] (bench/spill.sh --gpu)")
+    p.add_argument("--attention", choices=["math", "sdpa"], default="math",
+                   help="sdpa: F.scaled_dot_product_attention (torch 2.0+; Hydra's CUDA build fuses "
+                        "attention so); math: the scores materialised, as Hydra's Debian build")
     a = p.parse_args()
     dev = torch.device(a.device)
     torch.set_num_threads(a.threads)
@@ -77,7 +83,7 @@ def main():
     data = open(a.corpus, "rb").read()
     tokens = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(torch.long)
     train_tokens = int(len(data) * (1 - 0.05))
-    model = GPT(a.vocab, a.ctx, a.embd, a.heads, a.layers).to(dev)
+    model = GPT(a.vocab, a.ctx, a.embd, a.heads, a.layers, a.attention == "sdpa").to(dev)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
@@ -93,7 +99,7 @@ def main():
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
         loss.backward()
         opt.step()
-        opt.zero_grad(set_to_none=False)
+        opt.zero_grad()  # the version's default: zeroed in torch 1.x, freed from 2.0 on
         return loss.item()
 
     s = 0
@@ -106,7 +112,7 @@ def main():
     for _ in range(a.steps):
         loss = step(s); s += 1
     dt = time.perf_counter() - t0  # loss.item() waited for the device
-    out = {"impl": "pytorch-eager", "precision": a.precision, "device": a.device,
+    out = {"impl": "pytorch-eager", "precision": a.precision, "device": a.device, "attention": a.attention,
            "tokens_per_second": a.steps * a.batch * a.ctx / dt, "seconds": dt, "final_loss": loss}
     if dev.type == "cuda":
         out["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(dev)

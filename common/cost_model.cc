@@ -106,7 +106,13 @@ std::vector<LayerCost> GptCosts(const ModelSpec& m, int64_t micro_batch, Precisi
   LayerCost head;
   head.name = "head";
   head.parameters = a.Parameters(2 * C, head.name);  // final LayerNorm; the LM head is tied
-  head.activation_bytes = a.Bytes(tokens * (2 * C + 2 * V) * f, head.name, "activations");
+  // Kept for backward: the final LayerNorm's input (fp32) and its output in the GEMMs' type
+  // (in fp32 the tensor the loss reads), and the logits' gradients [tokens, V] in the GEMMs'
+  // type, which the fused LM head and loss (agent/executor/lm_head_loss) keeps instead of the
+  // logits; its fp32 chunks of 256 rows are small beside them.
+  const double gemm = precision == Precision::kBf16 ? 2 : f;
+  head.activation_bytes =
+      a.Bytes(tokens * (C * f + C * gemm + V * gemm), head.name, "activations");
   head.output_bytes = a.Bytes(tokens * V * f, head.name, "output");
   head.forward_flops = tokens * 2.0 * C * V;
   layers.push_back(head);
@@ -241,12 +247,38 @@ int64_t OptimizerBytesPerParameter(const TrainingSpec& training) {
   return training.momentum > 0 ? 4 : 0;
 }
 
-TrialFootprint EstimateTrialFootprint(const Trial& trial) {
+const char* AttentionMemoryName(AttentionMemory a) {
+  switch (a) {
+    case AttentionMemory::kKept: return "kept";
+    case AttentionMemory::kRecomputed: return "recomputed";
+    case AttentionMemory::kFused: return "fused";
+  }
+  return "?";
+}
+
+int64_t KeptActivationBytes(const LayerCost& l, AttentionMemory a) {
+  return a == AttentionMemory::kKept ? l.activation_bytes : l.activation_bytes - l.attention_bytes;
+}
+
+int64_t AttentionTransientBytes(const LayerCost& l, AttentionMemory a) {
+  if (l.attention_bytes == 0) return 0;
+  switch (a) {
+    case AttentionMemory::kKept: return 0;
+    case AttentionMemory::kRecomputed: return l.attention_bytes;
+    case AttentionMemory::kFused: return l.output_bytes;
+  }
+  return 0;
+}
+
+TrialFootprint EstimateTrialFootprint(const Trial& trial, AttentionMemory attention) {
   TrialFootprint fp;
+  int64_t transient = 0;
   for (const auto& l : ModelLayerCosts(trial, MicroBatch(trial.training))) {
     fp.parameters += l.parameters;
-    fp.activation_bytes += l.activation_bytes;
+    fp.activation_bytes += KeptActivationBytes(l, attention);
+    transient = std::max(transient, AttentionTransientBytes(l, attention));
   }
+  fp.activation_bytes += transient;
   fp.parameter_bytes = fp.parameters * 4;
   fp.gradient_bytes = fp.parameters * 4;
   fp.optimizer_bytes = fp.parameters * OptimizerBytesPerParameter(trial.training);

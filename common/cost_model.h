@@ -29,6 +29,23 @@ struct LayerCost {
   double forward_flops = 0;  ///< per micro-batch
 };
 
+/// What an attention layer keeps from its forward for its backward.
+enum class AttentionMemory {
+  kKept,        ///< its H x T scores and probabilities (LayerCost::attention_bytes)
+  kRecomputed,  ///< q, k and v only; its backward rebuilds the scores (agent/executor/attention.h)
+  /// Neither: one fused kernel (LibTorch's scaled_dot_product_attention, flash or
+  /// memory-efficient on a GPU) never materialises the scores; its backward needs an fp32
+  /// accumulator of the layer's output size.
+  kFused,
+};
+const char* AttentionMemoryName(AttentionMemory a);  ///< "kept", "recomputed", "fused"
+
+/// Bytes layer `l` keeps for its backward, per micro-batch, when its attention does `a`.
+int64_t KeptActivationBytes(const LayerCost& l, AttentionMemory a);
+/// Bytes layer `l`'s backward needs only while it runs (the scores it rebuilds, or the fused
+/// kernel's accumulator), per micro-batch; 0 for kKept and for layers without attention.
+int64_t AttentionTransientBytes(const LayerCost& l, AttentionMemory a);
+
 /// Per-layer costs of the trial's model, in execution order. For family torchscript they come
 /// from ModelSpec::layers (empty until the module was loaded).
 std::vector<LayerCost> ModelLayerCosts(const ModelSpec& model, int64_t micro_batch);
@@ -52,7 +69,11 @@ struct TrialFootprint {
   }
 };
 
-TrialFootprint EstimateTrialFootprint(const Trial& trial);
+/// With `attention` other than kKept the activations leave the attention scores out and count
+/// the largest layer's transient instead (what a GPU's fused attention, or recomputing the
+/// scores, needs).
+TrialFootprint EstimateTrialFootprint(const Trial& trial,
+                                      AttentionMemory attention = AttentionMemory::kKept);
 
 /// Largest number of parameters or bytes the cost model accounts for one layer or a whole
 /// model: 1 PiB (2^50). Below it the formulas' double arithmetic is exact and every sum and

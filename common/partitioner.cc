@@ -141,23 +141,26 @@ double RecomputedFlops(const std::vector<LayerNeed>& l, const std::vector<int>& 
 }
 
 /// Stashing on the device: of every packing under `usable` (from the fewest shards), the one
-/// whose backward recomputes the fewest forward FLOPs once the stash is chosen; more shards
-/// only for at least 1% less recompute (the estimate leaves their extra copies out). Empty if
-/// none fits.
-std::vector<int> PackForDeviceStash(const std::vector<LayerNeed>& l, int64_t usable, int64_t mb) {
+/// whose step costs least: the forward FLOPs its backward recomputes once the stash is chosen,
+/// and kShardOverheadSeconds a shard at `flops_per_second`. Empty if none fits.
+std::vector<int> PackForDeviceStash(const std::vector<LayerNeed>& l, int64_t usable, int64_t mb,
+                                    double flops_per_second) {
   std::vector<int> best, last;
-  double fewest = 0;
+  double cheapest = 0;
+  const double per_shard = kShardOverheadSeconds * flops_per_second;
   for (int64_t cap = usable; cap > 0; cap = cap * 15 / 16) {
     auto p = Pack(l, cap, mb);
     if (p.empty()) break;  // a layer alone passes the cap: so it does every smaller one
     if (p == last || PackPeak(l, p, mb) > usable) continue;
     last = p;
     const double recomputed = RecomputedFlops(l, p, ChooseDeviceStash(l, p, mb, usable));
-    if (best.empty() || recomputed < 0.99 * fewest) {
+    const double cost =
+        recomputed * static_cast<double>(mb) + per_shard * static_cast<double>(p.size());
+    if (best.empty() || cost < cheapest) {
       best = p;
-      fewest = recomputed;
+      cheapest = cost;
     }
-    if (recomputed == 0) break;
+    if (recomputed == 0) break;  // more shards would only cost more
   }
   return best;
 }
@@ -217,11 +220,10 @@ PartitionOptions PartitionOptionsFor(const Trial& trial) {
 
 namespace {
 
-/// PlanShards for one choice of keeping or recomputing the attention scores. With
-/// `recompute_attention` a layer keeps its activations less its attention bytes, and the
-/// largest layer's attention bytes are the transient of whichever layer runs its backward.
+/// PlanShards for one choice of what attention layers keep (KeptActivationBytes); the largest
+/// layer's AttentionTransientBytes is the transient of whichever layer runs its backward.
 StatusOr<PartitionPlan> PlanFor(const Trial& trial, const PartitionOptions& o,
-                                const std::vector<LayerCost>& costs, bool recompute_attention) {
+                                const std::vector<LayerCost>& costs, AttentionMemory attention) {
   const int64_t mb_count = std::max<int64_t>(1, o.micro_batches);
   const int64_t micro = trial.training.batch_size / trial.training.gradient_accumulation_steps;
   const int64_t opt = OptimizerBytesPerParameter(trial.training);
@@ -229,7 +231,7 @@ StatusOr<PartitionPlan> PlanFor(const Trial& trial, const PartitionOptions& o,
 
   PartitionPlan plan;
   plan.state_tier = o.state_tier;
-  plan.recompute_attention = recompute_attention;
+  plan.attention = attention;
   const bool device_stash = o.stash_on_device && o.state_tier == StateTier::kHost;
   plan.stash_on_device = device_stash;
   if (o.state_tier == StateTier::kDisk && o.optimizer_placement == OptimizerPlacement::kHost) {
@@ -241,17 +243,16 @@ StatusOr<PartitionPlan> PlanFor(const Trial& trial, const PartitionOptions& o,
   std::vector<LayerNeed> need(n);
   int64_t tied = 0;
   int64_t whole = 0;
-  int64_t transient = 0;  // one layer's attention scores, rebuilt during its backward
+  int64_t transient = 0;  // one layer's scores rebuilt, or fused accumulator, in its backward
   for (int i = 0; i < n; ++i) {
-    const int64_t kept = recompute_attention ? costs[i].attention_bytes : 0;
-    transient = std::max(transient, kept);
+    transient = std::max(transient, AttentionTransientBytes(costs[i], attention));
     tied += costs[i].tied_parameters;
     need[i].params = costs[i].parameters - costs[i].tied_parameters;
     // Tied weights stay on the device, but their optimizer state moves with the shard.
     need[i].moved = need[i].params * (4 + opt) + costs[i].tied_parameters * opt;
     need[i].state = need[i].params * (4 + opt_on_device) + costs[i].tied_parameters * opt_on_device;
     need[i].grad = need[i].params * 4;
-    need[i].act = costs[i].activation_bytes - kept;
+    need[i].act = KeptActivationBytes(costs[i], attention);
     need[i].out = costs[i].output_bytes;
     need[i].flops = costs[i].forward_flops;
     whole += costs[i].parameters * (8 + opt) + need[i].act;
@@ -295,7 +296,7 @@ StatusOr<PartitionPlan> PlanFor(const Trial& trial, const PartitionOptions& o,
       }
     }
     // Largest per-shard cap whose packing (with prefetch buffers) fits: fewest shards.
-    if (device_stash) starts = PackForDeviceStash(need, usable, mb_count);
+    if (device_stash) starts = PackForDeviceStash(need, usable, mb_count, o.flops_per_second);
     for (int64_t cap = usable; starts.empty() && cap > 0; cap = cap * 15 / 16) {
       auto p = Pack(need, cap, mb_count);
       if (!p.empty() && PackPeak(need, p, mb_count) <= usable) {
@@ -338,7 +339,7 @@ StatusOr<PartitionPlan> PlanFor(const Trial& trial, const PartitionOptions& o,
       sp.gradient_bytes += p * 4;
       sp.activation_bytes += need[i].act;
       sp.forward_flops += need[i].flops;
-      if (recompute_attention) sp.attention_flops += costs[i].attention_flops;
+      if (attention == AttentionMemory::kRecomputed) sp.attention_flops += costs[i].attention_flops;
     }
     const double fwd = sp.forward_flops * static_cast<double>(mb_count) / o.flops_per_second;
     const double recompute_cost = fwd;
@@ -418,6 +419,8 @@ StatusOr<PartitionPlan> PlanFor(const Trial& trial, const PartitionOptions& o,
     }
     sp.optimizer = OptimizerPlacement::kDevice;
   }
+  // After the optimizer's placement, which weighs compute alone against the copies.
+  for (auto& sp : plan.shards) sp.estimated_seconds += sharded ? kShardOverheadSeconds : 0.0;
   if (!sharded) {
     plan.peak_device_bytes = whole;
   } else {
@@ -442,9 +445,13 @@ StatusOr<PartitionPlan> PlanShards(const Trial& trial, const PartitionOptions& o
     return FailedPreconditionError("the layers of " + trial.model.path +
                                    " are not known before the module is loaded");
   }
-  auto kept = PlanFor(trial, o, costs, false);
   const bool has_attention = std::any_of(costs.begin(), costs.end(),
                                          [](const LayerCost& c) { return c.attention_bytes > 0; });
+  // A fused kernel keeps no scores and recomputes nothing: nothing to choose.
+  if (o.fused_attention && has_attention) {
+    return PlanFor(trial, o, costs, AttentionMemory::kFused);
+  }
+  auto kept = PlanFor(trial, o, costs, AttentionMemory::kKept);
   if (!o.attention_recompute || !has_attention || !o.explicit_boundaries.empty() ||
       o.device_budget <= 0) {
     return kept;
@@ -453,7 +460,7 @@ StatusOr<PartitionPlan> PlanShards(const Trial& trial, const PartitionOptions& o
   // pays where it saves more, in fewer shards or fewer shards recomputing their whole forward
   // (the estimated compute of a step decides; fewer shards also move less), or where the
   // trial fits no other way.
-  auto lean = PlanFor(trial, o, costs, true);
+  auto lean = PlanFor(trial, o, costs, AttentionMemory::kRecomputed);
   if (!lean.ok()) return kept;
   if (!kept.ok() || EstimatedStepSeconds(*lean) < EstimatedStepSeconds(*kept)) return lean;
   return kept;
@@ -468,7 +475,11 @@ std::string FormatPlan(const Trial& trial, const PartitionPlan& plan) {
       << FormatBytes(plan.peak_device_bytes);
   if (plan.pinned_bytes > 0)
     out << " (" << FormatBytes(plan.pinned_bytes) << " pinned tied weights)";
-  if (plan.recompute_attention) out << ", attention scores recomputed in backward";
+  if (plan.attention == AttentionMemory::kRecomputed) {
+    out << ", attention scores recomputed in backward";
+  } else if (plan.attention == AttentionMemory::kFused) {
+    out << ", attention fused (no scores kept)";
+  }
   const bool keeps =
       std::any_of(plan.shards.begin(), plan.shards.end() - 1,
                   [](const ShardPlan& s) { return s.policy == ActivationPolicy::kStash; });

@@ -35,12 +35,14 @@ struct ShardPlan {
   int64_t gradient_bytes = 0;    ///< exist on the device only during the shard's backward
   int64_t activation_bytes = 0;  ///< one micro-batch's autograd activations of the shard
   double forward_flops = 0;      ///< per micro-batch
-  /// Forward FLOPs the backward repeats to rebuild attention scores (PartitionPlan::
-  /// recompute_attention), per micro-batch; 0 otherwise.
+  /// Forward FLOPs the backward repeats to rebuild attention scores (PartitionPlan::attention
+  /// kRecomputed), per micro-batch; 0 otherwise.
   double attention_flops = 0;
   ActivationPolicy policy = ActivationPolicy::kStash;
   OptimizerPlacement optimizer = OptimizerPlacement::kDevice;
-  double estimated_seconds = 0;  ///< forward + backward (+ recompute) of a whole step
+  /// Forward + backward (+ recompute) of a whole step, and a spilled shard's
+  /// kShardOverheadSeconds.
+  double estimated_seconds = 0;
   /// Device bytes of the shard's compute beyond its state and gradients: its activations and
   /// the boundary activations of every micro-batch.
   int64_t workspace_bytes = 0;
@@ -51,6 +53,12 @@ enum class StateTier { kHost, kDisk };
 
 /// The device compute rate assumed until one is measured (the pilot): 100 GFLOP/s.
 inline constexpr double kDefaultFlopsPerSecond = 1.0e11;
+
+/// What a shard of a spilled plan costs a step beyond its compute: the host's work for its
+/// fetches, copies and evictions (on a GPU, some hundred CUDA calls), and the pipeline's
+/// ramp at its edges. A guess, not a measurement; it keeps plans from cutting a model into
+/// many shards for a sliver less recompute.
+inline constexpr double kShardOverheadSeconds = 1e-3;
 
 struct PartitionOptions {
   int64_t device_budget = 0;             ///< bytes; <= 0: unlimited (one shard)
@@ -73,6 +81,10 @@ struct PartitionOptions {
   /// H x T scores; agent/executor/attention.h) where that makes the step's estimated compute
   /// shorter or is the only way the trial fits? Off: every layer keeps its activations.
   bool attention_recompute = true;
+  /// The executor runs attention as one fused kernel that keeps no scores (AttentionMemory::
+  /// kFused: LibTorch 2.1+, the CUDA build): every plan counts that, and attention_recompute
+  /// has nothing left to choose.
+  bool fused_attention = false;
   /// The device has memory of its own (a GPU): a shard that stashes keeps its forward's
   /// autograd graph in device memory until its backward while its weights' memory is freed
   /// (and filled again, in place, for the backward), so its activations count against the
@@ -89,9 +101,11 @@ struct PartitionPlan {
   int64_t peak_device_bytes = 0;
   int64_t total_state_bytes = 0;
   StateTier state_tier = StateTier::kHost;
-  /// Every attention layer recomputes its scores in backward; the shards' activation bytes
-  /// leave them out, and workspace and peak count one layer's scores, rebuilt in its backward.
-  bool recompute_attention = false;
+  /// What every attention layer keeps for its backward. kRecomputed: the shards' activation
+  /// bytes leave the scores out, and workspace and peak count one layer's scores, rebuilt in
+  /// its backward; kFused: they leave them out, and peak counts one layer's fused backward
+  /// (AttentionTransientBytes).
+  AttentionMemory attention = AttentionMemory::kKept;
   /// Stashed shards keep their graphs in device memory (PartitionOptions::stash_on_device);
   /// the peak counts them.
   bool stash_on_device = false;
@@ -104,7 +118,8 @@ PartitionOptions PartitionOptionsFor(const Trial& trial);
 /// Cuts the trial's layers into contiguous shards so that each shard's device need plus the
 /// next shard's prefetch buffer fits the budget, then chooses each shard's activation policy
 /// from the cost model, and whether attention scores are recomputed (options.
-/// attention_recompute) by the estimated compute of a step with and without. RESOURCE_EXHAUSTED
+/// attention_recompute) by the estimated compute of a step with and without (or, with
+/// options.fused_attention, counts them fused). RESOURCE_EXHAUSTED
 /// naming the layer and bytes when one layer cannot fit; INVALID_ARGUMENT for unusable explicit
 /// boundaries.
 StatusOr<PartitionPlan> PlanShards(const Trial& trial, const PartitionOptions& options);

@@ -53,6 +53,8 @@ build-cuda/tests/unit/executor/cuda_executor_test  # skips: no GPU here
 # refilled in place under 2.11's autograd, on the CPU.
 build-cuda/tests/unit/executor/optimizer_test
 build-cuda/tests/unit/executor/storage_in_place_test
+# torch 2.11's fused attention (a GPU's flash kernels; here the CPU's) against the kept scores.
+build-cuda/tests/unit/executor/attention_test
 # The GPU code paths of the executors on the CPU, against torch 2.11 (build/ has 1.13).
 build-cuda/tests/unit/executor/spilling_executor_test \
   --gtest_filter='*Unsharded*:*Checkpoint*:*Moves*:*Transit*'

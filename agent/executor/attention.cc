@@ -2,6 +2,11 @@
 
 #include "agent/executor/precision.h"
 
+// LibTorch's scaled_dot_product_attention with a `scale` argument: 2.1 and later.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+#define HYDRA_TORCH_SDPA 1
+#endif
+
 namespace hydra::executor {
 namespace {
 
@@ -50,13 +55,40 @@ class RecomputedAttention : public torch::autograd::Function<RecomputedAttention
   }
 };
 
+/// One fused kernel over [1, B*H, T, D] (the 4-d layout the flash and memory-efficient
+/// kernels take; heads stay folded into the batch).
+torch::Tensor FusedCausalAttention(const torch::Tensor& q, const torch::Tensor& k,
+                                   const torch::Tensor& v, double scale) {
+#ifdef HYDRA_TORCH_SDPA
+  return at::scaled_dot_product_attention(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0),
+                                          /*attn_mask=*/std::nullopt, /*dropout_p=*/0.0,
+                                          /*is_causal=*/true, scale)
+      .squeeze(0);
+#else
+  (void)q, (void)k, (void)v, (void)scale;
+  TORCH_CHECK(false, "fused attention needs LibTorch 2.1 or later (the CUDA build)");
+#endif
+}
+
 }  // namespace
+
+bool FusedAttentionAvailable() {
+#ifdef HYDRA_TORCH_SDPA
+  return true;
+#else
+  return false;
+#endif
+}
 
 torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k,
                               const torch::Tensor& v, const torch::Tensor& mask, double scale,
-                              bool recompute) {
-  if (recompute && torch::GradMode::is_enabled()) {
-    return RecomputedAttention::apply(q, k, v, mask, scale);
+                              AttentionMemory how) {
+  switch (how) {
+    case AttentionMemory::kFused: return FusedCausalAttention(q, k, v, scale);
+    case AttentionMemory::kRecomputed:
+      if (torch::GradMode::is_enabled()) return RecomputedAttention::apply(q, k, v, mask, scale);
+      break;
+    case AttentionMemory::kKept: break;
   }
   return AttentionOf(q, k, v, mask, scale);
 }

@@ -3,6 +3,9 @@
 
 #include <torch/torch.h>
 
+#include "agent/executor/executor.h"
+#include "common/cost_model.h"
+
 namespace hydra::executor {
 
 /// Causal self-attention's core over heads folded into the batch: softmax(mask + scale q k^T) v
@@ -10,13 +13,19 @@ namespace hydra::executor {
 /// precision; the products run in q's and v's type (bf16 under autocast), the mask and the
 /// probabilities cast to it explicitly, as autocast would.
 ///
-/// `recompute`: while grad mode is on, keep only q, k and v for backward and recompute the
-/// scores and probabilities there (selective recomputation, as in Megatron-LM): the [B*H, T, T]
-/// tensors, most of a GPT block's activations at long contexts, do not stay in memory from
-/// forward to backward, for about a seventh of the block's forward FLOPs again. Outputs and
-/// gradients equal the plain path's bit for bit.
+/// `how` (what backward gets; the same outputs either way):
+/// * kKept: the scores and probabilities stay for backward.
+/// * kRecomputed: while grad mode is on, only q, k and v stay and backward recomputes the
+///   scores and probabilities (selective recomputation, as in Megatron-LM): the [B*H, T, T]
+///   tensors, most of a GPT block's activations at long contexts, do not stay in memory from
+///   forward to backward, for about a seventh of the block's forward FLOPs again. Outputs and
+///   gradients equal kKept's bit for bit.
+/// * kFused: LibTorch's scaled_dot_product_attention with a causal mask (`mask` must be the
+///   causal one; it is not read): flash or memory-efficient kernels on a GPU, which never
+///   materialise the scores; equal to kKept to rounding. Only where FusedAttentionAvailable()
+///   (executor.h).
 torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k,
                               const torch::Tensor& v, const torch::Tensor& mask, double scale,
-                              bool recompute);
+                              AttentionMemory how);
 
 }  // namespace hydra::executor

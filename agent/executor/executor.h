@@ -132,6 +132,11 @@ inline constexpr int kDiskShardsInHostMemory = 3;
 /// shards at most. Changes `admission` only when `devices` has GPUs.
 void HostBytesOnGpus(const ExecutorDevices& devices, Admission* admission);
 
+/// Whether this LibTorch runs attention as one fused kernel (scaled_dot_product_attention with
+/// a scale, 2.1 and later: the CUDA build, not Debian's 1.13); executors then plan and run
+/// attention fused by default (AttentionMemory::kFused). Defined in attention.cc.
+bool FusedAttentionAvailable();
+
 /// A shape as messages show it: "[2,3]".
 std::string ShapeText(const std::vector<int64_t>& shape);
 

@@ -46,7 +46,7 @@ class Gpt2Block : public SequentialLayer {
     };
     auto q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);
     auto y = CausalAttention(q, k, v, mask_.narrow(0, 0, T).narrow(1, 0, T),
-                             1.0 / std::sqrt(static_cast<double>(D)), recompute_attention_)
+                             1.0 / std::sqrt(static_cast<double>(D)), attention_)
                  .view({B, heads_, T, D})
                  .transpose(1, 2)
                  .reshape({B, T, C});
@@ -54,14 +54,14 @@ class Gpt2Block : public SequentialLayer {
     return h + fc_proj->forward(torch::gelu(fc->forward(ln2->forward(h)), "tanh"));
   }
 
-  void set_recompute_attention(bool on) override { recompute_attention_ = on; }
+  void set_attention(AttentionMemory how) override { attention_ = how; }
 
   torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
   torch::nn::Linear qkv{nullptr}, proj{nullptr}, fc{nullptr}, fc_proj{nullptr};
 
  private:
   int64_t heads_;
-  bool recompute_attention_ = false;
+  AttentionMemory attention_ = AttentionMemory::kKept;
   torch::Tensor mask_;
 };
 

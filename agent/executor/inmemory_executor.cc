@@ -188,7 +188,9 @@ class InMemoryExecutorFactory : public ExecutorFactoryInterface {
     RETURN_IF_ERROR(CheckModelAndData(given, data));
     Trial trial = WithDeviceBudget(given, options_.devices);
     RETURN_IF_ERROR(ResolveModel(&trial));
-    const TrialFootprint fp = EstimateTrialFootprint(trial);
+    const bool fused = options_.fused_attention && FusedAttentionAvailable();
+    const TrialFootprint fp =
+        EstimateTrialFootprint(trial, fused ? AttentionMemory::kFused : AttentionMemory::kKept);
     if (trial.resources.device_memory_budget &&
         fp.total_bytes() > *trial.resources.device_memory_budget) {
       return ResourceExhaustedError(
@@ -206,6 +208,7 @@ class InMemoryExecutorFactory : public ExecutorFactoryInterface {
     po.explicit_boundaries.clear();
     po.state_tier = StateTier::kHost;
     po.flops_per_second = options_.flops_per_second;
+    po.fused_attention = fused;
     ASSIGN_OR_RETURN(Admission admission, PlanAdmission(trial, po));
     HostBytesOnGpus(options_.devices, &admission);
     return admission;
@@ -226,7 +229,7 @@ class InMemoryExecutorFactory : public ExecutorFactoryInterface {
     ASSIGN_OR_RETURN(Placement on, PlaceOn(options_.devices, device));
     try {
       ASSIGN_OR_RETURN(LayerSequence model, BuildModel(trial));
-      model.SetRecomputeAttention(admission.plan.recompute_attention);
+      model.SetAttention(admission.plan.attention);
       return std::unique_ptr<TrialExecutorInterface>(std::make_unique<InMemoryExecutor>(
           trial, std::move(data), std::move(model), on.device, on.bound, options_.devices,
           admission.plan.peak_device_bytes));

@@ -13,6 +13,9 @@ struct InMemoryExecutorOptions {
   double flops_per_second = kDefaultFlopsPerSecond;
   /// Where trials train: the whole model, its gradients and optimizer state on the device.
   ExecutorDevices devices = {};
+  /// Attention as one fused kernel where LibTorch has one (FusedAttentionAvailable(): the
+  /// CUDA build); off, the scores are kept for backward.
+  bool fused_attention = true;
 };
 
 /// The plain executor: the whole model, its gradients and optimizer state stay in device

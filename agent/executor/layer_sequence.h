@@ -8,6 +8,8 @@
 #include <utility>
 #include <vector>
 
+#include "common/cost_model.h"
+
 namespace hydra::executor {
 
 /// One stage of a sequential model: a module with one tensor in and one tensor out. Shards are
@@ -27,9 +29,9 @@ class SequentialLayer : public torch::nn::Module {
                                      const torch::Tensor& /*target*/) {
     return {};
   }
-  /// Whether the layer recomputes its attention scores in backward instead of keeping them
-  /// (attention.h; the plan's recompute_attention). Layers without attention ignore it.
-  virtual void set_recompute_attention(bool /*on*/) {}
+  /// What the layer's attention keeps for backward (attention.h; the plan's `attention`).
+  /// Layers without attention ignore it.
+  virtual void set_attention(AttentionMemory /*how*/) {}
 };
 
 /// A model as an ordered list of named layers. Parameters shared between layers (GPT-2's tied
@@ -38,8 +40,8 @@ struct LayerSequence {
   std::vector<std::string> names;
   std::vector<std::shared_ptr<SequentialLayer>> layers;
 
-  void SetRecomputeAttention(bool on) const {
-    for (const auto& layer : layers) layer->set_recompute_attention(on);
+  void SetAttention(AttentionMemory how) const {
+    for (const auto& layer : layers) layer->set_attention(how);
   }
 
   torch::Tensor Forward(torch::Tensor x) const {

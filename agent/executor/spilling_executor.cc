@@ -135,7 +135,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     if (!built.ok()) return built.status();
     model_ = std::move(built).value();
     RETURN_IF_ERROR(status);
-    model_.SetRecomputeAttention(plan_.recompute_attention);
+    model_.SetAttention(plan_.attention);
     for (const auto& [name, p] : model_.NamedParameters()) {
       global_order_[name] = global_order_.size();
     }
@@ -1391,7 +1391,8 @@ class ExecutorFactory : public ExecutorFactoryInterface {
  public:
   explicit ExecutorFactory(ExecutorOptions options)
       : options_(std::move(options)),
-        in_memory_(MakeInMemoryExecutorFactory({0, options_.flops_per_second, options_.devices})) {
+        in_memory_(MakeInMemoryExecutorFactory(
+            {0, options_.flops_per_second, options_.devices, options_.fused_attention})) {
     if (options_.threads > 0) ConfigureCpuThreads(options_.threads);
     ConfigureCudaAllocator();
     KeepFreedHostMemory();
@@ -1409,6 +1410,7 @@ class ExecutorFactory : public ExecutorFactoryInterface {
     po.host_link_bytes_per_second = options_.host_link_bytes_per_second;
     po.host_optimizer_bytes_per_second = options_.host_optimizer_bytes_per_second;
     po.attention_recompute = options_.attention_recompute;
+    po.fused_attention = options_.fused_attention && FusedAttentionAvailable();
     if (options_.optimizer_placement && po.state_tier == StateTier::kHost) {
       po.optimizer_placement = options_.optimizer_placement;
     }

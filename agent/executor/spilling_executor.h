@@ -33,6 +33,9 @@ struct ExecutorOptions {
   bool bf16_weight_transit = false;
   /// May plans recompute attention scores in backward (PartitionOptions::attention_recompute)?
   bool attention_recompute = true;
+  /// Attention as one fused kernel where LibTorch has one (FusedAttentionAvailable(): the CUDA
+  /// build; PartitionOptions::fused_attention)? Off: kept or recomputed as planned.
+  bool fused_attention = true;
   /// On a discrete device, may shards keep their forward graphs in its memory until their
   /// backward (PartitionOptions::stash_on_device)? Off: every shard but the last recomputes
   /// its forward.

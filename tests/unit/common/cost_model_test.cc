@@ -62,9 +62,14 @@ TEST(CostModelTest, Bf16HalvesMostActivationsAndAddsTheWorkingCopyOfTheWeights) 
     EXPECT_EQ(bf16[i].parameters, fp32[i].parameters) << "fp32 masters: same parameters";
     EXPECT_EQ(bf16[i].output_bytes, fp32[i].output_bytes) << "the residual stream stays fp32";
   }
-  // The tied token embedding's bf16 copy belongs to the head, which casts it for the LM head.
-  EXPECT_EQ(bf16.back().activation_bytes - fp32.back().activation_bytes,
-            2 * (bf16.back().parameters + bf16.front().tied_parameters));
+  // The head keeps the final LayerNorm's fp32 input, its output and the logits' gradients in
+  // the GEMMs' type (the fused LM head and loss keeps no logits); in bf16 also the tied token
+  // embedding's bf16 copy, which it casts for the LM head.
+  const double V = static_cast<double>(t.model.vocab_size);
+  EXPECT_EQ(fp32.back().activation_bytes, static_cast<int64_t>(tokens * (2 * C + V) * 4));
+  EXPECT_EQ(bf16.back().activation_bytes,
+            static_cast<int64_t>(tokens * (4 * C + 2 * C + 2 * V)) +
+                2 * (bf16.back().parameters + bf16.front().tied_parameters));
   EXPECT_EQ(bf16.front().activation_bytes - fp32.front().activation_bytes,
             2 * (bf16.front().parameters - bf16.front().tied_parameters));
   const auto fp = EstimateTrialFootprint(t);

@@ -252,9 +252,9 @@ TEST(PartitionerTest, OnAGpuRecomputingAttentionScoresLetsATrialTrainUnspilled) 
   auto lean = PlanShards(t, o);
   ASSERT_TRUE(kept.ok()) << kept.status();
   ASSERT_TRUE(lean.ok()) << lean.status();
-  EXPECT_FALSE(kept->recompute_attention);
+  EXPECT_EQ(kept->attention, AttentionMemory::kKept);
   EXPECT_GT(kept->shards.size(), 1u);
-  EXPECT_TRUE(lean->recompute_attention);
+  EXPECT_EQ(lean->attention, AttentionMemory::kRecomputed);
   EXPECT_EQ(lean->shards.size(), 1u) << FormatPlan(t, *lean);
   EXPECT_LT(EstimatedStepSeconds(*lean), EstimatedStepSeconds(*kept));
   EXPECT_LE(lean->peak_device_bytes, o.device_budget);
@@ -283,12 +283,71 @@ TEST(PartitionerTest, WhereActivationsCanBeStashedTheScoresAreKept) {
   o.device_budget = EstimateTrialFootprint(t).total_bytes() / 2;
   auto p = PlanShards(t, o);
   ASSERT_TRUE(p.ok()) << p.status();
-  EXPECT_FALSE(p->recompute_attention);
+  EXPECT_EQ(p->attention, AttentionMemory::kKept);
   // Nor when the budget fits the trial, or the boundaries are given.
-  EXPECT_FALSE(PlanShards(t, OnAGpu(EstimateTrialFootprint(t).total_bytes()))->recompute_attention);
+  EXPECT_EQ(PlanShards(t, OnAGpu(EstimateTrialFootprint(t).total_bytes()))->attention,
+            AttentionMemory::kKept);
   PartitionOptions cut = OnAGpu(0);
   cut.explicit_boundaries = {2, 4};
-  EXPECT_FALSE(PlanShards(t, cut)->recompute_attention);
+  EXPECT_EQ(PlanShards(t, cut)->attention, AttentionMemory::kKept);
+}
+
+TEST(PartitionerTest, FusedAttentionKeepsNoScoresInEveryPlanAndRecomputesNothing) {
+  const Trial t = LongContext();
+  int64_t attention = 0, largest_output = 0;
+  double forward_flops = 0;
+  for (const auto& c : ModelLayerCosts(t, t.training.batch_size)) {
+    attention += c.attention_bytes;
+    if (c.attention_bytes > 0) largest_output = std::max(largest_output, c.output_bytes);
+    forward_flops += c.forward_flops;
+  }
+  const int64_t kept = EstimateTrialFootprint(t).total_bytes();
+  const int64_t fused = EstimateTrialFootprint(t, AttentionMemory::kFused).total_bytes();
+  // The footprint leaves every layer's scores out and counts one fused backward's accumulator.
+  EXPECT_EQ(fused, kept - attention + largest_output);
+  for (const int64_t budget : {int64_t{0}, fused, kept / 2, kept / 4}) {
+    PartitionOptions o = OnAGpu(budget);
+    o.fused_attention = true;
+    auto p = PlanShards(t, o);
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(p->attention, AttentionMemory::kFused) << FormatPlan(t, *p);
+    EXPECT_THAT(FormatPlan(t, *p), HasSubstr("attention fused"));
+    if (budget > 0) {
+      EXPECT_LE(p->peak_device_bytes, budget) << FormatPlan(t, *p);
+    }
+    for (const auto& s : p->shards) EXPECT_EQ(s.attention_flops, 0) << FormatPlan(t, *p);
+  }
+  // What fits unsharded with the fused kernel needed shards with the scores kept.
+  PartitionOptions o = OnAGpu(fused);
+  o.fused_attention = true;
+  EXPECT_EQ(PlanShards(t, o)->shards.size(), 1u);
+  EXPECT_DOUBLE_EQ(EstimatedStepSeconds(*PlanShards(t, o)), 3 * forward_flops / o.flops_per_second);
+  o.fused_attention = false;
+  o.attention_recompute = false;
+  EXPECT_GT(PlanShards(t, o)->shards.size(), 1u);
+}
+
+TEST(PartitionerTest, OnAGpuMoreShardsMustSaveMoreThanTheirOverhead) {
+  // GPT-2 XL's shape at half its (fused) footprint, at an H200's rates: a shard a layer would
+  // recompute least, but every shard costs kShardOverheadSeconds a step, so the plan cuts
+  // fewer shards, and its estimated step is no longer than the one-layer-a-shard plan's.
+  Trial t = Gpt2(48, 1600);
+  t.model.n_head = 25;
+  t.model.context_length = 1024;
+  t.model.vocab_size = 50257;
+  PartitionOptions o = OnAGpu(EstimateTrialFootprint(t, AttentionMemory::kFused).total_bytes() / 2);
+  o.fused_attention = true;
+  o.flops_per_second = 40e12;
+  o.host_link_bytes_per_second = 55.3e9;
+  auto plan = PlanShards(t, o);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  PartitionOptions per_layer = o;
+  for (int i = 1; i < 50; ++i) per_layer.explicit_boundaries.push_back(i);
+  auto finest = PlanShards(t, per_layer);
+  ASSERT_TRUE(finest.ok()) << finest.status();
+  EXPECT_LT(plan->shards.size(), finest->shards.size() / 2) << FormatPlan(t, *plan);
+  EXPECT_LE(EstimatedStepSeconds(*plan), EstimatedStepSeconds(*finest));
+  for (const auto& s : plan->shards) EXPECT_GE(s.estimated_seconds, kShardOverheadSeconds);
 }
 
 /// The shards of `p` but the last that stash, and their activations (one micro-batch's).

@@ -4,11 +4,16 @@
 
 #include <cmath>
 #include <string>
+#include <tuple>
 
 #include "agent/executor/precision.h"
 
 namespace hydra::executor {
 namespace {
+
+constexpr auto kKept = AttentionMemory::kKept;
+constexpr auto kRecomputed = AttentionMemory::kRecomputed;
+constexpr auto kFused = AttentionMemory::kFused;
 
 struct Result {
   torch::Tensor y, dq, dk, dv;
@@ -17,7 +22,7 @@ struct Result {
 /// The attention of fixed random q, k, v (in `type`; [B*H, T, D] = [6, 16, 8]) and the
 /// gradients of a fixed random projection of it, under `precision`; backward runs outside
 /// the precision scope, as the executors' backward may.
-Result Attend(bool recompute, torch::ScalarType type, Precision precision) {
+Result Attend(AttentionMemory how, torch::ScalarType type, Precision precision) {
   torch::manual_seed(3);
   auto make = [&] { return torch::randn({6, 16, 8}).to(type).requires_grad_(true); };
   auto q = make(), k = make(), v = make();
@@ -26,7 +31,7 @@ Result Attend(bool recompute, torch::ScalarType type, Precision precision) {
   torch::Tensor y;
   {
     PrecisionScope scope(precision);
-    y = CausalAttention(q, k, v, mask, 1.0 / std::sqrt(8.0), recompute);
+    y = CausalAttention(q, k, v, mask, 1.0 / std::sqrt(8.0), how);
   }
   (y.to(torch::kFloat) * weights).sum().backward();
   return {y.detach(), q.grad(), k.grad(), v.grad()};
@@ -41,21 +46,21 @@ void ExpectIdentical(const Result& a, const Result& b) {
 
 TEST(AttentionTest, RecomputingTheScoresGivesTheSameOutputAndGradientsBitForBit) {
   SCOPED_TRACE("fp32");
-  ExpectIdentical(Attend(true, torch::kFloat, Precision::kFp32),
-                  Attend(false, torch::kFloat, Precision::kFp32));
+  ExpectIdentical(Attend(kRecomputed, torch::kFloat, Precision::kFp32),
+                  Attend(kKept, torch::kFloat, Precision::kFp32));
 }
 
 TEST(AttentionTest, InBf16TooAndUnderAutocastThatBackwardNoLongerSees) {
   {
     SCOPED_TRACE("bf16 inputs");
-    ExpectIdentical(Attend(true, torch::kBFloat16, Precision::kFp32),
-                    Attend(false, torch::kBFloat16, Precision::kFp32));
+    ExpectIdentical(Attend(kRecomputed, torch::kBFloat16, Precision::kFp32),
+                    Attend(kKept, torch::kBFloat16, Precision::kFp32));
   }
   {
     // fp32 inputs, bf16 autocast in forward only: the recompute must run in bf16 too.
     SCOPED_TRACE("fp32 inputs under autocast");
-    const auto recomputed = Attend(true, torch::kFloat, Precision::kBf16);
-    ExpectIdentical(recomputed, Attend(false, torch::kFloat, Precision::kBf16));
+    const auto recomputed = Attend(kRecomputed, torch::kFloat, Precision::kBf16);
+    ExpectIdentical(recomputed, Attend(kKept, torch::kFloat, Precision::kBf16));
     EXPECT_EQ(recomputed.y.scalar_type(), torch::kBFloat16);
   }
 }
@@ -63,16 +68,49 @@ TEST(AttentionTest, InBf16TooAndUnderAutocastThatBackwardNoLongerSees) {
 TEST(AttentionTest, OnlyTheRecomputingGraphLeavesOutTheScores) {
   auto q = torch::randn({2, 8, 4}).requires_grad_(true);
   const auto mask = torch::full({8, 8}, -INFINITY).triu(1);
-  const auto kept = CausalAttention(q, q, q, mask, 0.5, false);
-  const auto recomputed = CausalAttention(q, q, q, mask, 0.5, true);
+  const auto kept = CausalAttention(q, q, q, mask, 0.5, kKept);
+  const auto recomputed = CausalAttention(q, q, q, mask, 0.5, kRecomputed);
   // The plain graph ends in the product with the probabilities (which it keeps); the
   // recomputing one in a node that holds q, k and v only.
   EXPECT_NE(kept.grad_fn()->name().find("Bmm"), std::string::npos) << kept.grad_fn()->name();
   EXPECT_NE(recomputed.grad_fn()->name().find("RecomputedAttention"), std::string::npos)
       << recomputed.grad_fn()->name();
   torch::NoGradGuard no_grad;  // evaluation: nothing to recompute, no custom node
-  EXPECT_EQ(CausalAttention(q, q, q, mask, 0.5, true).grad_fn(), nullptr);
-  EXPECT_TRUE(torch::equal(CausalAttention(q, q, q, mask, 0.5, true), kept.detach()));
+  EXPECT_EQ(CausalAttention(q, q, q, mask, 0.5, kRecomputed).grad_fn(), nullptr);
+  EXPECT_TRUE(torch::equal(CausalAttention(q, q, q, mask, 0.5, kRecomputed), kept.detach()));
+}
+
+void ExpectClose(const Result& a, const Result& b, double tolerance) {
+  for (const auto& [x, y, name] : {std::tuple{a.y, b.y, "output"}, std::tuple{a.dq, b.dq, "dq"},
+                                   std::tuple{a.dk, b.dk, "dk"}, std::tuple{a.dv, b.dv, "dv"}}) {
+    EXPECT_TRUE(torch::allclose(x.to(torch::kFloat), y.to(torch::kFloat), tolerance, tolerance))
+        << name << ": largest difference "
+        << (x.to(torch::kFloat) - y.to(torch::kFloat)).abs().max().item<double>();
+  }
+}
+
+TEST(AttentionTest, TheFusedKernelEqualsTheKeptScoresToRoundingAndKeepsNoScores) {
+  if (!FusedAttentionAvailable()) {
+    GTEST_SKIP() << "LibTorch " << TORCH_VERSION
+                 << " has no scaled_dot_product_attention with a scale (the CUDA build's has)";
+  }
+  {
+    SCOPED_TRACE("fp32");
+    ExpectClose(Attend(kFused, torch::kFloat, Precision::kFp32),
+                Attend(kKept, torch::kFloat, Precision::kFp32), 1e-5);
+  }
+  {
+    SCOPED_TRACE("fp32 inputs under bf16 autocast");
+    const auto fused = Attend(kFused, torch::kFloat, Precision::kBf16);
+    EXPECT_EQ(fused.y.scalar_type(), torch::kBFloat16);
+    ExpectClose(fused, Attend(kKept, torch::kFloat, Precision::kBf16), 3e-2);
+  }
+  // One fused node, not the composite of products and a softmax that keeps the scores.
+  auto q = torch::randn({2, 8, 4}).requires_grad_(true);
+  const auto y = CausalAttention(q, q, q, torch::full({8, 8}, -INFINITY).triu(1), 0.5, kFused);
+  auto node = y.grad_fn();  // past the view back to [B*H, T, D]
+  if (node->name().find("Squeeze") != std::string::npos) node = node->next_edge(0).function;
+  EXPECT_NE(node->name().find("ScaledDotProduct"), std::string::npos) << node->name();
 }
 
 }  // namespace

@@ -10,11 +10,14 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <tuple>
 
+#include "agent/executor/attention.h"
 #include "agent/executor/compute_device.h"
 #include "agent/executor/gpus.h"
 #include "agent/executor/inmemory_executor.h"
 #include "agent/executor/pilot.h"
+#include "agent/executor/precision.h"
 #include "agent/executor/spilling_executor.h"
 #include "common/cost_model.h"
 #include "common/partitioner.h"
@@ -70,8 +73,10 @@ class CudaExecutorTest : public ::testing::Test {
   void TearDown() override { fs::remove_all(spill_); }
 
   std::unique_ptr<ExecutorFactoryInterface> Factory(const DeviceSpec& gpu, bool host_optimizer,
-                                                    bool bf16_transit = false) {
+                                                    bool bf16_transit = false,
+                                                    bool fused_attention = true) {
     ExecutorOptions o;
+    o.fused_attention = fused_attention;
     o.spill_dir = spill_.string();
     o.devices.devices = {gpu};
     // A PCIe-class link makes recompute and host stepping choices realistic; the override
@@ -88,12 +93,14 @@ class CudaExecutorTest : public ::testing::Test {
   }
 
   /// `t`'s step losses over 30 steps, trained unsharded on `gpu` (the in-memory executor).
-  static std::vector<double> UnshardedLosses(const DeviceSpec& gpu, const Trial& t) {
+  static std::vector<double> UnshardedLosses(const DeviceSpec& gpu, const Trial& t,
+                                             bool fused_attention = true) {
     auto data = TokenDataset::Open(t.dataset, t.model.context_length + 1);
     EXPECT_TRUE(data.ok()) << data.status();
     if (!data.ok()) return {};
     InMemoryExecutorOptions io;
     io.devices.devices = {gpu};
+    io.fused_attention = fused_attention;
     auto plain = MakeInMemoryExecutorFactory(io)->Create(t, *data);
     EXPECT_TRUE(plain.ok()) << plain.status();
     return plain.ok() ? Losses(plain->get(), 30) : std::vector<double>{};
@@ -283,7 +290,8 @@ TEST_F(CudaExecutorTest, PlansThatRecomputeAttentionScoresTrainOnAGpuAsUnsharded
   // width 64): at 50% of its footprint the plan recomputes them in backward (one shard, on
   // the in-memory executor), and at the largest budget that needs more shards, with spilled
   // shards. The custom autograd function's backward runs on the GPU's autograd thread, where
-  // autocast is off: fp32 and bf16.
+  // autocast is off: fp32 and bf16. (The fused kernel, the default here, keeps no scores to
+  // recompute: off for this test.)
   REQUIRE_GPU(gpu);
   for (const Precision precision : {Precision::kFp32, Precision::kBf16}) {
     Trial base = testing::GptTrial("attention", "adamw", 8, 64, 8, 256, 5, 3e-4);
@@ -291,8 +299,9 @@ TEST_F(CudaExecutorTest, PlansThatRecomputeAttentionScoresTrainOnAGpuAsUnsharded
     SCOPED_TRACE(PrecisionName(precision));
     auto data = TokenDataset::Open(base.dataset, base.model.context_length + 1);
     ASSERT_TRUE(data.ok());
-    const auto expected = UnshardedLosses(gpu, base);
-    auto factory = Factory(gpu, /*host_optimizer=*/false);
+    const auto expected = UnshardedLosses(gpu, base, /*fused_attention=*/false);
+    auto factory = Factory(gpu, /*host_optimizer=*/false, /*bf16_transit=*/false,
+                           /*fused_attention=*/false);
     auto admit = [&](int percent) {
       Trial t = base;
       t.resources.device_memory_budget = EstimateTrialFootprint(t).total_bytes() * percent / 100;
@@ -301,13 +310,17 @@ TEST_F(CudaExecutorTest, PlansThatRecomputeAttentionScoresTrainOnAGpuAsUnsharded
     int sharded = 49;  // the largest budget below 50% whose plan spills, scores recomputed
     for (; sharded > 5; --sharded) {
       auto [t, a] = admit(sharded);
-      if (a.ok() && a->plan.shards.size() > 1 && a->plan.recompute_attention) break;
+      if (a.ok() && a->plan.shards.size() > 1 &&
+          a->plan.attention == AttentionMemory::kRecomputed) {
+        break;
+      }
     }
     for (const int percent : {50, sharded}) {
       SCOPED_TRACE(std::to_string(percent) + "% of the footprint");
       auto [t, admitted] = admit(percent);
       ASSERT_TRUE(admitted.ok()) << admitted.status();
-      EXPECT_TRUE(admitted->plan.recompute_attention) << FormatPlan(t, admitted->plan);
+      EXPECT_EQ(admitted->plan.attention, AttentionMemory::kRecomputed)
+          << FormatPlan(t, admitted->plan);
       EXPECT_EQ(admitted->plan.shards.size() > 1, percent != 50);
       auto exec = factory->Build(t, *data, *admitted, 0);
       ASSERT_TRUE(exec.ok()) << exec.status();
@@ -373,6 +386,63 @@ TEST_F(CudaExecutorTest, StashedGraphsStayOnTheGpuWithoutTheirWeightsAndTrainAsU
     }
     EXPECT_TRUE(all);
     EXPECT_TRUE(mixed);
+  }
+#endif
+}
+
+TEST_F(CudaExecutorTest, FusedAttentionOnAGpuEqualsTheKeptScoresWithoutKeepingThem) {
+  // The executors' default on a GPU: LibTorch's fused kernel (flash in bf16, memory-efficient
+  // in fp32) against the scores kept, on GPT-2 medium's attention at context 1024 (16 heads of
+  // 64, batch 2): the same output and gradients to rounding, and the graph of the fused one
+  // holds none of the [B*H, T, T] scores (256 MiB in fp32 here).
+  REQUIRE_GPU(gpu);
+#ifdef HYDRA_WITH_CUDA
+  ASSERT_TRUE(FusedAttentionAvailable());
+  const auto device = TorchDevice(gpu);
+  const int64_t BH = 32, T = 1024, D = 64;
+  const auto mask = torch::full({T, T}, -INFINITY, torch::TensorOptions().device(device)).triu(1);
+  for (const Precision precision : {Precision::kFp32, Precision::kBf16}) {
+    SCOPED_TRACE(PrecisionName(precision));
+    struct Run {
+      torch::Tensor y, dq, dk, dv;
+      int64_t kept;  // bytes the graph holds beyond q, k and v
+    };
+    auto attend = [&](AttentionMemory how) {
+      torch::manual_seed(7);
+      auto make = [&] {
+        return torch::randn({BH, T, D}, torch::TensorOptions().device(device)).requires_grad_(true);
+      };
+      auto q = make(), k = make(), v = make();
+      const auto weights = torch::randn({BH, T, D}, torch::TensorOptions().device(device));
+      torch::cuda::synchronize();
+      const int64_t before = AllocatedNow(gpu);
+      torch::Tensor y;
+      {
+        PrecisionScope scope(precision, device.type());
+        y = CausalAttention(q, k, v, mask, 1.0 / std::sqrt(static_cast<double>(D)), how);
+      }
+      torch::cuda::synchronize();
+      const int64_t kept = AllocatedNow(gpu) - before - y.numel() * y.element_size();
+      (y.to(torch::kFloat) * weights).sum().backward();
+      return Run{y.detach().to(torch::kFloat), q.grad(), k.grad(), v.grad(), kept};
+    };
+    const Run fused = attend(AttentionMemory::kFused), kept = attend(AttentionMemory::kKept);
+    const double tolerance = precision == Precision::kFp32 ? 1e-4 : 3e-2;
+    for (const auto& [a, b, name] :
+         {std::tuple{fused.y, kept.y, "output"}, std::tuple{fused.dq, kept.dq, "dq"},
+          std::tuple{fused.dk, kept.dk, "dk"}, std::tuple{fused.dv, kept.dv, "dv"}}) {
+      EXPECT_TRUE(torch::allclose(a, b, tolerance, tolerance))
+          << name << ": largest difference " << (a - b).abs().max().item<double>();
+    }
+    const int64_t scores = BH * T * T * 4;
+    // "compute" first: gpu-check.sh puts such lines in its report.
+    std::printf(
+        "compute attention %s [%lld, %lld, %lld]: graph keeps %lld bytes fused, %lld kept\n",
+        PrecisionName(precision), static_cast<long long>(BH), static_cast<long long>(T),
+        static_cast<long long>(D), static_cast<long long>(fused.kept),
+        static_cast<long long>(kept.kept));
+    EXPECT_LT(fused.kept, scores / 8);
+    EXPECT_GE(kept.kept, scores / 2);
   }
 #endif
 }

@@ -40,11 +40,13 @@ Trial Shaped(int64_t layers, int64_t width, int64_t heads, int64_t context) {
 
 /// The largest budget (in 1% steps of the unsharded footprint) whose plan has >= `shards`;
 /// `discrete`: planned as on a GPU, where stashed graphs stay in the device's memory; `disk`:
-/// with the state on disk.
+/// with the state on disk. Attention is fused where the build has it, as the executors run it
+/// by default.
 int64_t BudgetFor(const Trial& t, size_t shards, bool discrete = false, bool disk = false) {
   const int64_t full = EstimateTrialFootprint(t).total_bytes();
   for (int pct = 100; pct > 1; --pct) {
     PartitionOptions o;
+    o.fused_attention = FusedAttentionAvailable();
     o.device_budget = full * pct / 100;
     o.micro_batches = t.training.gradient_accumulation_steps;
     o.stash_on_device = discrete;
@@ -88,6 +90,7 @@ class SpillingExecutorTest : public ::testing::Test {
                                                     bool discrete = false) {
     ExecutorOptions o;
     o.threads = 2;
+    o.fused_attention = fused_attention_;
     o.spill_dir = spill_.string();
     o.host_link_bytes_per_second = link;
     if (host_optimizer) o.optimizer_placement = OptimizerPlacement::kHost;
@@ -119,7 +122,10 @@ class SpillingExecutorTest : public ::testing::Test {
     auto data = TokenDataset::Open(t.dataset, t.model.context_length + 1);
     EXPECT_TRUE(data.ok()) << data.status();
     if (!data.ok()) return {};
-    auto plain = MakeInMemoryExecutorFactory({2})->Create(t, *data);
+    InMemoryExecutorOptions io;
+    io.threads = 2;
+    io.fused_attention = fused_attention_;
+    auto plain = MakeInMemoryExecutorFactory(io)->Create(t, *data);
     EXPECT_TRUE(plain.ok()) << plain.status();
     return plain.ok() ? Losses(plain->get(), 30) : std::vector<double>{};
   }
@@ -128,6 +134,9 @@ class SpillingExecutorTest : public ::testing::Test {
                                     Tolerance tol);
 
   fs::path spill_;
+  /// Factory's and UnshardedLosses' ExecutorOptions::fused_attention (which matters only
+  /// where LibTorch has the fused kernel: the CUDA build).
+  bool fused_attention_ = true;
 };
 
 /// Trains `base` unsharded, then as each variant, for 30 steps; every step loss and the final
@@ -526,6 +535,7 @@ TEST_F(SpillingExecutorTest, OnADiscreteDeviceAPlanThatRecomputesAttentionScores
   // width 64): on a GPU (here the CPU as a discrete device) its plans recompute them rather
   // than cut it into more shards that recompute whole forwards.
   const Trial base = testing::GptTrial("attention", "adamw", 8, 64, 8, 128, 11, 1e-3);
+  fused_attention_ = false;  // what the build's fused kernel would make moot
   auto data = TokenDataset::Open(base.dataset, base.model.context_length + 1);
   ASSERT_TRUE(data.ok());
   const auto expected = UnshardedLosses(base);
@@ -537,7 +547,7 @@ TEST_F(SpillingExecutorTest, OnADiscreteDeviceAPlanThatRecomputesAttentionScores
     auto factory = Factory(25e9, false, /*discrete=*/true);
     auto admitted = factory->Admit(t, **data);
     ASSERT_TRUE(admitted.ok()) << admitted.status();
-    EXPECT_TRUE(admitted->plan.recompute_attention);
+    EXPECT_EQ(admitted->plan.attention, AttentionMemory::kRecomputed);
     if (percent == 50) {
       EXPECT_EQ(admitted->plan.shards.size(), 1u);
     } else {

@@ -41,7 +41,9 @@ done
 trap 'rm -rf "$SPILL_DIR"' EXIT
 
 # gpu_largest: the largest GPT trained on one GPU ($GPU), in a CUDA build: the GPU's memory as
-# the device budget (what a trial without deviceMemoryBudget gets), the state in host memory
+# the device budget (what a trial without deviceMemoryBudget gets), or half the model's
+# footprint where that is less, so that it spills even on a GPU that would hold it (the host's
+# RAM, not the GPU, may bound the model: 128 GiB beside an H200's 139), the state in host memory
 # (--offload host) or on disk (--offload disk), GPT-2's vocabulary, context 1024, batch 2, heads
 # of 128 wide; one step after a warm-up. --largest auto takes, of the shapes below (or
 # HYDRA_BENCH_LARGEST_SHAPES), the largest whose admission fits: its host bytes within 70% of
@@ -60,7 +62,7 @@ gpu_largest() {
     ((cg < host_free)) && host_free=$cg
   fi
   disk_free=$(($(stat -f -c '%a * %S' "$SPILL_DIR")))
-  local chosen="" plan=""
+  local chosen="" plan="" budget=""
   for shape in "${shapes[@]}"; do
     local layers=${shape%x*} width=${shape#*x}
     local args=(--corpus "$CORPUS" --layers "$layers" --embd "$width" --heads $((width / 128 > 0 ? width / 128 : 1))
@@ -71,8 +73,11 @@ gpu_largest() {
     if [ "$OFFLOAD" = host ] && ((12 * params > host_free * 7 / 10)); then continue; fi
     if [ "$OFFLOAD" = disk ] && ((12 * params > disk_free * 85 / 100)); then continue; fi
     plan=$("$BIN" --devices "$GPU" "${args[@]}" --plan-only 2>"$OUT.err") || continue
-    if "$PY" -c 'import json, sys; a = json.loads(sys.argv[1]); h, d = int(sys.argv[2]), int(sys.argv[3])
-sys.exit(0 if a["hostBytes"] <= h * 0.7 and a["diskBytes"] <= d * 0.85 else 1)' "$plan" "$host_free" "$disk_free"; then
+    # Fits: prints the budget to train it under.
+    if budget=$("$PY" -c 'import json, sys; a = json.loads(sys.argv[1]); h, d = int(sys.argv[2]), int(sys.argv[3])
+half = a["footprintBytes"] // 2
+print(min(a["deviceMemoryBytes"], half) if a["deviceMemoryBytes"] > 0 else half)
+sys.exit(0 if a["hostBytes"] <= h * 0.7 and a["diskBytes"] <= d * 0.85 else 1)' "$plan" "$host_free" "$disk_free"); then
       chosen=$shape
       break
     fi
@@ -83,17 +88,22 @@ sys.exit(0 if a["hostBytes"] <= h * 0.7 and a["diskBytes"] <= d * 0.85 else 1)' 
     return 0
   fi
   local layers=${chosen%x*} width=${chosen#*x} left line
+  local dims=(--corpus "$CORPUS" --layers "$layers" --embd "$width"
+    --heads $((width / 128 > 0 ? width / 128 : 1)) --ctx "$ctx" --vocab 50257 --batch "$batch"
+    --offload "$OFFLOAD" --spill-dir "$SPILL_DIR" --precision "$PRECISION")
+  # Half the footprint leaves too little beside the tied embedding of a small model: the
+  # device's memory then.
+  local limit=(--budget-bytes "$budget")
+  "$BIN" --devices "$GPU" "${dims[@]}" "${limit[@]}" --plan-only >/dev/null 2>&1 || limit=(--budget-device)
   left=$(time_left)
   # shellcheck disable=SC2086
-  if ((left > 0)) && line=$(timeout -k 10 "$left" "$BIN" --devices "$GPU" --corpus "$CORPUS" \
-      --layers "$layers" --embd "$width" --heads $((width / 128 > 0 ? width / 128 : 1)) --ctx "$ctx" \
-      --vocab 50257 --batch "$batch" --budget-device --offload "$OFFLOAD" --spill-dir "$SPILL_DIR" \
-      --precision "$PRECISION" --steps 1 --warmup 1 2>"$OUT.err"); then
+  if ((left > 0)) && line=$(timeout -k 10 "$left" "$BIN" --devices "$GPU" "${dims[@]}" "${limit[@]}" \
+      --steps 1 --warmup 1 2>"$OUT.err"); then
     "$PY" - "$line" "$chosen" <<'PY'
 import json, sys
 r, shape = json.loads(sys.argv[1]), sys.argv[2]
 gib = lambda b: f"{b / 2**30:.1f} GiB"
-print("| shape | parameters | state tier | device budget (the GPU's memory) | footprint | shards (policies) | optimizer per shard (d/h) | host / disk bytes | set-up | seconds per step | tokens/s | device peak: ledger / allocator / reserved | peak resident | loss |")
+print("| shape | parameters | state tier | device budget | footprint | shards (policies) | optimizer per shard (d/h) | host / disk bytes | set-up | seconds per step | tokens/s | device peak: ledger / allocator / reserved | peak resident | loss |")
 print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 print(f"| {shape} {r['precision']} | {r['parameters'] / 1e9:.2f} B | {r['offload']} | {gib(r['budgetBytes'])} on {r['deviceModel']} | "
       f"{gib(r['footprintBytes'])} ({r['footprintBytes'] / max(r['budgetBytes'], 1):.1f}x the budget) | "
@@ -116,7 +126,7 @@ if [ -n "$GPU" ]; then
   # name layers width heads batch context vocabulary
   SHAPES=("medium 24 1024 16 8 1024 50257" "xl 48 1600 25 4 1024 50257")
   STEPS="--steps 3 --warmup 1"
-  if ((SMOKE)); then SHAPES=("smoke 8 128 4 4 64 256"); STEPS="--steps 2 --warmup 1"; fi
+  if ((SMOKE)); then SHAPES=("smoke 8 128 4 8 64 256"); STEPS="--steps 2 --warmup 1"; fi
   if [ -n "$SHAPE_FILTER" ]; then
     kept=()
     for shape in "${SHAPES[@]}"; do
@@ -154,6 +164,7 @@ if [ -n "$GPU" ]; then
     gpu_largest
     exit 0
   fi
+  eager_done=""
   for shape in "${SHAPES[@]}"; do
     set -- $shape
     name=$1 ctx=$6 vocab=$7 dims="--layers $2 --embd $3 --heads $4 --ctx $6 --vocab $7 --batch $5"
@@ -163,8 +174,8 @@ if [ -n "$GPU" ]; then
     # Hydra does. 50% with every shard but the last recomputing its forward: what keeping
     # graphs on the GPU buys; last, unspilled with the scores kept, and eager so: what fusing
     # attention buys.
-    CFGS=("1.0 host" "eager --attention sdpa" "0.5 host" "0.5 host --no-device-stash" "0.25 host"
-      "0.25 disk" "1.0 host --no-fused-attention" "eager --attention math")
+    CFGS=("1.0 host" "eager auto" "0.5 host" "0.5 host --no-device-stash" "0.25 host"
+      "0.25 disk" "1.0 host --no-fused-attention" "eager math")
     # bf16: then issue 18 item 2's side by side, matrix weights sent as bf16 to a host-stepped
     # optimizer (measured once: off by default).
     if [ "$PRECISION" = bf16 ]; then
@@ -174,14 +185,23 @@ if [ -n "$GPU" ]; then
       set -- $cfg
       left=$(time_left)
       if [ "$1" = eager ]; then
+        # "auto": the attention of Hydra's unspilled run of this shape (fused: PyTorch's SDPA;
+        # the scores kept: math); each kind runs once.
+        attention=$2
+        if [ "$attention" = auto ]; then
+          attention=math
+          grep -q "\"shape\": \"$name\", \"args\": \"\", .*\"attention\":\"fused\"" "$OUT" && attention=sdpa
+        fi
+        [[ " $eager_done " == *" $name/$attention "* ]] && continue
+        eager_done+=" $name/$attention"
         # shellcheck disable=SC2086
         if ((left > 0)) && timeout -k 10 "$left" "$PY" bench/train_throughput.py --device "$GPU" \
-            --corpus "$CORPUS" $eager_args --steps 5 --warmup 2 --precision "$PRECISION" "${@:2}" \
-            >"$OUT.line" 2>"$OUT.err"; then
+            --corpus "$CORPUS" $eager_args --steps 5 --warmup 2 --precision "$PRECISION" \
+            --attention "$attention" >"$OUT.line" 2>"$OUT.err"; then
           sed "s/^{/{\"shape\": \"$name\", /" "$OUT.line" >>"$OUT"
         else
           timed_out "$?" "$left"
-          echo "{\"shape\": \"$name\", \"impl\": \"pytorch-eager\", \"attention\": \"${3:-math}\", \"error\": $(json_tail)}" >>"$OUT"
+          echo "{\"shape\": \"$name\", \"impl\": \"pytorch-eager\", \"attention\": \"$attention\", \"error\": $(json_tail)}" >>"$OUT"
         fi
         continue
       fi

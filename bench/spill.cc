@@ -140,9 +140,9 @@ int main(int argc, char** argv) {
 
   // The footprint the executor's plans count: without the attention scores where it fuses.
   const bool fused = !no_fused_attention && hydra::executor::FusedAttentionAvailable();
-  const int64_t footprint = hydra::EstimateTrialFootprint(t, fused ? hydra::AttentionMemory::kFused
-                                                                   : hydra::AttentionMemory::kKept)
-                                .total_bytes();
+  const hydra::TrialFootprint estimate = hydra::EstimateTrialFootprint(
+      t, fused ? hydra::AttentionMemory::kFused : hydra::AttentionMemory::kKept);
+  const int64_t footprint = estimate.total_bytes();
   if (!whole_device) {  // otherwise admission gives the trial the device's memory
     t.resources.device_memory_budget =
         budget_bytes > 0 ? budget_bytes
@@ -199,7 +199,7 @@ int main(int argc, char** argv) {
   nlohmann::json admitted = AdmissionJson(*admission, budget, device);
   if (plan_only) {
     stop();
-    admitted["parameters"] = hydra::EstimateTrialFootprint(t).parameters;
+    admitted["parameters"] = estimate.parameters;
     admitted["footprintBytes"] = footprint;
     std::cout << admitted.dump() << std::endl;
     return 0;

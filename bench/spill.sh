@@ -50,6 +50,15 @@ trap 'rm -rf "$SPILL_DIR"' EXIT
 # the memory this process may still take (MemAvailable, and the cgroup's limit), and on disk its
 # spill files within 85% of the spill directory's free space. Uses time_left and timed_out of
 # the GPU branch below.
+# largest_dims LAYERSxWIDTH: bench/spill's arguments for that shape (gpu_largest's ctx and
+# batch), budget aside, in DIMS.
+largest_dims() {
+  local layers=${1%x*} width=${1#*x}
+  DIMS=(--corpus "$CORPUS" --layers "$layers" --embd "$width"
+    --heads $((width / 128 > 0 ? width / 128 : 1)) --ctx "$ctx" --vocab 50257 --batch "$batch"
+    --offload "$OFFLOAD" --spill-dir "$SPILL_DIR" --precision "$PRECISION")
+}
+
 gpu_largest() {
   local shapes=(${HYDRA_BENCH_LARGEST_SHAPES:-80x8192 64x6144 48x6144 48x5120 40x5120 40x4096 36x4096 32x4096 32x3072 32x2560 24x2048 24x1024})
   [ "$LARGEST" = auto ] || shapes=("$LARGEST")
@@ -65,14 +74,12 @@ gpu_largest() {
   local chosen="" plan="" budget=""
   for shape in "${shapes[@]}"; do
     local layers=${shape%x*} width=${shape#*x}
-    local args=(--corpus "$CORPUS" --layers "$layers" --embd "$width" --heads $((width / 128 > 0 ? width / 128 : 1))
-      --ctx "$ctx" --vocab 50257 --batch "$batch" --budget-device --offload "$OFFLOAD"
-      --spill-dir "$SPILL_DIR" --precision "$PRECISION")
+    largest_dims "$shape"
     # Every parameter's weights and AdamW state (12 bytes) sit in host memory or on disk.
     local params=$((12 * layers * width * width + 50257 * width))
     if [ "$OFFLOAD" = host ] && ((12 * params > host_free * 7 / 10)); then continue; fi
     if [ "$OFFLOAD" = disk ] && ((12 * params > disk_free * 85 / 100)); then continue; fi
-    plan=$("$BIN" --devices "$GPU" "${args[@]}" --plan-only 2>"$OUT.err") || continue
+    plan=$("$BIN" --devices "$GPU" "${DIMS[@]}" --budget-device --plan-only 2>"$OUT.err") || continue
     # Fits: prints the budget to train it under.
     if budget=$("$PY" -c 'import json, sys; a = json.loads(sys.argv[1]); h, d = int(sys.argv[2]), int(sys.argv[3])
 half = a["footprintBytes"] // 2
@@ -87,17 +94,15 @@ sys.exit(0 if a["hostBytes"] <= h * 0.7 and a["diskBytes"] <= d * 0.85 else 1)' 
     echo "no shape of ${shapes[*]} fits (last: $(tail -c 300 "$OUT.err" 2>/dev/null))"
     return 0
   fi
-  local layers=${chosen%x*} width=${chosen#*x} left line
-  local dims=(--corpus "$CORPUS" --layers "$layers" --embd "$width"
-    --heads $((width / 128 > 0 ? width / 128 : 1)) --ctx "$ctx" --vocab 50257 --batch "$batch"
-    --offload "$OFFLOAD" --spill-dir "$SPILL_DIR" --precision "$PRECISION")
+  local left line
+  largest_dims "$chosen"
   # Half the footprint leaves too little beside the tied embedding of a small model: the
   # device's memory then.
   local limit=(--budget-bytes "$budget")
-  "$BIN" --devices "$GPU" "${dims[@]}" "${limit[@]}" --plan-only >/dev/null 2>&1 || limit=(--budget-device)
+  "$BIN" --devices "$GPU" "${DIMS[@]}" "${limit[@]}" --plan-only >/dev/null 2>&1 || limit=(--budget-device)
   left=$(time_left)
   # shellcheck disable=SC2086
-  if ((left > 0)) && line=$(timeout -k 10 "$left" "$BIN" --devices "$GPU" "${dims[@]}" "${limit[@]}" \
+  if ((left > 0)) && line=$(timeout -k 10 "$left" "$BIN" --devices "$GPU" "${DIMS[@]}" "${limit[@]}" \
       --steps 1 --warmup 1 2>"$OUT.err"); then
     "$PY" - "$line" "$chosen" <<'PY'
 import json, sys

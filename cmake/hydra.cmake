@@ -33,3 +33,25 @@ function(hydra_cc_test)
     set_tests_properties(${ARG_NAME} PROPERTIES LABELS "${ARG_LABELS}")
   endif()
 endfunction()
+
+# hydra_shared_libstdcxx(VAR): VAR = the path of the shared libstdc++ (libstdc++.so.6) the C++
+# compiler links against, for naming it on a link line by its file rather than by -lstdc++
+# (which may find a static libstdc++.a first). Fails configuration if there is none.
+function(hydra_shared_libstdcxx VAR)
+  execute_process(COMMAND ${CMAKE_CXX_COMPILER} -print-file-name=libstdc++.so.6
+                  OUTPUT_VARIABLE path OUTPUT_STRIP_TRAILING_WHITESPACE)
+  if(NOT IS_ABSOLUTE "${path}" OR NOT EXISTS "${path}")
+    # The compiler does not know it by that name: its multiarch directories may still have it.
+    find_library(HYDRA_LIBSTDCXX_SO NAMES libstdc++.so.6
+                 PATHS /lib/${CMAKE_LIBRARY_ARCHITECTURE} /usr/lib/${CMAKE_LIBRARY_ARCHITECTURE}
+                       /lib64 /usr/lib64 NO_DEFAULT_PATH)
+    set(path "${HYDRA_LIBSTDCXX_SO}")
+  endif()
+  if(NOT path OR NOT EXISTS "${path}")
+    message(FATAL_ERROR "no shared libstdc++ (libstdc++.so.6) beside ${CMAKE_CXX_COMPILER}: the "
+                        "CUDA build must list it ahead of LibTorch (CMakeLists.txt)")
+  endif()
+  get_filename_component(path "${path}" REALPATH)
+  message(STATUS "libstdc++ first in every program's libraries: ${path}")
+  set(${VAR} "${path}" PARENT_SCOPE)
+endfunction()

@@ -47,6 +47,7 @@ HYDRA_FUZZ_SEED="${HYDRA_FUZZ_SEED:-1}" HYDRA_FUZZ_RUNS="${HYDRA_FUZZ_RUNS:-2000
 echo "== CUDA build (compile and link against PyPI's CUDA LibTorch; no GPU needed)"
 bash scripts/build-cuda.sh
 build-cuda/tests/unit/executor/std_binding_test  # libstdc++'s std::filesystem, not the wheel's
+build-cuda/tests/unit/executor/std_binding_static_first_test  # so where -lstdc++ finds libstdc++.a
 build-cuda/tests/unit/executor/gpus_test
 build-cuda/tests/unit/executor/cuda_executor_test  # skips: no GPU here
 # torch 2.11's fused AdamW (a GPU's) against the per-parameter update, and storages freed and

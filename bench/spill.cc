@@ -24,20 +24,27 @@
 
 namespace {
 
-/// The caching allocator's peaks on a GPU since the last reset (allocated, reserved: their
-/// ratio is the fragmentation the spilling's constant frees and allocations leave); zeros on a
-/// CPU device or in a build without CUDA.
-std::pair<int64_t, int64_t> AllocatorPeaks(const hydra::DeviceSpec& device, bool reset) {
+/// The caching allocator on a GPU since the last reset: its peaks (allocated, reserved: their
+/// ratio is the fragmentation the spilling's constant frees and allocations leave) and how
+/// often an allocation had to free the cache and retry (under a cap, what fragmentation
+/// costs); zeros on a CPU device or in a build without CUDA.
+struct AllocatorStats {
+  int64_t allocated_peak = 0, reserved_peak = 0, retries = 0;
+};
+AllocatorStats ReadAllocator(const hydra::DeviceSpec& device, bool reset) {
 #ifdef HYDRA_WITH_CUDA
   if (device.kind == hydra::DeviceKind::kCuda) {
     const auto index = static_cast<c10::DeviceIndex>(device.index);
-    if (reset) c10::cuda::CUDACachingAllocator::resetPeakStats(index);
+    if (reset) {
+      c10::cuda::CUDACachingAllocator::resetPeakStats(index);
+      c10::cuda::CUDACachingAllocator::resetAccumulatedStats(index);
+    }
     const auto st = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
-    return {st.allocated_bytes[0].peak, st.reserved_bytes[0].peak};
+    return {st.allocated_bytes[0].peak, st.reserved_bytes[0].peak, st.num_alloc_retries};
   }
 #endif
   (void)device, (void)reset;
-  return {0, 0};
+  return {};
 }
 
 /// What admission decided, as bench/spill.sh reads it: the plan's shape and the host and disk
@@ -93,10 +100,13 @@ int main(int argc, char** argv) {
   app.add_option("--budget-fraction", fraction, "device budget as a fraction of the footprint")
       ->capture_default_str();
   app.add_option("--budget-bytes", budget_bytes, "device budget in bytes (overrides the fraction)");
-  bool whole_device = false, plan_only = false;
+  bool whole_device = false, plan_only = false, cap_device = false;
   app.add_flag("--budget-device", whole_device,
                "device budget: the device's memory, as a trial without deviceMemoryBudget gets "
                "(a GPU's free memory; overrides the fraction and the bytes)");
+  app.add_flag("--cap-device", cap_device,
+               "cap LibTorch's caching allocator on the GPU at the trial's device budget, as a GPU "
+               "shared by trials is: its cached and fragmented memory then counts against it");
   app.add_flag("--plan-only", plan_only,
                "print the admission (shards, host and disk bytes, estimated step; at the default "
                "rates, without the GPU pilot) as a JSON line and exit without building the model");
@@ -204,6 +214,15 @@ int main(int argc, char** argv) {
     std::cout << admitted.dump() << std::endl;
     return 0;
   }
+  if (cap_device) {
+    hydra::DeviceSpec capped = device;
+    capped.memory_bytes = budget;
+    if (auto st = hydra::executor::CapGpuMemory({capped}); !st.ok()) {
+      stop();
+      std::cerr << st << "\n";
+      return 1;
+    }
+  }
   const auto setup_start = std::chrono::steady_clock::now();
   auto exec = factory->Build(t, *data, *admission, 0);
   if (!exec.ok()) {
@@ -216,7 +235,7 @@ int main(int argc, char** argv) {
   double loss = 0;
   for (int i = 0; i < warmup; ++i) loss = (*exec)->TrainStep()->loss;
   const auto before = (*exec)->stats();
-  AllocatorPeaks(device, /*reset=*/true);
+  ReadAllocator(device, /*reset=*/true);
   const auto start = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < t.training.steps; ++i) {
     auto m = (*exec)->TrainStep();
@@ -230,7 +249,7 @@ int main(int argc, char** argv) {
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const auto after = (*exec)->stats();
-  const auto [allocated_peak, reserved_peak] = AllocatorPeaks(device, /*reset=*/false);
+  const AllocatorStats allocator = ReadAllocator(device, /*reset=*/false);
   stop();
   const double steps = static_cast<double>(t.training.steps);
   nlohmann::json out{
@@ -250,8 +269,10 @@ int main(int argc, char** argv) {
       {"setupSeconds", setup_seconds},
       {"init", init},
       {"peakDeviceBytes", after.peak_device_bytes},
-      {"allocatorPeakBytes", allocated_peak},
-      {"reservedPeakBytes", reserved_peak},
+      {"allocatorPeakBytes", allocator.allocated_peak},
+      {"reservedPeakBytes", allocator.reserved_peak},
+      {"allocatorRetries", allocator.retries},
+      {"deviceCapped", cap_device},
       {"baselineResidentBytes", baseline},
       {"peakResidentBytes", sampler.peak()},
       {"diskReadBytesPerStep", (after.disk_bytes_read - before.disk_bytes_read) / steps},

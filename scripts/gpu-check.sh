@@ -16,6 +16,7 @@
 # HYDRA_GPU_ONLY=largest: after the build, only the largest GPT that trains on the GPU, its
 # state in host memory, then on disk (bench/spill.sh --largest auto): for a second call on the
 # same warm machine, which keeps build-gpu.
+# HYDRA_GPU_BENCH (default: medium,xl,bf16) chooses the benchmark's groups (step 5).
 # Environment: HYDRA_GPU_SECONDS (default 540: every step after the configuration is killed at
 # this deadline, so that one 10-minute call of the device tool holds the check; the benchmark
 # gets what the build and tests left, fp32 first, then bf16, the most telling runs first, the
@@ -161,7 +162,14 @@ if ((rc != 0)); then
     echo "   libstdc++.so.6 => $libstdcxx; first libraries listed:" \
       "$(readelf -d "$binding_test" 2>/dev/null | grep -o 'NEEDED.*' | head -n 4 | grep -o '\[.*\]' | paste -sd ' ')"
     grep -E 'resolves to' "$LOGS/std_binding_test.log" | head -n 3 | sed 's/^/   /'
+    echo "   c++ -print-file-name: libstdc++.so.6 => $(c++ -print-file-name=libstdc++.so.6)," \
+      "libstdc++.so => $(c++ -print-file-name=libstdc++.so), libstdc++.a => $(c++ -print-file-name=libstdc++.a)"
   } | tee -a "$MD"
+  {  # for the logs: how it was linked, and every library it names
+    ninja -C "$BUILD" -t commands tests/unit/executor/std_binding_test | tail -n 1
+    readelf -d "$binding_test"
+    ld --version | head -n 1
+  } >"$LOGS/std_binding_link.log" 2>&1
   if [ -n "$libstdcxx" ]; then
     export LD_PRELOAD="$libstdcxx${LD_PRELOAD:+:$LD_PRELOAD}"
     say "   the rest runs with LD_PRELOAD=$LD_PRELOAD"
@@ -227,7 +235,8 @@ say "   hydra plan --pilot-device cuda:0 (GPT-2 medium, bf16; $(outcome "$LOGS/p
 say ""
 
 # --- 5. the GPU benchmark --------------------------------------------------------------------
-# HYDRA_GPU_BENCH=smoke runs a small shape only; =none skips it. GPT-2 medium's shape in fp32,
+# HYDRA_GPU_BENCH=smoke runs a small shape only; =none skips it; a comma list of medium, xl,
+# bf16, largest-host and largest-disk runs those, in that order. By default, GPT-2 medium's shape in fp32,
 # then GPT-2 XL's (the two that issue 17's goals name), then medium's in bf16 (with the bf16
 # weight transit beside the same run without it), each run bounded by the time left
 # (bench/spill.sh's HYDRA_BENCH_DEADLINE): what the time does not reach is reported skipped.
@@ -237,9 +246,18 @@ elif [ "${HYDRA_GPU_BENCH:-full}" = smoke ]; then
   bench bench-spill --gpu cuda:0 --smoke
 elif [ "${HYDRA_GPU_BENCH:-full}" != none ]; then
   say "   time left for the benchmark: $((DEADLINE - $(date +%s))) s"
-  bench bench-spill-medium --gpu cuda:0 --shapes medium
-  bench bench-spill-xl --gpu cuda:0 --shapes xl
-  bench bench-spill-medium-bf16 --gpu cuda:0 --precision bf16 --shapes medium
+  groups="${HYDRA_GPU_BENCH:-full}"
+  [ "$groups" != full ] || groups=medium,xl,bf16
+  IFS=, read -r -a groups <<<"$groups"
+  for g in "${groups[@]}"; do
+    case $g in
+      medium | xl) bench "bench-spill-$g" --gpu cuda:0 --shapes "$g" ;;
+      bf16) bench bench-spill-medium-bf16 --gpu cuda:0 --precision bf16 --shapes medium ;;
+      largest-host | largest-disk)
+        RUN_MAX=420 bench "bench-$g" --gpu cuda:0 --largest auto --offload "${g#largest-}" ;;
+      *) failed=1 && say "5. HYDRA_GPU_BENCH: no benchmark group '$g' (medium, xl, bf16, largest-host, largest-disk)" ;;
+    esac
+  done
 fi
 # --- 6. the example on CPU devices, then the build's other tests -------------------------------
 # They run in CI too: here they get what the benchmark left (its deadline is a minute before

@@ -145,6 +145,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "device", "host"}))
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  hydra::executor::ConfigureCudaAllocator();  // before the pilot touches a GPU
   if (!init.empty()) t.model.init = hydra::ModelInit{hydra::InitFormat::kSafetensors, init, init};
   t.training.precision = *hydra::ParsePrecision(precision);
 
@@ -273,6 +274,7 @@ int main(int argc, char** argv) {
       {"reservedPeakBytes", allocator.reserved_peak},
       {"allocatorRetries", allocator.retries},
       {"deviceCapped", cap_device},
+      {"expandableSegments", hydra::executor::CudaExpandableSegments()},
       {"baselineResidentBytes", baseline},
       {"peakResidentBytes", sampler.peak()},
       {"diskReadBytesPerStep", (after.disk_bytes_read - before.disk_bytes_read) / steps},

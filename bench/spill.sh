@@ -116,6 +116,9 @@ print(f"| {shape} {r['precision']} | {r['parameters'] / 1e9:.2f} B | {r['offload
       f"{r['setupSeconds']:.0f} s | {r['secondsPerStep']:.1f} | {r['tokensPerSecond']:.0f} | "
       f"{gib(r['peakDeviceBytes'])} / {gib(r['allocatorPeakBytes'])} / {gib(r['reservedPeakBytes'])} | "
       f"{gib(r['peakResidentBytes'])} | {r['finalLoss']:.3f} |")
+if str(r.get("device", "")).startswith("cuda"):
+    print(f"\nLibTorch's caching allocator made expandable segments: {'yes' if r['expandableSegments'] else 'no'}"
+          f"{'; %d allocations freed the cache and retried' % r['allocatorRetries'] if r.get('allocatorRetries') else ''}")
 PY
   else
     timed_out "$?" "$left"
@@ -266,6 +269,10 @@ for name, rs in shapes.items():
         vs = f"Hydra unspilled / eager: {same['tokensPerSecond'] / e['tokens_per_second']:.2f}" if same else "-"
         print(f"| {label} | - | - | - | - | {e['tokens_per_second']:.0f} | {vs} | "
               f"{e.get('peak_allocated_bytes', 0) / 2**30:.1f} GiB (allocator) |")
+gpu = [r for r in runs if str(r.get("device", "")).startswith("cuda") and "expandableSegments" in r]
+if gpu:
+    print(f"\nLibTorch's caching allocator made expandable segments: "
+          f"{'yes' if all(r['expandableSegments'] for r in gpu) else 'no'}")
 PY
   exit 0
 fi

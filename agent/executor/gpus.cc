@@ -1,6 +1,8 @@
 #include "agent/executor/gpus.h"
 
 #ifdef HYDRA_WITH_CUDA
+#include <c10/core/AllocatorConfig.h>
+#include <c10/cuda/CUDAAllocatorConfig.h>
 #include <cuda_runtime_api.h>
 #endif
 
@@ -24,8 +26,24 @@ bool CudaCompiledIn() {
 void ConfigureCudaAllocator() {
 #ifdef HYDRA_WITH_CUDA
   // A user's own setting wins, under either name (PYTORCH_ALLOC_CONF is 2.x's own).
-  if (std::getenv("PYTORCH_ALLOC_CONF") != nullptr) return;
-  ::setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True", /*overwrite=*/0);
+  if (std::getenv("PYTORCH_ALLOC_CONF") != nullptr ||
+      std::getenv("PYTORCH_CUDA_ALLOC_CONF") != nullptr) {
+    return;
+  }
+  constexpr char kSettings[] = "expandable_segments:True";
+  ::setenv("PYTORCH_CUDA_ALLOC_CONF", kSettings, /*overwrite=*/0);  // and child processes
+  // LibTorch reads the variable once, when its allocator's configuration is first used: after
+  // a CUDA allocation (bench/spill's pilot came first) only setting it directly still applies,
+  // to the segments made from then on.
+  c10::cuda::CUDACachingAllocator::setAllocatorSettings(kSettings);
+#endif
+}
+
+bool CudaExpandableSegments() {
+#ifdef HYDRA_WITH_CUDA
+  return c10::CachingAllocator::AcceleratorAllocatorConfig::use_expandable_segments();
+#else
+  return false;
 #endif
 }
 

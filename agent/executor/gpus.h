@@ -13,10 +13,14 @@ bool CudaCompiledIn();
 /// Makes LibTorch's CUDA caching allocator grow its segments in place (expandable segments)
 /// unless PYTORCH_CUDA_ALLOC_CONF or PYTORCH_ALLOC_CONF already says something: a spilling
 /// executor frees and allocates shard-sized blocks all the time, which fragments fixed
-/// segments (the Hydra prototype needed max_split_size_mb). The allocator reads its settings
-/// once, at the first CUDA allocation: main() calls this before anything touches a GPU.
-/// Idempotent; nothing in a build without CUDA.
+/// segments (the Hydra prototype needed max_split_size_mb). LibTorch reads the variable once,
+/// at the first CUDA allocation, so this also sets the allocator's settings directly: called
+/// after a GPU was touched, it still applies to the segments made from then on. main() calls
+/// it first. Idempotent; nothing in a build without CUDA.
 void ConfigureCudaAllocator();
+
+/// Whether LibTorch's caching allocator makes expandable segments (false without CUDA).
+bool CudaExpandableSegments();
 
 /// Caps LibTorch's caching allocator on each GPU of `devices` at that GPU's budget
 /// (DeviceSpec::memory_bytes, from --devices budget= or 90% of its free memory): the trials of

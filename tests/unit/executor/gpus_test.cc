@@ -6,8 +6,14 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include "agent/executor/executor.h"
 #include "common/nvml.h"
+
+#ifdef HYDRA_WITH_CUDA
+#include <c10/cuda/CUDAAllocatorConfig.h>
+#endif
 
 namespace hydra::executor {
 namespace {
@@ -64,6 +70,30 @@ TEST(GpusTest, DiscoveryMatchesTheBuildAndTheMachine) {
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_EQ(d->size(), gpus->size());
   EXPECT_EQ(d->front().uuid, gpus->front().uuid);
+}
+
+TEST(GpusTest, ExpandableSegmentsApplyAfterTheAllocatorReadItsSettings) {
+#ifdef HYDRA_WITH_CUDA
+  // As after a first CUDA allocation (bench/spill's pilot came before the factories): LibTorch
+  // read its settings, without expandable segments, and reads the variable no more.
+  ::unsetenv("PYTORCH_CUDA_ALLOC_CONF");
+  ::unsetenv("PYTORCH_ALLOC_CONF");
+  c10::cuda::CUDACachingAllocator::setAllocatorSettings("expandable_segments:False");
+  ASSERT_FALSE(CudaExpandableSegments());
+  ConfigureCudaAllocator();
+  EXPECT_TRUE(CudaExpandableSegments());
+  // A user's own setting wins.
+  c10::cuda::CUDACachingAllocator::setAllocatorSettings("expandable_segments:False");
+  ::setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:False", 1);
+  ConfigureCudaAllocator();
+  EXPECT_FALSE(CudaExpandableSegments());
+  ::unsetenv("PYTORCH_CUDA_ALLOC_CONF");
+  ConfigureCudaAllocator();  // as the other tests had it
+  EXPECT_TRUE(CudaExpandableSegments());
+#else
+  ConfigureCudaAllocator();
+  EXPECT_FALSE(CudaExpandableSegments()) << "no CUDA allocator in this build";
+#endif
 }
 
 TEST(GpusTest, TheExecutorsTrainOnCudaDevicesOnlyInACudaBuild) {

@@ -54,8 +54,10 @@ build-cuda/tests/unit/executor/cuda_executor_test  # skips: no GPU here
 # refilled in place under 2.11's autograd, on the CPU.
 build-cuda/tests/unit/executor/optimizer_test
 build-cuda/tests/unit/executor/storage_in_place_test
-# torch 2.11's fused attention (a GPU's flash kernels; here the CPU's) against the kept scores.
+# torch 2.11's fused attention (a GPU's flash kernels; here the CPU's) against the kept scores,
+# alone and in the GPT block (which hands it views of the qkv projection's heads).
 build-cuda/tests/unit/executor/attention_test
+build-cuda/tests/unit/executor/gpt2_test
 # The GPU code paths of the executors on the CPU, against torch 2.11 (build/ has 1.13).
 build-cuda/tests/unit/executor/spilling_executor_test \
   --gtest_filter='*Unsharded*:*Checkpoint*:*Moves*:*Transit*'

@@ -55,15 +55,17 @@ class RecomputedAttention : public torch::autograd::Function<RecomputedAttention
   }
 };
 
-/// One fused kernel over [1, B*H, T, D] (the 4-d layout the flash and memory-efficient
-/// kernels take; heads stay folded into the batch).
+/// One fused kernel over [B, H, T, D] as given, or [1, B*H, T, D] for heads folded into the
+/// batch (the flash and memory-efficient kernels take 4-d tensors).
 torch::Tensor FusedCausalAttention(const torch::Tensor& q, const torch::Tensor& k,
                                    const torch::Tensor& v, double scale) {
 #ifdef HYDRA_TORCH_SDPA
-  return at::scaled_dot_product_attention(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0),
-                                          /*attn_mask=*/std::nullopt, /*dropout_p=*/0.0,
-                                          /*is_causal=*/true, scale)
-      .squeeze(0);
+  auto fused = [&](const torch::Tensor& q4, const torch::Tensor& k4, const torch::Tensor& v4) {
+    return at::scaled_dot_product_attention(q4, k4, v4, /*attn_mask=*/std::nullopt,
+                                            /*dropout_p=*/0.0, /*is_causal=*/true, scale);
+  };
+  if (q.dim() == 4) return fused(q, k, v);
+  return fused(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)).squeeze(0);
 #else
   (void)q, (void)k, (void)v, (void)scale;
   TORCH_CHECK(false, "fused attention needs LibTorch 2.1 or later (the CUDA build)");

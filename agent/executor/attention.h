@@ -23,7 +23,9 @@ namespace hydra::executor {
 /// * kFused: LibTorch's scaled_dot_product_attention with a causal mask (`mask` must be the
 ///   causal one; it is not read): flash or memory-efficient kernels on a GPU, which never
 ///   materialise the scores; equal to kKept to rounding. Only where FusedAttentionAvailable()
-///   (executor.h).
+///   (executor.h). q, k and v may also be [B, H, T, D] with any strides but a contiguous last
+///   dimension (views of one qkv projection's output: no copies); the output is then
+///   [B, H, T, D] too, laid out [B, T, H, D] by the GPU's kernels.
 torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k,
                               const torch::Tensor& v, const torch::Tensor& mask, double scale,
                               AttentionMemory how);

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <string>
 #include <tuple>
+#include <utility>
 
 #include "agent/executor/precision.h"
 
@@ -87,6 +88,35 @@ void ExpectClose(const Result& a, const Result& b, double tolerance) {
         << name << ": largest difference "
         << (x.to(torch::kFloat) - y.to(torch::kFloat)).abs().max().item<double>();
   }
+}
+
+/// Fused attention over the heads of one projection's output [B, T, 3C] (B = 2, T = 16,
+/// H = 3, D = 8): `views` passes [B, H, T, D] views of it (the GPT block's fused path),
+/// otherwise contiguous [B*H, T, D] copies (its other paths). The output as [B, T, C] and the
+/// projection output's gradient.
+std::pair<torch::Tensor, torch::Tensor> AttendToProjection(bool views) {
+  torch::manual_seed(5);
+  const int64_t B = 2, T = 16, H = 3, D = 8, C = H * D;
+  auto qkv = torch::randn({B, T, 3 * C}).requires_grad_(true);
+  const auto weights = torch::randn({B, T, C});
+  auto parts = qkv.split(C, 2);
+  auto heads = [&](const torch::Tensor& t) {
+    auto h = t.view({B, T, H, D}).transpose(1, 2);
+    return views ? h : h.reshape({B * H, T, D});
+  };
+  auto y = CausalAttention(heads(parts[0]), heads(parts[1]), heads(parts[2]),
+                           torch::full({T, T}, -INFINITY).triu(1), 1.0 / std::sqrt(8.0), kFused);
+  y = y.view({B, H, T, D}).transpose(1, 2).reshape({B, T, C});
+  (y * weights).sum().backward();
+  return {y.detach(), qkv.grad()};
+}
+
+TEST(AttentionTest, TheFusedKernelTakesTheHeadsAsViewsOfOneProjection) {
+  if (!FusedAttentionAvailable()) GTEST_SKIP() << "LibTorch " << TORCH_VERSION << " fuses nothing";
+  const auto [y_views, grad_views] = AttendToProjection(/*views=*/true);
+  const auto [y_copies, grad_copies] = AttendToProjection(/*views=*/false);
+  EXPECT_TRUE(torch::allclose(y_views, y_copies, 1e-6, 1e-6));
+  EXPECT_TRUE(torch::allclose(grad_views, grad_copies, 1e-6, 1e-6));
 }
 
 TEST(AttentionTest, TheFusedKernelEqualsTheKeptScoresToRoundingAndKeepsNoScores) {

@@ -443,6 +443,19 @@ TEST_F(CudaExecutorTest, FusedAttentionOnAGpuEqualsTheKeptScoresWithoutKeepingTh
         static_cast<long long>(kept.kept));
     EXPECT_LT(fused.kept, scores / 8);
     EXPECT_GE(kept.kept, scores / 2);
+    // The GPT block's fused path: [B, H, T, D] views of one projection's output go in as they
+    // are, and the output, laid out [B, T, H, D], is [B, T, C] for the next GEMM without a copy.
+    const int64_t B = 2, H = BH / B;
+    const auto qkv = torch::randn({B, T, 3 * H * D}, torch::TensorOptions().device(device));
+    const auto parts = qkv.split(H * D, 2);
+    auto heads = [&](const torch::Tensor& t) { return t.view({B, T, H, D}).transpose(1, 2); };
+    torch::Tensor y;
+    {
+      PrecisionScope scope(precision, device.type());
+      y = CausalAttention(heads(parts[0]), heads(parts[1]), heads(parts[2]), mask,
+                          1.0 / std::sqrt(static_cast<double>(D)), AttentionMemory::kFused);
+    }
+    EXPECT_TRUE(y.transpose(1, 2).is_contiguous()) << "the fused output's strides " << y.strides();
   }
 #endif
 }

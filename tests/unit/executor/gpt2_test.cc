@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include "agent/executor/executor.h"
 #include "common/cost_model.h"
 
 namespace hydra::executor {
@@ -38,6 +39,29 @@ TEST(Gpt2Test, ParameterCountMatchesCostModelAndHeadIsTied) {
   int64_t head = 0;
   for (const auto& p : seq.layers.back()->parameters()) head += p.numel();
   EXPECT_EQ(head, 2 * 32);
+}
+
+TEST(Gpt2Test, FusedAttentionComputesTheSameModel) {
+  // The fused path hands the kernel views of the qkv projection's heads ([B, H, T, D]) where the
+  // others fold the heads into the batch: the same logits and gradients to rounding.
+  if (!FusedAttentionAvailable()) GTEST_SKIP() << "LibTorch " << TORCH_VERSION << " fuses nothing";
+  auto run = [](AttentionMemory how) {
+    auto seq = BuildGpt2(Small(), 11);
+    seq.SetAttention(how);
+    torch::manual_seed(2);
+    auto x = torch::randint(0, 256, {3, 16}, torch::kLong);
+    auto logits = seq.Forward(x);
+    logits.pow(2).mean().backward();
+    std::vector<torch::Tensor> out{logits.detach()};
+    for (const auto& [name, p] : seq.NamedParameters()) out.push_back(p.grad());
+    return out;
+  };
+  const auto fused = run(AttentionMemory::kFused), kept = run(AttentionMemory::kKept);
+  ASSERT_EQ(fused.size(), kept.size());
+  for (size_t i = 0; i < fused.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(fused[i], kept[i], 1e-4, 1e-5))
+        << i << ": largest difference " << (fused[i] - kept[i]).abs().max().item<double>();
+  }
 }
 
 TEST(Gpt2Test, CausalFutureTokensDoNotChangeEarlierLogits) {

@@ -13,9 +13,9 @@
 #    time for the rest, and writes report.md (GPU, driver, torch and CUDA versions,
 #    what passed, what failed, what was skipped and why) and logs.tar.gz (every log) to the
 #    report directory: two files, as the device tool brings back at most 8.
-# HYDRA_GPU_ONLY=largest: after the build, only the largest GPT that trains on the GPU, its
-# state in host memory, then on disk (bench/spill.sh --largest auto): for a second call on the
-# same warm machine, which keeps build-gpu.
+# HYDRA_GPU_ONLY=bench: after the build, only the benchmark groups HYDRA_GPU_BENCH names (no
+# tests): for a second call on the same warm machine, which keeps build-gpu. =largest: the
+# largest GPT that trains on the GPU, its state in host memory, then on disk.
 # HYDRA_GPU_BENCH (default: medium,xl,bf16) chooses the benchmark's groups (step 5).
 # Environment: HYDRA_GPU_SECONDS (default 540: every step after the configuration is killed at
 # this deadline, so that one 10-minute call of the device tool holds the check; the benchmark
@@ -193,17 +193,39 @@ bench() {  # bench <report name> <bench/spill.sh arguments...>
   say ""
 }
 
-if [ "${HYDRA_GPU_ONLY:-}" = largest ]; then
-  if [ "$CUDA_OK" != True ]; then
-    say "5. the largest GPT: skipped, torch sees no GPU here"
-  else
-    RUN_MAX=420 bench bench-largest-host --gpu cuda:0 --largest auto --offload host
-    RUN_MAX=420 bench bench-largest-disk --gpu cuda:0 --largest auto --offload disk
-  fi
-  ((failed)) && say "Result: FAILURES (see the logs beside this report)" && exit 1
-  say "Result: everything that ran passed"
-  exit 0
-fi
+# bench_groups: the benchmark groups HYDRA_GPU_BENCH names (comma-separated; default medium,
+# xl, bf16), in its order.
+bench_groups() {
+  local groups="${HYDRA_GPU_BENCH:-full}" g
+  [ "$groups" != full ] || groups=medium,xl,bf16
+  IFS=, read -r -a groups <<<"$groups"
+  for g in "${groups[@]}"; do
+    case $g in
+      medium | xl) bench "bench-spill-$g" --gpu cuda:0 --shapes "$g" ;;
+      bf16) bench bench-spill-medium-bf16 --gpu cuda:0 --precision bf16 --shapes medium ;;
+      largest-host | largest-disk)
+        RUN_MAX=420 bench "bench-$g" --gpu cuda:0 --largest auto --offload "${g#largest-}" ;;
+      *) failed=1 && say "5. HYDRA_GPU_BENCH: no benchmark group '$g' (medium, xl, bf16, largest-host, largest-disk)" ;;
+    esac
+  done
+}
+
+# HYDRA_GPU_ONLY=bench: the benchmark groups and nothing else (largest: the largest GPT's two).
+case "${HYDRA_GPU_ONLY:-}" in
+  largest) export HYDRA_GPU_BENCH=largest-host,largest-disk ;&
+  bench)
+    if [ "$CUDA_OK" != True ]; then
+      say "5. the benchmark: skipped, torch sees no GPU here"
+    else
+      bench_groups
+    fi
+    ((failed)) && say "Result: FAILURES (see the logs beside this report)" && exit 1
+    say "Result: everything that ran passed"
+    exit 0
+    ;;
+  "") ;;
+  *) die "HYDRA_GPU_ONLY: '$HYDRA_GPU_ONLY' is neither bench nor largest" ;;
+esac
 # --- 3. the GPU tests first, then the example on the GPU, then the rest ---------------------
 # cuda_executor_test is the proof (spilled = unsharded on the GPU, the allocator's peak, the
 # copy streams, the pilot's rates); its measured lines go into the report.
@@ -246,18 +268,7 @@ elif [ "${HYDRA_GPU_BENCH:-full}" = smoke ]; then
   bench bench-spill --gpu cuda:0 --smoke
 elif [ "${HYDRA_GPU_BENCH:-full}" != none ]; then
   say "   time left for the benchmark: $((DEADLINE - $(date +%s))) s"
-  groups="${HYDRA_GPU_BENCH:-full}"
-  [ "$groups" != full ] || groups=medium,xl,bf16
-  IFS=, read -r -a groups <<<"$groups"
-  for g in "${groups[@]}"; do
-    case $g in
-      medium | xl) bench "bench-spill-$g" --gpu cuda:0 --shapes "$g" ;;
-      bf16) bench bench-spill-medium-bf16 --gpu cuda:0 --precision bf16 --shapes medium ;;
-      largest-host | largest-disk)
-        RUN_MAX=420 bench "bench-$g" --gpu cuda:0 --largest auto --offload "${g#largest-}" ;;
-      *) failed=1 && say "5. HYDRA_GPU_BENCH: no benchmark group '$g' (medium, xl, bf16, largest-host, largest-disk)" ;;
-    esac
-  done
+  bench_groups
 fi
 # --- 6. the example on CPU devices, then the build's other tests -------------------------------
 # They run in CI too: here they get what the benchmark left (its deadline is a minute before

@@ -186,6 +186,8 @@ if [ -n "$GPU" ]; then
     # cached, fragmented memory then counts; the row says how often it had to retry).
     CFGS=("1.0 host" "eager auto" "0.5 host" "0.5 host --cap-device" "0.5 host --no-device-stash"
       "0.25 host" "0.25 host --cap-device" "0.25 disk" "1.0 host --no-fused-attention" "eager math")
+    # On a GPU, eager also with AdamW(fused=True), the fastest PyTorch has (Hydra's is fused).
+    [[ "$GPU" != cuda* ]] || CFGS=("${CFGS[@]:0:2}" "eager auto fused" "${CFGS[@]:2}")
     # bf16: then issue 18 item 2's side by side, matrix weights sent as bf16 to a host-stepped
     # optimizer (measured once: off by default).
     if [ "$PRECISION" = bf16 ]; then
@@ -202,16 +204,17 @@ if [ -n "$GPU" ]; then
           attention=math
           grep -q "\"shape\": \"$name\", \"args\": \"\", .*\"attention\":\"fused\"" "$OUT" && attention=sdpa
         fi
-        [[ " $eager_done " == *" $name/$attention "* ]] && continue
-        eager_done+=" $name/$attention"
+        adamw=${3:-default}
+        [[ " $eager_done " == *" $name/$attention/$adamw "* ]] && continue
+        eager_done+=" $name/$attention/$adamw"
         # shellcheck disable=SC2086
         if ((left > 0)) && timeout -k 10 "$left" "$PY" bench/train_throughput.py --device "$GPU" \
             --corpus "$CORPUS" $eager_args --steps 5 --warmup 2 --precision "$PRECISION" \
-            --attention "$attention" >"$OUT.line" 2>"$OUT.err"; then
+            --attention "$attention" --adamw "$adamw" >"$OUT.line" 2>"$OUT.err"; then
           sed "s/^{/{\"shape\": \"$name\", /" "$OUT.line" >>"$OUT"
         else
           timed_out "$?" "$left"
-          echo "{\"shape\": \"$name\", \"impl\": \"pytorch-eager\", \"attention\": \"$attention\", \"error\": $(json_tail)}" >>"$OUT"
+          echo "{\"shape\": \"$name\", \"impl\": \"pytorch-eager\", \"attention\": \"$attention\", \"adamw\": \"$adamw\", \"error\": $(json_tail)}" >>"$OUT"
         fi
         continue
       fi
@@ -257,7 +260,8 @@ for name, rs in shapes.items():
               f"{r.get('reservedPeakBytes', 0) / 2**30:.2f} GiB"
               f"{', %d allocator retries' % r['allocatorRetries'] if r.get('allocatorRetries') else ''} |")
     for e in eager:
-        label = f"{name}: PyTorch eager ({e.get('attention', 'math')} attention), same GPU"
+        fused_adamw = ", fused AdamW" if e.get("adamw") == "fused" else ""
+        label = f"{name}: PyTorch eager ({e.get('attention', 'math')} attention{fused_adamw}), same GPU"
         if "error" in e:
             error = e['error'].strip()
             outcome = error if error.startswith("skipped") else f"failed: {error[-100:]}"

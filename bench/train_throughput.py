@@ -76,6 +76,9 @@ def main():
     p.add_argument("--attention", choices=["math", "sdpa"], default="math",
                    help="sdpa: F.scaled_dot_product_attention (torch 2.0+; Hydra's CUDA build fuses "
                         "attention so); math: the scores materialised, as Hydra's Debian build")
+    p.add_argument("--adamw", choices=["default", "fused"], default="default",
+                   help="fused: torch.optim.AdamW(fused=True), one kernel for every parameter (torch "
+                        "2.0+ on a GPU); default: the version's default (foreach on a GPU)")
     a = p.parse_args()
     dev = torch.device(a.device)
     torch.set_num_threads(a.threads)
@@ -86,8 +89,9 @@ def main():
     model = GPT(a.vocab, a.ctx, a.embd, a.heads, a.layers, a.attention == "sdpa").to(dev)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
+    fused = {"fused": True} if a.adamw == "fused" else {}
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=3e-4)
+                             {"params": no_decay, "weight_decay": 0.0}], lr=3e-4, **fused)
     window = a.ctx + 1
 
     def step(s):
@@ -112,7 +116,7 @@ def main():
     for _ in range(a.steps):
         loss = step(s); s += 1
     dt = time.perf_counter() - t0  # loss.item() waited for the device
-    out = {"impl": "pytorch-eager", "precision": a.precision, "device": a.device, "attention": a.attention,
+    out = {"impl": "pytorch-eager", "precision": a.precision, "device": a.device, "attention": a.attention, "adamw": a.adamw,
            "tokens_per_second": a.steps * a.batch * a.ctx / dt, "seconds": dt, "final_loss": loss}
     if dev.type == "cuda":
         out["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(dev)

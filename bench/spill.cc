@@ -150,9 +150,8 @@ int main(int argc, char** argv) {
   t.training.precision = *hydra::ParsePrecision(precision);
 
   // The footprint the executor's plans count: without the attention scores where it fuses.
-  const bool fused = !no_fused_attention && hydra::executor::FusedAttentionAvailable();
-  const hydra::TrialFootprint estimate = hydra::EstimateTrialFootprint(
-      t, fused ? hydra::AttentionMemory::kFused : hydra::AttentionMemory::kKept);
+  const hydra::TrialFootprint estimate =
+      hydra::EstimateTrialFootprint(t, hydra::executor::ExecutorAttention(!no_fused_attention));
   const int64_t footprint = estimate.total_bytes();
   if (!whole_device) {  // otherwise admission gives the trial the device's memory
     t.resources.device_memory_budget =

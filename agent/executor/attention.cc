@@ -82,6 +82,11 @@ bool FusedAttentionAvailable() {
 #endif
 }
 
+AttentionMemory ExecutorAttention(bool fused_attention) {
+  return fused_attention && FusedAttentionAvailable() ? AttentionMemory::kFused
+                                                      : AttentionMemory::kKept;
+}
+
 torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k,
                               const torch::Tensor& v, const torch::Tensor& mask, double scale,
                               AttentionMemory how) {

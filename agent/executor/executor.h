@@ -137,6 +137,11 @@ void HostBytesOnGpus(const ExecutorDevices& devices, Admission* admission);
 /// attention fused by default (AttentionMemory::kFused). Defined in attention.cc.
 bool FusedAttentionAvailable();
 
+/// What attention keeps for backward in an executor whose fused_attention option is
+/// `fused_attention`: kFused where that is on and FusedAttentionAvailable(), else kKept (plans
+/// may still choose to recompute the scores). Defined in attention.cc.
+AttentionMemory ExecutorAttention(bool fused_attention);
+
 /// A shape as messages show it: "[2,3]".
 std::string ShapeText(const std::vector<int64_t>& shape);
 

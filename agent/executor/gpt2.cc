@@ -40,30 +40,21 @@ class Gpt2Block : public SequentialLayer {
   torch::Tensor forward(const torch::Tensor& x) override {
     const int64_t B = x.size(0), T = x.size(1), C = x.size(2), D = C / heads_;
     auto parts = qkv->forward(ln1->forward(x)).split(C, /*dim=*/2);
-    const double scale = 1.0 / std::sqrt(static_cast<double>(D));
-    torch::Tensor y;
-    if (attention_ == AttentionMemory::kFused) {
-      // [B, H, T, D] views of the projection's output, as the fused kernels take them (no
-      // copies); their output, laid out [B, T, H, D], is proj's input without a copy too, and
-      // backward keeps it once.
-      auto heads = [&](const torch::Tensor& t) {
-        return t.view({B, T, heads_, D}).transpose(1, 2);
-      };
-      y = CausalAttention(heads(parts[0]), heads(parts[1]), heads(parts[2]), mask_, scale,
-                          attention_)
-              .transpose(1, 2)
-              .reshape({B, T, C});
-    } else {
-      // [B*H, T, D]: heads folded into the batch for the batched GEMMs.
-      auto heads = [&](const torch::Tensor& t) {
-        return t.view({B, T, heads_, D}).transpose(1, 2).reshape({B * heads_, T, D});
-      };
-      y = CausalAttention(heads(parts[0]), heads(parts[1]), heads(parts[2]),
-                          mask_.narrow(0, 0, T).narrow(1, 0, T), scale, attention_)
-              .view({B, heads_, T, D})
-              .transpose(1, 2)
-              .reshape({B, T, C});
-    }
+    // Fused: [B, H, T, D] views of the projection's output, as the fused kernels take them
+    // (no copies), whose output, laid out [B, T, H, D], is proj's input without a copy too, and
+    // backward keeps it once. Otherwise [B*H, T, D]: heads folded into the batch for the
+    // batched GEMMs.
+    const bool fused = attention_ == AttentionMemory::kFused;
+    auto heads = [&](const torch::Tensor& t) {
+      auto h = t.view({B, T, heads_, D}).transpose(1, 2);
+      return fused ? h : h.reshape({B * heads_, T, D});
+    };
+    auto y = CausalAttention(heads(parts[0]), heads(parts[1]), heads(parts[2]),
+                             mask_.narrow(0, 0, T).narrow(1, 0, T),
+                             1.0 / std::sqrt(static_cast<double>(D)), attention_)
+                 .view({B, heads_, T, D})
+                 .transpose(1, 2)
+                 .reshape({B, T, C});
     auto h = x + proj->forward(y);
     return h + fc_proj->forward(torch::gelu(fc->forward(ln2->forward(h)), "tanh"));
   }

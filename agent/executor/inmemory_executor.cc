@@ -188,9 +188,8 @@ class InMemoryExecutorFactory : public ExecutorFactoryInterface {
     RETURN_IF_ERROR(CheckModelAndData(given, data));
     Trial trial = WithDeviceBudget(given, options_.devices);
     RETURN_IF_ERROR(ResolveModel(&trial));
-    const bool fused = options_.fused_attention && FusedAttentionAvailable();
-    const TrialFootprint fp =
-        EstimateTrialFootprint(trial, fused ? AttentionMemory::kFused : AttentionMemory::kKept);
+    const AttentionMemory attention = ExecutorAttention(options_.fused_attention);
+    const TrialFootprint fp = EstimateTrialFootprint(trial, attention);
     if (trial.resources.device_memory_budget &&
         fp.total_bytes() > *trial.resources.device_memory_budget) {
       return ResourceExhaustedError(
@@ -208,7 +207,7 @@ class InMemoryExecutorFactory : public ExecutorFactoryInterface {
     po.explicit_boundaries.clear();
     po.state_tier = StateTier::kHost;
     po.flops_per_second = options_.flops_per_second;
-    po.fused_attention = fused;
+    po.fused_attention = attention == AttentionMemory::kFused;
     ASSIGN_OR_RETURN(Admission admission, PlanAdmission(trial, po));
     HostBytesOnGpus(options_.devices, &admission);
     return admission;

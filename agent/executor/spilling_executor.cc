@@ -1410,7 +1410,7 @@ class ExecutorFactory : public ExecutorFactoryInterface {
     po.host_link_bytes_per_second = options_.host_link_bytes_per_second;
     po.host_optimizer_bytes_per_second = options_.host_optimizer_bytes_per_second;
     po.attention_recompute = options_.attention_recompute;
-    po.fused_attention = options_.fused_attention && FusedAttentionAvailable();
+    po.fused_attention = ExecutorAttention(options_.fused_attention) == AttentionMemory::kFused;
     if (options_.optimizer_placement && po.state_tier == StateTier::kHost) {
       po.optimizer_placement = options_.optimizer_placement;
     }

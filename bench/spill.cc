@@ -64,6 +64,7 @@ nlohmann::json AdmissionJson(const hydra::Admission& a, int64_t budget,
           {"estimatedStepSeconds", a.est_step_seconds},
           {"shards", a.plan.shards.size()},
           {"policies", policies},
+          {"offloadedBytes", a.plan.offloaded_bytes},
           {"attention", hydra::AttentionMemoryName(a.plan.attention)},
           {"optimizerPlacements", placements}};
 }
@@ -136,6 +137,10 @@ int main(int argc, char** argv) {
   app.add_flag("--no-device-stash", no_device_stash,
                "on a GPU every shard but the last recomputes its forward (plans may otherwise keep "
                "shards' forward graphs in the GPU's memory)");
+  bool no_activation_offload = false;
+  app.add_flag("--no-activation-offload", no_activation_offload,
+               "on a GPU no shard offloads its forward graph to host memory (plans may otherwise "
+               "copy graphs out and back where the measured link keeps pace)");
   app.add_flag("--bf16-transit", bf16_transit,
                "bf16 on a GPU with the optimizer on the host: matrix weights travel as bf16");
   app.add_option("--devices", devices, "cpu:1, or a GPU: cuda:0 (the CUDA build)")
@@ -188,6 +193,7 @@ int main(int argc, char** argv) {
   options.bf16_weight_transit = bf16_transit;
   options.attention_recompute = !no_attention_recompute;
   options.device_stash = !no_device_stash;
+  options.activation_offload = !no_activation_offload;
   options.fused_attention = !no_fused_attention;
   // Sizing a run (--plan-only), the host and disk bytes do not wait for the GPU pilot.
   const std::string rates = plan_only ? "" : hydra::executor::UseMeasuredLinkRates(&options);
@@ -276,6 +282,8 @@ int main(int argc, char** argv) {
       {"expandableSegments", hydra::executor::CudaExpandableSegments()},
       {"baselineResidentBytes", baseline},
       {"peakResidentBytes", sampler.peak()},
+      {"activationBytesOffloadedPerStep",
+       (after.activation_bytes_offloaded - before.activation_bytes_offloaded) / steps},
       {"diskReadBytesPerStep", (after.disk_bytes_read - before.disk_bytes_read) / steps},
       {"diskWrittenBytesPerStep", (after.disk_bytes_written - before.disk_bytes_written) / steps},
       {"finalLoss", loss}};

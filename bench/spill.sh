@@ -184,8 +184,11 @@ if [ -n "$GPU" ]; then
     # attention buys.
     # --cap-device: the allocator capped at the budget, as on a GPU that trials share (its
     # cached, fragmented memory then counts; the row says how often it had to retry).
-    CFGS=("1.0 host" "eager auto" "0.5 host" "0.5 host --cap-device" "0.5 host --no-device-stash"
-      "0.25 host" "0.25 host --cap-device" "0.25 disk" "1.0 host --no-fused-attention" "eager math")
+    # --no-activation-offload: the same budget with no graph offloaded to host memory (kept on
+    # the GPU or recomputed), what offloading buys.
+    CFGS=("1.0 host" "eager auto" "0.5 host" "0.5 host --no-activation-offload" "0.5 host --cap-device"
+      "0.5 host --no-device-stash" "0.25 host" "0.25 host --no-activation-offload"
+      "0.25 host --cap-device" "0.25 disk" "1.0 host --no-fused-attention" "eager math")
     # On a GPU, eager also with AdamW(fused=True), the fastest PyTorch has (Hydra's is fused).
     [[ "$GPU" != cuda* ]] || CFGS=("${CFGS[@]:0:2}" "eager auto fused" "${CFGS[@]:2}")
     # bf16: then issue 18 item 2's side by side, matrix weights sent as bf16 to a host-stepped
@@ -235,7 +238,7 @@ runs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 shapes = {}
 for r in runs:
     shapes.setdefault(r.get("shape") or "", []).append(r)
-print("| shape | budget | state tier | shards (s: stash, r: recompute) | optimizer per shard (d/h) | tokens/s | ratio to unspilled | device peak: ledger / allocator / reserved |")
+print("| shape | budget | state tier | shards (s: stash, r: recompute, o: offload) | optimizer per shard (d/h) | tokens/s | ratio to unspilled | device peak: ledger / allocator / reserved |")
 print("|---|---|---|---|---|---|---|---|")
 for name, rs in shapes.items():
     spill = [r for r in rs if r.get("impl") != "pytorch-eager"]

@@ -13,9 +13,10 @@ namespace hydra {
 /// disk bytes to the scheduler's admission, the first estimate of a step to its policy.
 struct Admission {
   PartitionPlan plan;
-  /// Host memory the trial holds while admitted: its state in the host tier, and the device
-  /// tier's peak (on a CPU device the device tier is host memory too; for a GPU the executor
-  /// factory leaves it out: executor::HostBytesOnGpus).
+  /// Host memory the trial holds while admitted: its state in the host tier, its offloaded
+  /// activations (PartitionPlan::offloaded_bytes), and the device tier's peak (on a CPU device
+  /// the device tier is host memory too; for a GPU the executor factory leaves it out:
+  /// executor::HostBytesOnGpus).
   int64_t host_bytes = 0;
   int64_t disk_bytes = 0;  ///< its spill files at most (SpillDiskBytes)
   /// First estimate of an optimizer step: the plan's shard estimates, at the compute rate the

@@ -67,12 +67,36 @@ int ShardEnd(const std::vector<LayerNeed>& l, const std::vector<int>& starts, si
   return s + 1 < starts.size() ? starts[s + 1] - 1 : static_cast<int>(l.size()) - 1;
 }
 
+/// How a packing's shards keep their activations for the backward (the last shard runs its
+/// forward and backward at once: kStash), and the device bytes that follow from it.
+struct ActivationChoice {
+  std::vector<ActivationPolicy> policy;
+  std::vector<int64_t> stash;    ///< graphs kept on the device to the backward (all micro-batches)
+  std::vector<int64_t> off;      ///< graphs offloaded to the host (all micro-batches)
+  std::vector<int64_t> pending;  ///< per shard: offloaded graphs on the device during its work
+  bool drains = true;            ///< every copy out ends before the first backward begins
+  double recomputed_flops = 0;   ///< forward FLOPs per micro-batch the backward repeats
+  double stall_seconds = 0;      ///< backward time the offloaded graphs' copies in add
+
+  /// Every shard but the last recomputes.
+  static ActivationChoice Recompute(size_t shards) {
+    ActivationChoice c;
+    c.policy.assign(shards, ActivationPolicy::kRecompute);
+    c.policy.back() = ActivationPolicy::kStash;
+    c.stash.assign(shards, 0);
+    c.off.assign(shards, 0);
+    c.pending.assign(shards, 0);
+    return c;
+  }
+};
+
 /// Peak device bytes of a packing: a shard's need plus the next shard's prefetched state, and
-/// the inputs the shards before it keep for their backward; with `stash` (per shard, the bytes
-/// of the forward graphs it keeps on the device until its backward, all micro-batches'; 0: it
-/// recomputes), also the graphs the shards before it keep.
+/// the inputs the shards before it keep for their backward; with a choice, also the graphs the
+/// shards before it keep on the device (ActivationChoice::stash), a stashing or offloading
+/// shard's graphs of every micro-batch at once, and the offloaded graphs still on the device
+/// while the shard works (ActivationChoice::pending).
 int64_t PackPeak(const std::vector<LayerNeed>& l, const std::vector<int>& starts, int64_t mb,
-                 const std::vector<int64_t>& stash = {}) {
+                 const ActivationChoice* choice = nullptr) {
   int64_t peak = 0;
   int64_t kept = 0;  // inputs and graphs the shards before this one keep on the device
   for (size_t s = 0; s < starts.size(); ++s) {
@@ -84,83 +108,148 @@ int64_t PackPeak(const std::vector<LayerNeed>& l, const std::vector<int>& starts
     if (s + 1 < starts.size())
       neighbour += ShardSum(l, starts[s + 1], ShardEnd(l, starts, s + 1), &LayerNeed::state);
     if (s > 0) neighbour += ShardSum(l, starts[s - 1], starts[s] - 1, &LayerNeed::state);
-    // A stashing shard's forward keeps every micro-batch's graph, not one at a time.
-    const int64_t own = stash.empty() || stash[s] == 0
-                            ? 0
-                            : stash[s] - ShardSum(l, starts[s], end, &LayerNeed::act);
-    peak = std::max(peak, need + neighbour + kept + own);
-    kept += (starts[s] > 0 ? l[starts[s] - 1].out * mb : 0) + (stash.empty() ? 0 : stash[s]);
+    // A stashing (or offloading) shard's forward keeps every micro-batch's graph, not one at a
+    // time.
+    const int64_t graphs = choice ? choice->stash[s] + choice->off[s] : 0;
+    const int64_t own = graphs == 0 ? 0 : graphs - ShardSum(l, starts[s], end, &LayerNeed::act);
+    const int64_t pending = choice ? choice->pending[s] : 0;
+    peak = std::max(peak, need + neighbour + kept + own + pending);
+    kept += (starts[s] > 0 ? l[starts[s] - 1].out * mb : 0) + (choice ? choice->stash[s] : 0);
   }
   return peak;
 }
 
-/// Per shard of a packing, the bytes of the graphs it keeps on the device (stashed[s]) or 0.
-std::vector<int64_t> StashBytes(const std::vector<LayerNeed>& l, const std::vector<int>& starts,
-                                int64_t mb, const std::vector<bool>& stashed) {
-  std::vector<int64_t> bytes(starts.size(), 0);
-  for (size_t s = 0; s < starts.size(); ++s) {
-    if (stashed[s]) bytes[s] = ShardSum(l, starts[s], ShardEnd(l, starts, s), &LayerNeed::act) * mb;
+/// Seconds of shard s's forward over every micro-batch at `flops_per_second`.
+double ForwardSeconds(const std::vector<LayerNeed>& l, const std::vector<int>& starts, size_t s,
+                      int64_t mb, double flops_per_second) {
+  return ShardSum(l, starts[s], ShardEnd(l, starts, s), &LayerNeed::flops) *
+         static_cast<double>(mb) / flops_per_second;
+}
+
+/// Fills the derived fields of `c` from its policies: bytes kept and offloaded, the offloaded
+/// graphs on the device during each shard's work, whether the copies out drain before the
+/// first backward, the FLOPs recomputed and the copies in's stall. The copies out queue on the
+/// write-back stream as the forwards run (a shard's starts when its forward ends and the copy
+/// before it is done), and its device memory is freed when its copy ends; a shard's copy in
+/// runs beside the backward of the shard after it, with that shard's weights (state) coming up.
+void Derive(const std::vector<LayerNeed>& l, const std::vector<int>& starts, int64_t mb,
+            const PartitionOptions& o, ActivationChoice* c) {
+  const size_t S = starts.size();
+  const double link = o.host_link_bytes_per_second;
+  std::vector<double> begins(S), fwd(S), copy_end(S, 0);
+  double t = 0, queue = 0;
+  c->recomputed_flops = 0;
+  for (size_t s = 0; s < S; ++s) {
+    const int end = ShardEnd(l, starts, s);
+    const int64_t act = ShardSum(l, starts[s], end, &LayerNeed::act) * mb;
+    c->stash[s] = c->policy[s] == ActivationPolicy::kStash && s + 1 < S ? act : 0;
+    c->off[s] = c->policy[s] == ActivationPolicy::kOffload ? act : 0;
+    if (c->policy[s] == ActivationPolicy::kRecompute)
+      c->recomputed_flops += ShardSum(l, starts[s], end, &LayerNeed::flops);
+    fwd[s] = ForwardSeconds(l, starts, s, mb, o.flops_per_second);
+    begins[s] = t;
+    t += s + 1 < S ? fwd[s] : 3 * fwd[s];  // the last shard: its forward and backward
+    if (c->off[s] > 0) {
+      queue = std::max(queue, t) + static_cast<double>(c->off[s]) / link;
+      copy_end[s] = queue;
+    }
   }
-  return bytes;
+  c->drains = queue <= t;
+  c->stall_seconds = 0;
+  for (size_t s = 0; s < S; ++s) {
+    int64_t copying = 0;  // copies out not done when shard s begins
+    for (size_t r = 0; r < s; ++r) copying += copy_end[r] > begins[s] ? c->off[r] : 0;
+    const int64_t refill = s > 0 ? c->off[s - 1] : 0;  // in beside s's backward
+    c->pending[s] = s + 1 < S ? std::max(copying, refill) : copying + refill;
+    if (refill == 0) continue;
+    const int end = s > 0 ? starts[s] - 1 : 0;
+    const double up = static_cast<double>(ShardSum(l, starts[s - 1], end, &LayerNeed::state));
+    const double backward =
+        (s + 1 < S ? 2 : 3) * fwd[s] + (c->policy[s] == ActivationPolicy::kRecompute ? fwd[s] : 0);
+    c->stall_seconds += std::max(0.0, (up + static_cast<double>(refill)) / link - backward) -
+                        std::max(0.0, up / link - backward);
+  }
+}
+
+/// The step time a choice adds beyond the packing's forwards and backwards, in FLOPs at
+/// `flops_per_second`: what the backward recomputes and what the copies in stall.
+double ChoiceCost(const ActivationChoice& c, int64_t mb, double flops_per_second) {
+  return c.recomputed_flops * static_cast<double>(mb) + c.stall_seconds * flops_per_second;
+}
+
+/// Sets shards `candidates` (in their order) to `to` one at a time where the packing still
+/// fits `usable` and, for kOffload, its copies out drain before the backward.
+void Greedy(const std::vector<LayerNeed>& l, const std::vector<int>& starts, int64_t mb,
+            int64_t usable, const PartitionOptions& o, const std::vector<size_t>& candidates,
+            ActivationPolicy to, ActivationChoice* c) {
+  for (size_t s : candidates) {
+    if (c->policy[s] != ActivationPolicy::kRecompute) continue;
+    c->policy[s] = to;
+    Derive(l, starts, mb, o, c);
+    if (!c->drains || PackPeak(l, starts, mb, c) > usable) {
+      c->policy[s] = ActivationPolicy::kRecompute;
+      Derive(l, starts, mb, o, c);
+    }
+  }
 }
 
 /// Stashing on the device (PartitionOptions::stash_on_device): which shards of a packing keep
-/// their forward's graph on the device instead of recomputing it, chosen greedily by the
-/// forward FLOPs each saves per byte it keeps while the packing's peak fits `usable` (bytes;
-/// no budget: the largest int64). The last shard runs its forward and backward at once: it
-/// never needs to.
-std::vector<bool> ChooseDeviceStash(const std::vector<LayerNeed>& l, const std::vector<int>& starts,
-                                    int64_t mb, int64_t usable) {
+/// their forward's graph on the device, chosen greedily by the forward FLOPs each saves per
+/// byte it keeps, and (PartitionOptions::activation_offload) which offload it, from the first
+/// shard on (its copy has the longest to run), while the packing's peak fits `usable` (bytes;
+/// no budget: the largest int64); the rest recompute. Offloading first and stashing first are
+/// both tried; the one whose step costs least wins.
+ActivationChoice ChooseActivations(const std::vector<LayerNeed>& l, const std::vector<int>& starts,
+                                   int64_t mb, int64_t usable, const PartitionOptions& o) {
   const size_t S = starts.size();
-  std::vector<bool> stashed(S, false);
-  std::vector<size_t> order;
-  for (size_t s = 0; s + 1 < S; ++s) order.push_back(s);
+  std::vector<size_t> by_value, in_order;
+  for (size_t s = 0; s + 1 < S; ++s) in_order.push_back(s);
+  by_value = in_order;
   auto per_byte = [&](size_t s) {
     const int end = ShardEnd(l, starts, s);
     return ShardSum(l, starts[s], end, &LayerNeed::flops) /
            static_cast<double>(1 + ShardSum(l, starts[s], end, &LayerNeed::act));
   };
-  std::stable_sort(order.begin(), order.end(),
+  std::stable_sort(by_value.begin(), by_value.end(),
                    [&](size_t a, size_t b) { return per_byte(a) > per_byte(b); });
-  for (size_t s : order) {
-    stashed[s] = true;
-    if (PackPeak(l, starts, mb, StashBytes(l, starts, mb, stashed)) > usable) stashed[s] = false;
-  }
-  return stashed;
-}
-
-/// Forward FLOPs per micro-batch that a packing's backward repeats: those of the shards that
-/// neither stash nor are the last.
-double RecomputedFlops(const std::vector<LayerNeed>& l, const std::vector<int>& starts,
-                       const std::vector<bool>& stashed) {
-  double f = 0;
-  for (size_t s = 0; s + 1 < starts.size(); ++s) {
-    if (!stashed[s]) f += ShardSum(l, starts[s], ShardEnd(l, starts, s), &LayerNeed::flops);
-  }
-  return f;
+  ActivationChoice stash_first = ActivationChoice::Recompute(S);
+  Derive(l, starts, mb, o, &stash_first);
+  Greedy(l, starts, mb, usable, o, by_value, ActivationPolicy::kStash, &stash_first);
+  const bool offload = o.activation_offload && o.host_link_bytes_per_second > 0;
+  if (!offload) return stash_first;
+  Greedy(l, starts, mb, usable, o, in_order, ActivationPolicy::kOffload, &stash_first);
+  ActivationChoice offload_first = ActivationChoice::Recompute(S);
+  Derive(l, starts, mb, o, &offload_first);
+  Greedy(l, starts, mb, usable, o, in_order, ActivationPolicy::kOffload, &offload_first);
+  Greedy(l, starts, mb, usable, o, by_value, ActivationPolicy::kStash, &offload_first);
+  return ChoiceCost(offload_first, mb, o.flops_per_second) <
+                 ChoiceCost(stash_first, mb, o.flops_per_second)
+             ? offload_first
+             : stash_first;
 }
 
 /// Stashing on the device: of every packing under `usable` (from the fewest shards), the one
-/// whose step costs least: the forward FLOPs its backward recomputes once the stash is chosen,
-/// and kShardOverheadSeconds a shard at `flops_per_second`. Empty if none fits.
+/// whose step costs least: the forward FLOPs its backward recomputes once its activations are
+/// chosen (ChooseActivations), the copies in's stall, and kShardOverheadSeconds a shard at
+/// `o.flops_per_second`. Empty if none fits.
 std::vector<int> PackForDeviceStash(const std::vector<LayerNeed>& l, int64_t usable, int64_t mb,
-                                    double flops_per_second) {
+                                    const PartitionOptions& o) {
   std::vector<int> best, last;
   double cheapest = 0;
-  const double per_shard = kShardOverheadSeconds * flops_per_second;
+  const double per_shard = kShardOverheadSeconds * o.flops_per_second;
   for (int64_t cap = usable; cap > 0; cap = cap * 15 / 16) {
     auto p = Pack(l, cap, mb);
     if (p.empty()) break;  // a layer alone passes the cap: so it does every smaller one
     if (p == last || PackPeak(l, p, mb) > usable) continue;
     last = p;
-    const double recomputed = RecomputedFlops(l, p, ChooseDeviceStash(l, p, mb, usable));
+    const ActivationChoice c = ChooseActivations(l, p, mb, usable, o);
     const double cost =
-        recomputed * static_cast<double>(mb) + per_shard * static_cast<double>(p.size());
+        ChoiceCost(c, mb, o.flops_per_second) + per_shard * static_cast<double>(p.size());
     if (best.empty() || cost < cheapest) {
       best = p;
       cheapest = cost;
     }
-    if (recomputed == 0) break;  // more shards would only cost more
+    if (c.recomputed_flops == 0 && c.stall_seconds == 0) break;  // more shards only cost more
   }
   return best;
 }
@@ -185,7 +274,12 @@ double OptimizerStepSeconds(OptimizerPlacement where, double compute_seconds, do
 }  // namespace
 
 const char* ActivationPolicyName(ActivationPolicy p) {
-  return p == ActivationPolicy::kStash ? "stash" : "recompute";
+  switch (p) {
+    case ActivationPolicy::kStash: return "stash";
+    case ActivationPolicy::kRecompute: return "recompute";
+    case ActivationPolicy::kOffload: return "offload";
+  }
+  return "?";
 }
 
 const char* OptimizerPlacementName(OptimizerPlacement p) {
@@ -296,7 +390,7 @@ StatusOr<PartitionPlan> PlanFor(const Trial& trial, const PartitionOptions& o,
       }
     }
     // Largest per-shard cap whose packing (with prefetch buffers) fits: fewest shards.
-    if (device_stash) starts = PackForDeviceStash(need, usable, mb_count, o.flops_per_second);
+    if (device_stash) starts = PackForDeviceStash(need, usable, mb_count, o);
     for (int64_t cap = usable; starts.empty() && cap > 0; cap = cap * 15 / 16) {
       auto p = Pack(need, cap, mb_count);
       if (!p.empty() && PackPeak(need, p, mb_count) <= usable) {
@@ -320,12 +414,11 @@ StatusOr<PartitionPlan> PlanFor(const Trial& trial, const PartitionOptions& o,
 
   const bool sharded = starts.size() > 1 || packed || o.state_tier == StateTier::kDisk;
   plan.pinned_bytes = sharded ? tied_bytes : 0;
-  const std::vector<bool> on_device =
-      device_stash ? ChooseDeviceStash(need, starts, mb_count,
-                                       budget > 0 ? usable : std::numeric_limits<int64_t>::max())
-                   : std::vector<bool>(starts.size(), false);
-  const std::vector<int64_t> stash =
-      device_stash ? StashBytes(need, starts, mb_count, on_device) : std::vector<int64_t>{};
+  const ActivationChoice choice =
+      device_stash ? ChooseActivations(need, starts, mb_count,
+                                       budget > 0 ? usable : std::numeric_limits<int64_t>::max(), o)
+                   : ActivationChoice::Recompute(starts.size());
+  const ActivationChoice* on_device = device_stash ? &choice : nullptr;
   for (size_t s = 0; s < starts.size(); ++s) {
     ShardPlan sp;
     sp.first_layer = starts[s];
@@ -347,9 +440,15 @@ StatusOr<PartitionPlan> PlanFor(const Trial& trial, const PartitionOptions& o,
     const double stash_cost =
         o.host_link_bytes_per_second > 0 ? stash_bytes / o.host_link_bytes_per_second : 0.0;
     const bool last = s + 1 == starts.size();
-    const bool stashes = device_stash ? on_device[s] : stash_cost <= recompute_cost;
-    sp.policy =
-        last || !sharded || stashes ? ActivationPolicy::kStash : ActivationPolicy::kRecompute;
+    if (last || !sharded) {
+      sp.policy = ActivationPolicy::kStash;
+    } else if (device_stash) {
+      sp.policy = choice.policy[s];
+    } else {
+      sp.policy =
+          stash_cost <= recompute_cost ? ActivationPolicy::kStash : ActivationPolicy::kRecompute;
+    }
+    if (sp.policy == ActivationPolicy::kOffload) plan.offloaded_bytes += choice.off[s];
     sp.optimizer = sharded ? placement : OptimizerPlacement::kDevice;
     sp.workspace_bytes = ShardNeed(need, sp.first_layer, sp.last_layer, mb_count) -
                          ShardSum(need, sp.first_layer, sp.last_layer, &LayerNeed::state) -
@@ -391,6 +490,8 @@ StatusOr<PartitionPlan> PlanFor(const Trial& trial, const PartitionOptions& o,
     sp.estimated_seconds = 3.0 * fwd + (sp.policy == ActivationPolicy::kRecompute ? fwd : 0.0) +
                            sp.attention_flops * static_cast<double>(mb_count) / o.flops_per_second;
   }
+  // The offloaded graphs' copies in where the backward beside them cannot hide them.
+  if (device_stash && sharded) plan.shards.back().estimated_seconds += choice.stall_seconds;
   // Per shard, the optimizer steps where that shard's step is shorter. The trial-wide choice
   // above leaves compute out; compute hides the optimizer state's copies on the copy streams
   // but not the host optimizer's time, so a shard with enough work per parameter steps on the
@@ -413,7 +514,7 @@ StatusOr<PartitionPlan> PlanFor(const Trial& trial, const PartitionOptions& o,
       }
     };
     add_state(opt);
-    if (budget > 0 && PackPeak(need, starts, mb_count, stash) > usable) {
+    if (budget > 0 && PackPeak(need, starts, mb_count, on_device) > usable) {
       add_state(-opt);
       continue;
     }
@@ -425,7 +526,7 @@ StatusOr<PartitionPlan> PlanFor(const Trial& trial, const PartitionOptions& o,
     plan.peak_device_bytes = whole;
   } else {
     plan.peak_device_bytes =
-        PackPeak(need, starts, mb_count, stash) + plan.pinned_bytes + transient;
+        PackPeak(need, starts, mb_count, on_device) + plan.pinned_bytes + transient;
   }
   return plan;
 }
@@ -484,6 +585,9 @@ std::string FormatPlan(const Trial& trial, const PartitionPlan& plan) {
       std::any_of(plan.shards.begin(), plan.shards.end() - 1,
                   [](const ShardPlan& s) { return s.policy == ActivationPolicy::kStash; });
   if (plan.stash_on_device && keeps) out << ", stashed graphs kept in device memory";
+  if (plan.offloaded_bytes > 0) {
+    out << ", " << FormatBytes(plan.offloaded_bytes) << " of graphs offloaded to host memory";
+  }
   out << "\n";
   char line[256];
   std::snprintf(line, sizeof(line), "  %5s  %-19s  %10s  %11s  %11s  %11s  %-9s  %-9s  %8s\n",

@@ -15,6 +15,11 @@ namespace hydra {
 enum class ActivationPolicy {
   kStash,      ///< keep the forward's autograd graph in the host tier (Harmony): no recompute
   kRecompute,  ///< keep only the shard's input and recompute its forward in backward (Hydra)
+  /// A discrete device: copy the forward's saved activations to the host tier on the
+  /// write-back stream as the next shards compute, free their device memory, and copy them back
+  /// for the backward beside the next shard's backward (activation offload): no recompute, and
+  /// the graph holds device memory only while its copies run.
+  kOffload,
 };
 const char* ActivationPolicyName(ActivationPolicy p);
 
@@ -93,6 +98,10 @@ struct PartitionOptions {
   /// the state on disk every shard but the last recomputes. Off: stashed graphs live in the
   /// host tier (a CPU device, whose memory is the host's).
   bool stash_on_device = false;
+  /// With stash_on_device and a known host link: shards that can keep their graphs neither on
+  /// the device nor recompute them may offload them to host memory (ActivationPolicy::kOffload)
+  /// where the link copies them out before the backward begins and in beside the backward.
+  bool activation_offload = false;
 };
 
 struct PartitionPlan {
@@ -109,6 +118,9 @@ struct PartitionPlan {
   /// Stashed shards keep their graphs in device memory (PartitionOptions::stash_on_device);
   /// the peak counts them.
   bool stash_on_device = false;
+  /// Host bytes the offloading shards' activations take from their forward to their backward
+  /// (all of them at once: the last forward ends before the first backward).
+  int64_t offloaded_bytes = 0;
 };
 
 /// The options a trial's manifest implies: device budget, host budget (for stashed

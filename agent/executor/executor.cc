@@ -59,7 +59,7 @@ void HostBytesOnGpus(const ExecutorDevices& devices, Admission* admission) {
   if (!devices.HasGpus()) return;
   const PartitionPlan& p = admission->plan;
   if (p.state_tier == StateTier::kHost) {
-    admission->host_bytes = p.total_state_bytes;
+    admission->host_bytes = p.total_state_bytes + p.offloaded_bytes;
     return;
   }
   int64_t largest = 0;

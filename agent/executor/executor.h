@@ -51,6 +51,9 @@ struct ExecutorStats {
   /// bf16 weight transit: weight tensors cast to bf16 on the host so far (once per change of
   /// the host copies, not per upload).
   int64_t weight_casts = 0;
+  /// Activation offload: saved-activation bytes copied out to host memory so far (each comes
+  /// back once for its backward).
+  int64_t activation_bytes_offloaded = 0;
 };
 
 /// Trains one trial. Not thread-safe: one thread drives an executor at a time.
@@ -128,8 +131,8 @@ Trial WithDeviceBudget(const Trial& trial, const ExecutorDevices& devices);
 inline constexpr int kDiskShardsInHostMemory = 3;
 
 /// On a GPU the device tier is not host memory: the host memory an admitted trial holds is its
-/// state in the host tier, or with the disk tier the pinned slabs of kDiskShardsInHostMemory
-/// shards at most. Changes `admission` only when `devices` has GPUs.
+/// state in the host tier and its offloaded activations, or with the disk tier the pinned slabs of
+/// kDiskShardsInHostMemory shards at most. Changes `admission` only when `devices` has GPUs.
 void HostBytesOnGpus(const ExecutorDevices& devices, Admission* admission);
 
 /// Whether this LibTorch runs attention as one fused kernel (scaled_dot_product_attention with

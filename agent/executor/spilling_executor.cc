@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <map>
 #include <optional>
+#include <utility>
 
 #include "agent/executor/batches.h"
 #include "agent/executor/compute_device.h"
@@ -17,6 +18,7 @@
 #include "agent/executor/gpus.h"
 #include "agent/executor/host_allocator.h"
 #include "agent/executor/inmemory_executor.h"
+#include "agent/executor/offloaded_graph.h"
 #include "agent/executor/optimizer.h"
 #include "agent/executor/precision.h"
 #include "agent/executor/residency.h"
@@ -98,6 +100,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
         on_(on),
         devices_(options.devices),
         options_bf16_transit_(options.bf16_weight_transit),
+        offload_min_bytes_(options.offload_min_bytes),
         streams_(on.device),
         ledger_(trial.resources.device_memory_budget.value_or(0)),
         disk_(plan_.state_tier == StateTier::kDisk
@@ -410,6 +413,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     }
     st.bytes_uploaded = bytes_uploaded_;
     st.weight_casts = weight_casts_;
+    st.activation_bytes_offloaded = bytes_offloaded_;
     return st;
   }
 
@@ -797,6 +801,9 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       limit += static_cast<size_t>(sp.state_bytes + 2 * sp.gradient_bytes);
     }
     limit += static_cast<size_t>(2 * plan_.pinned_bytes);  // the tied ones and their gradients
+    // Offloaded activations, with room for what the cost model leaves out of them (softmax
+    // and LayerNorm statistics: a few percent).
+    limit += static_cast<size_t>(plan_.offloaded_bytes + plan_.offloaded_bytes / 8);
     host_pool_ = std::make_unique<HostTensorPool>(on_.device, limit);
   }
 
@@ -1133,6 +1140,10 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     int64_t A = 1;    ///< micro-batches
     // inputs[k][a]: the boundary activation entering shard k for micro-batch a.
     std::vector<std::vector<torch::Tensor>> inputs, outputs;  // outputs: stashed graphs
+    /// Per shard, its graph's saved activations while offloaded (Offloads), and those whose
+    /// backward is done but whose copy in may still read their host memory.
+    std::vector<std::unique_ptr<OffloadedGraph>> offloaded, retiring;
+    int64_t copying_out = 0;  ///< device bytes of the last offloaded graph, its copy out running
     std::vector<torch::Tensor> grad_out, targets;
     torch::Tensor loss_sum;  // on the device, in double: read once the step ends
     double seconds = 0, clip_scale = 1.0;
@@ -1153,6 +1164,13 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   bool Stashes(size_t k) const {
     if (shards_[k].plan.policy != ActivationPolicy::kStash) return false;
     return !on_.discrete || (plan_.stash_on_device && !disk_ && shards_[k].weights.transit.empty());
+  }
+
+  /// Whether shard k keeps its forward's graph but moves what it saved to host memory until its
+  /// backward (ActivationPolicy::kOffload; planned only where Stashes could keep it).
+  bool Offloads(size_t k) const {
+    return shards_[k].plan.policy == ActivationPolicy::kOffload && on_.discrete &&
+           plan_.stash_on_device && !disk_ && shards_[k].weights.transit.empty();
   }
 
   /// Where shard k's stashed graph is counted.
@@ -1200,6 +1218,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     const Batch batch = TrainBatch(*data_, trial_, step_);
     c.inputs.assign(S, std::vector<torch::Tensor>(c.A));
     c.outputs.assign(S, std::vector<torch::Tensor>(c.A));
+    c.offloaded.resize(S);
     c.grad_out.assign(c.A, torch::Tensor());
     c.targets.assign(c.A, torch::Tensor());
     for (int64_t a = 0; a < c.A; ++a) {
@@ -1219,9 +1238,12 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     RETURN_IF_ERROR(Fetch(k + 1, k + 2 == S));
     RETURN_IF_ERROR(ledger_.Acquire(Tier::kDevice, shards_[k].plan.workspace_bytes,
                                     "activations of shard " + std::to_string(k)));
-    const bool stash = Stashes(k);
+    const bool stash = Stashes(k), offload = Offloads(k);
+    std::vector<torch::Tensor> saved;  // what the graph saved, when offloaded
     for (int64_t a = 0; a < c.A; ++a) {
-      if (stash) {
+      if (stash || offload) {
+        std::optional<SavedTensorCapture> capture;
+        if (offload) capture.emplace(&saved);
         c.inputs[k][a] = Leaf(c.inputs[k][a], k);
         c.outputs[k][a] = ForwardShard(k, c.inputs[k][a]);
         c.inputs[k + 1][a] = c.outputs[k][a].detach();
@@ -1231,6 +1253,9 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       }
     }
     ledger_.Release(Tier::kDevice, shards_[k].plan.workspace_bytes);
+    // The graph offloaded before this forward has been copying out beside it.
+    ledger_.Release(Tier::kDevice, std::exchange(c.copying_out, 0));
+    if (offload) return Offload(k, saved);
     if (stash) {
       RETURN_IF_ERROR(ledger_.Acquire(StashTier(), shards_[k].plan.activation_bytes * c.A,
                                       "stashed activations of shard " + std::to_string(k)));
@@ -1245,6 +1270,43 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     return Evict(k, /*dirty=*/false);
   }
 
+  /// After shard k's forward (Offloads): the storages its graph saved, but for its weights and
+  /// the boundary activations the step keeps, start copying to host memory on the write-back
+  /// stream and leave the device; the weights leave as a stash's do (EvictKeepingGraph).
+  Status Offload(size_t k, const std::vector<torch::Tensor>& saved) {
+    StepInProgress& c = *cur_;
+    std::vector<torch::Tensor> keep = Values(shards_[k].weights.tensors);
+    for (const auto& [n, t] : pinned_) keep.push_back(t);
+    for (const auto* boundary : {&c.inputs[k], &c.inputs[k + 1], &c.outputs[k]}) {
+      keep.insert(keep.end(), boundary->begin(), boundary->end());
+    }
+    auto graph = std::make_unique<OffloadedGraph>(saved, keep, on_.device, offload_min_bytes_);
+    const std::string what = "offloaded activations of shard " + std::to_string(k);
+    RETURN_IF_ERROR(ledger_.Acquire(Tier::kHost, graph->bytes(), what));
+    RETURN_IF_ERROR(ledger_.Acquire(Tier::kDevice, graph->bytes(), what + " (copying out)"));
+    c.copying_out = graph->bytes();
+    graph->MoveOut(streams_, *host_pool_);
+    bytes_offloaded_ += graph->bytes();
+    c.offloaded[k] = std::move(graph);
+    return EvictKeepingGraph(k);
+  }
+
+  /// Starts copying shard k's offloaded graph back to the device (beside the backward before
+  /// its own); nothing if it has none.
+  Status BringBackGraph(size_t k) {
+    StepInProgress& c = *cur_;
+    for (auto& g : c.retiring) {
+      if (g && g->Settled()) g.reset();  // its host memory may go back to the pool
+    }
+    c.retiring.erase(std::remove(c.retiring.begin(), c.retiring.end(), nullptr), c.retiring.end());
+    if (!c.offloaded[k]) return OkStatus();
+    RETURN_IF_ERROR(
+        ledger_.Acquire(Tier::kDevice, c.offloaded[k]->bytes(),
+                        "offloaded activations of shard " + std::to_string(k) + " (copying in)"));
+    c.offloaded[k]->MoveIn(streams_);
+    return OkStatus();
+  }
+
   /// The last shard runs forward and backward back to back, micro-batch by micro-batch.
   Status LastShardTask() {
     StepInProgress& c = *cur_;
@@ -1252,6 +1314,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     const bool clipping = trial_.training.grad_clip_norm > 0;
     RETURN_IF_ERROR(Wait(L));
     if (L > 0) RETURN_IF_ERROR(Fetch(L - 1, true));
+    if (L > 0) RETURN_IF_ERROR(BringBackGraph(L - 1));
     RETURN_IF_ERROR(ledger_.Acquire(Tier::kDevice,
                                     shards_[L].plan.workspace_bytes + shards_[L].grad_bytes,
                                     "activations and gradients of shard " + std::to_string(L)));
@@ -1265,6 +1328,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       c.inputs[L][a] = torch::Tensor();  // nothing reads it again this step
     }
     ledger_.Release(Tier::kDevice, shards_[L].plan.workspace_bytes);
+    ledger_.Release(Tier::kDevice, std::exchange(c.copying_out, 0));
     RETURN_IF_ERROR(AfterBackward(L, clipping));
     return AfterLastUse(L, clipping);
   }
@@ -1277,16 +1341,23 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     const bool clipping = trial_.training.grad_clip_norm > 0;
     RETURN_IF_ERROR(Wait(k));
     if (k > 0) RETURN_IF_ERROR(Fetch(k - 1, true));
+    if (k > 0) RETURN_IF_ERROR(BringBackGraph(k - 1));
     const bool stash = Stashes(k);
-    // The workspace counts the shard's activations: on the device, its stash becomes that.
+    std::unique_ptr<OffloadedGraph> offloaded = std::move(c.offloaded[k]);
+    // The workspace counts the shard's activations: on the device, its stash (or its graph
+    // back from the host) becomes that.
     const int64_t stashed = stash ? shards_[k].plan.activation_bytes * c.A : 0;
     if (stash && on_.discrete) ledger_.Release(Tier::kDevice, stashed);
+    if (offloaded) {
+      streams_.ComputeWaits(offloaded->in_done());
+      ledger_.Release(Tier::kDevice, offloaded->bytes());
+    }
     RETURN_IF_ERROR(ledger_.Acquire(Tier::kDevice,
                                     shards_[k].plan.workspace_bytes + shards_[k].grad_bytes,
                                     "activations and gradients of shard " + std::to_string(k)));
     for (int64_t a = 0; a < c.A; ++a) {
       torch::Tensor in, out;
-      if (stash) {
+      if (stash || offloaded) {
         in = c.inputs[k][a];
         out = c.outputs[k][a];
       } else {
@@ -1301,6 +1372,10 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     }
     ledger_.Release(Tier::kDevice, shards_[k].plan.workspace_bytes);
     if (stash && !on_.discrete) ledger_.Release(Tier::kHost, stashed);
+    if (offloaded) {
+      ledger_.Release(Tier::kHost, offloaded->bytes());
+      c.retiring.push_back(std::move(offloaded));
+    }
     RETURN_IF_ERROR(AfterBackward(k, clipping));
     if (k + 1 < S) RETURN_IF_ERROR(FinishWrite(k + 1));
     return AfterLastUse(k, clipping);
@@ -1370,6 +1445,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   Placement on_;               // the device computed on; discrete: separate device copies
   ExecutorDevices devices_;    // the factory's, for MoveTo
   bool options_bf16_transit_;  // ExecutorOptions::bf16_weight_transit
+  size_t offload_min_bytes_;   // ExecutorOptions::offload_min_bytes
   DeviceStreams streams_;      // compute, prefetch and write-back streams on it
   TierLedger ledger_;
   std::unique_ptr<DiskTier> disk_;
@@ -1383,8 +1459,9 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   std::map<size_t, torch::Tensor> norms_;  // global parameter index -> gradient norm
   std::optional<StepInProgress> cur_;      // the step under way, if any
   int64_t step_ = 0;
-  int64_t bytes_uploaded_ = 0;  // ExecutorStats::bytes_uploaded
-  int64_t weight_casts_ = 0;    // ExecutorStats::weight_casts
+  int64_t bytes_uploaded_ = 0;   // ExecutorStats::bytes_uploaded
+  int64_t weight_casts_ = 0;     // ExecutorStats::weight_casts
+  int64_t bytes_offloaded_ = 0;  // ExecutorStats::activation_bytes_offloaded
 };
 
 class ExecutorFactory : public ExecutorFactoryInterface {
@@ -1421,6 +1498,7 @@ class ExecutorFactory : public ExecutorFactoryInterface {
       const bool transit =
           options_.bf16_weight_transit && trial.training.precision == Precision::kBf16;
       po.stash_on_device = options_.device_stash && !transit;
+      po.activation_offload = po.stash_on_device && options_.activation_offload;
       if (!po.stash_on_device) po.host_activation_budget = 0;
     }
     auto admission = PlanAdmission(trial, po);

@@ -40,6 +40,12 @@ struct ExecutorOptions {
   /// backward (PartitionOptions::stash_on_device)? Off: every shard but the last recomputes
   /// its forward.
   bool device_stash = true;
+  /// With device_stash and a measured host link, may shards offload their forward graphs to
+  /// host memory and back instead of recomputing them (PartitionOptions::activation_offload)?
+  bool activation_offload = true;
+  /// Saved storages smaller than this stay on the device when a graph is offloaded (a copy's
+  /// launch costs more than their memory is worth); tests lower it.
+  size_t offload_min_bytes = size_t{256} << 10;
   /// Where trials train (Build's `device` indexes these); empty: one CPU device.
   ExecutorDevices devices = {};
 };

@@ -384,6 +384,80 @@ TEST(PartitionerTest, OnAGpuStashedGraphsCountAgainstTheDeviceBudget) {
   EXPECT_THAT(FormatPlan(t, *on_device), HasSubstr("stashed graphs kept in device memory"));
 }
 
+/// The shards of `p` whose policy is `policy`, the last one left out.
+size_t ShardsThat(const PartitionPlan& p, ActivationPolicy policy) {
+  size_t n = 0;
+  for (size_t s = 0; s + 1 < p.shards.size(); ++s) n += p.shards[s].policy == policy;
+  return n;
+}
+
+TEST(PartitionerTest, OnAGpuShardsOffloadGraphsTheLinkCanCarryInsteadOfRecomputingThem) {
+  const Trial t = Gpt2(12, 256);
+  const int64_t full = EstimateTrialFootprint(t).total_bytes();
+  // A link as fast as the device computes, against none: the budget holds few graphs.
+  PartitionOptions o = OnAGpu(full * 3 / 10);
+  o.flops_per_second = 1e12;
+  o.host_link_bytes_per_second = 1e11;
+  auto without = PlanShards(t, o);
+  o.activation_offload = true;
+  auto with = PlanShards(t, o);
+  ASSERT_TRUE(without.ok()) << without.status();
+  ASSERT_TRUE(with.ok()) << with.status();
+  EXPECT_EQ(ShardsThat(*without, ActivationPolicy::kOffload), 0u);
+  EXPECT_GT(ShardsThat(*without, ActivationPolicy::kRecompute), 0u) << FormatPlan(t, *without);
+  EXPECT_GT(ShardsThat(*with, ActivationPolicy::kOffload), 0u) << FormatPlan(t, *with);
+  EXPECT_LT(ShardsThat(*with, ActivationPolicy::kRecompute),
+            ShardsThat(*without, ActivationPolicy::kRecompute));
+  EXPECT_LT(EstimatedStepSeconds(*with), EstimatedStepSeconds(*without));
+  EXPECT_LE(with->peak_device_bytes, o.device_budget);
+  int64_t offloaded = 0;
+  for (const auto& sh : with->shards) {
+    if (sh.policy == ActivationPolicy::kOffload) offloaded += sh.activation_bytes;
+  }
+  EXPECT_EQ(with->offloaded_bytes, offloaded);
+  EXPECT_THAT(FormatPlan(t, *with), HasSubstr("offloaded to host memory"));
+  EXPECT_THAT(FormatPlan(t, *with), HasSubstr("offload "));
+  // A link that cannot copy a graph out before the backward begins offloads nothing.
+  o.host_link_bytes_per_second = 1e6;
+  auto slow = PlanShards(t, o);
+  ASSERT_TRUE(slow.ok()) << slow.status();
+  EXPECT_EQ(ShardsThat(*slow, ActivationPolicy::kOffload), 0u) << FormatPlan(t, *slow);
+  EXPECT_EQ(slow->offloaded_bytes, 0);
+  // Nor does a CPU device (no stash on the device) or the disk tier.
+  PartitionOptions cpu;
+  cpu.device_budget = o.device_budget;
+  cpu.activation_offload = true;
+  cpu.host_link_bytes_per_second = 1e11;
+  EXPECT_EQ(ShardsThat(*PlanShards(t, cpu), ActivationPolicy::kOffload), 0u);
+  PartitionOptions disk = o;
+  disk.host_link_bytes_per_second = 1e11;
+  disk.state_tier = StateTier::kDisk;
+  EXPECT_EQ(ShardsThat(*PlanShards(t, disk), ActivationPolicy::kOffload), 0u);
+}
+
+TEST(PartitionerTest, AnOffloadedGraphCountsInThePeakBesideTheNextShardsBackward) {
+  // Its copy in runs beside the backward of the shard after it, whose own state, gradients and
+  // graph are on the device then.
+  const Trial t = Gpt2(12, 256);
+  PartitionOptions o = OnAGpu(EstimateTrialFootprint(t).total_bytes() * 3 / 10);
+  o.flops_per_second = 1e12;
+  o.host_link_bytes_per_second = 1e11;
+  o.activation_offload = true;
+  auto p = PlanShards(t, o);
+  ASSERT_TRUE(p.ok()) << p.status();
+  size_t checked = 0;
+  for (size_t s = 0; s + 1 < p->shards.size(); ++s) {
+    if (p->shards[s].policy != ActivationPolicy::kOffload) continue;
+    const ShardPlan& next = p->shards[s + 1];
+    EXPECT_GE(p->peak_device_bytes, next.state_bytes + next.gradient_bytes + next.workspace_bytes +
+                                        p->shards[s].activation_bytes)
+        << s << "\n"
+        << FormatPlan(t, *p);
+    ++checked;
+  }
+  EXPECT_GT(checked, 0u);
+}
+
 TEST(PartitionerTest, OnAGpuShardsStashWhatTheBudgetHoldsAndRecomputeTheRest) {
   const Trial t = LongContext();
   const int64_t full = EstimateTrialFootprint(t).total_bytes();

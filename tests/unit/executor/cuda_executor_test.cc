@@ -330,6 +330,21 @@ TEST_F(CudaExecutorTest, PlansThatRecomputeAttentionScoresTrainOnAGpuAsUnsharded
   }
 }
 
+#ifdef HYDRA_WITH_CUDA
+/// Trains `exec` for 30 steps from an emptied caching allocator, its step losses against
+/// `expected` (fp32 within 1e-5, bf16 1e-2); returns the allocator's peak of allocated bytes.
+int64_t TrainedAllocatorPeak(const DeviceSpec& gpu, TrialExecutorInterface* exec,
+                             const std::vector<double>& expected, Precision precision) {
+  const auto index = static_cast<c10::DeviceIndex>(gpu.index);
+  at::cuda::clearCublasWorkspaces();
+  c10::cuda::CUDACachingAllocator::emptyCache();
+  c10::cuda::CUDACachingAllocator::resetPeakStats(index);
+  testing::ExpectStepLossesNear(testing::StepLosses(exec, 30), expected,
+                                precision == Precision::kFp32 ? 1e-5 : 1e-2);
+  return c10::cuda::CUDACachingAllocator::getDeviceStats(index).allocated_bytes[0].peak;
+}
+#endif
+
 TEST_F(CudaExecutorTest, StashedGraphsStayOnTheGpuWithoutTheirWeightsAndTrainAsUnsharded) {
   // A shard whose forward graph the budget holds keeps it in GPU memory while its weights'
   // memory goes back to the caching allocator (freed in place; the graph keeps the storages),
@@ -367,14 +382,7 @@ TEST_F(CudaExecutorTest, StashedGraphsStayOnTheGpuWithoutTheirWeightsAndTrainAsU
                    FormatPlan(t, admitted->plan));
       auto exec = factory->Build(t, *data, *admitted, 0);
       ASSERT_TRUE(exec.ok()) << exec.status();
-      const auto index = static_cast<c10::DeviceIndex>(gpu.index);
-      at::cuda::clearCublasWorkspaces();
-      c10::cuda::CUDACachingAllocator::emptyCache();
-      c10::cuda::CUDACachingAllocator::resetPeakStats(index);
-      testing::ExpectStepLossesNear(Losses(exec->get(), 30), expected,
-                                    precision == Precision::kFp32 ? 1e-5 : 1e-2);
-      const int64_t peak =
-          c10::cuda::CUDACachingAllocator::getDeviceStats(index).allocated_bytes[0].peak;
+      const int64_t peak = TrainedAllocatorPeak(gpu, exec->get(), expected, precision);
       // "budget" first: gpu-check.sh puts such lines in its report.
       std::printf(
           "budget %lld (%s, %d%% of the footprint, graphs kept on the GPU: %s), allocator "
@@ -386,6 +394,56 @@ TEST_F(CudaExecutorTest, StashedGraphsStayOnTheGpuWithoutTheirWeightsAndTrainAsU
     }
     EXPECT_TRUE(all);
     EXPECT_TRUE(mixed);
+  }
+#endif
+}
+
+TEST_F(CudaExecutorTest, OffloadedGraphsLeaveTheGpuAndComeBackForTheirBackward) {
+  // Activation offload: a shard whose graph the budget cannot keep copies what its forward
+  // saved to pinned host memory on the write-back stream, frees it in place, and copies it back
+  // beside the backward before its own. The same trial as the stash test, at budgets whose
+  // plans offload: training tracks unsharded training, the allocator's peak stays within the
+  // budget (had the graphs stayed, it would not), and the bytes offloaded are counted.
+  REQUIRE_GPU(gpu);
+#ifdef HYDRA_WITH_CUDA
+  for (const Precision precision : {Precision::kFp32, Precision::kBf16}) {
+    SCOPED_TRACE(PrecisionName(precision));
+    Trial base = testing::GptTrial("offload", "adamw", 8, 512, 8, 32, 5, 3e-4);
+    base.training.precision = precision;
+    auto data = TokenDataset::Open(base.dataset, base.model.context_length + 1);
+    ASSERT_TRUE(data.ok());
+    const auto expected = UnshardedLosses(gpu, base);
+    ExecutorOptions o;
+    o.spill_dir = spill_.string();
+    o.devices.devices = {gpu};
+    o.host_link_bytes_per_second = 25e9;
+    o.optimizer_placement = OptimizerPlacement::kDevice;
+    o.offload_min_bytes = 0;
+    auto factory = MakeExecutorFactory(o);
+    size_t tried = 0;
+    for (int percent = 95; percent > 5 && tried < 2; percent -= 2) {
+      Trial t = base;
+      const int64_t budget = EstimateTrialFootprint(t).total_bytes() * percent / 100;
+      t.resources.device_memory_budget = budget;
+      auto admitted = factory->Admit(t, **data);
+      if (!admitted.ok() || admitted->plan.offloaded_bytes == 0) continue;
+      ++tried;
+      SCOPED_TRACE(std::to_string(percent) + "% of the footprint:\n" +
+                   FormatPlan(t, admitted->plan));
+      auto exec = factory->Build(t, *data, *admitted, 0);
+      ASSERT_TRUE(exec.ok()) << exec.status();
+      const int64_t peak = TrainedAllocatorPeak(gpu, exec->get(), expected, precision);
+      const ExecutorStats st = (*exec)->stats();
+      std::printf(
+          "budget %lld (%s, %d%% of the footprint, %lld graph bytes offloaded a step), allocator "
+          "peak %lld, ledger peak %lld\n",
+          static_cast<long long>(budget), PrecisionName(precision), percent,
+          static_cast<long long>(admitted->plan.offloaded_bytes), static_cast<long long>(peak),
+          static_cast<long long>(st.peak_device_bytes));
+      EXPECT_GT(st.activation_bytes_offloaded, 0);
+      EXPECT_LE(peak, budget + (int64_t{64} << 20));  // two cuBLAS workspaces, as above
+    }
+    EXPECT_GT(tried, 0u) << "no budget made a plan that offloads";
   }
 #endif
 }

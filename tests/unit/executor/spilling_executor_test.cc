@@ -617,6 +617,64 @@ TEST_F(SpillingExecutorTest, OnADiscreteDeviceStashedGraphsStayInItsMemoryAndTra
   EXPECT_TRUE(mixed);
 }
 
+TEST_F(SpillingExecutorTest, OnADiscreteDeviceOffloadedGraphsComeBackForTheirBackward) {
+  // Activation offload (the CPU as a discrete device): a shard whose graph the budget cannot
+  // keep copies what its forward saved to host memory, frees it, and copies it back into the
+  // same storages for its backward; training equals unsharded training, and equals the same
+  // plan recomputing those shards instead, loss for loss (same threads, same kernels).
+  Trial base = testing::GptTrial("offload", "adamw", 6, 128, 4, 16, 11, 1e-3);
+  base.training.gradient_accumulation_steps = 2;
+  auto data = TokenDataset::Open(base.dataset, base.model.context_length + 1);
+  ASSERT_TRUE(data.ok());
+  const auto expected = UnshardedLosses(base);
+  const int64_t full = EstimateTrialFootprint(base).total_bytes();
+  auto options = [&](bool offload) {
+    ExecutorOptions o;
+    o.threads = 2;
+    o.fused_attention = fused_attention_;
+    o.host_link_bytes_per_second = 1e12;
+    o.devices.simulate_discrete = true;
+    o.activation_offload = offload;
+    o.offload_min_bytes = 0;
+    return o;
+  };
+  auto offloading = MakeExecutorFactory(options(true));
+  auto recomputing = MakeExecutorFactory(options(false));
+  size_t tried = 0;
+  for (int percent = 95; percent > 5 && tried < 2; percent -= 2) {
+    Trial t = base;
+    t.resources.device_memory_budget = full * percent / 100;
+    auto admitted = offloading->Admit(t, **data);
+    if (!admitted.ok() || admitted->plan.offloaded_bytes == 0) continue;
+    ++tried;
+    SCOPED_TRACE(std::to_string(percent) + "% of the footprint:\n" + FormatPlan(t, admitted->plan));
+    auto exec = offloading->Build(t, *data, *admitted, 0);
+    ASSERT_TRUE(exec.ok()) << exec.status();
+    const auto losses = Losses(exec->get(), 30);
+    testing::ExpectStepLossesNear(losses, expected, 1e-5);
+    const ExecutorStats st = (*exec)->stats();
+    // What the graphs saved is what the cost model counted, to a few percent (the fused
+    // kernel's softmax statistics, LayerNorm's, are left out of it).
+    EXPECT_NEAR(static_cast<double>(st.activation_bytes_offloaded),
+                30.0 * static_cast<double>(admitted->plan.offloaded_bytes),
+                3.0 * static_cast<double>(admitted->plan.offloaded_bytes));
+    EXPECT_LE(st.peak_device_bytes, *t.resources.device_memory_budget);
+    // The host tier counted the offloaded graphs (admission's host bytes hold them).
+    EXPECT_GE(admitted->host_bytes, admitted->plan.offloaded_bytes);
+    // The same packing recomputing instead: the same numbers.
+    Admission recompute = *admitted;
+    for (auto& sh : recompute.plan.shards) {
+      if (sh.policy == ActivationPolicy::kOffload) sh.policy = ActivationPolicy::kRecompute;
+    }
+    recompute.plan.offloaded_bytes = 0;
+    auto plain = recomputing->Build(t, *data, recompute, 0);
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    EXPECT_EQ(losses, Losses(plain->get(), 30));
+    EXPECT_EQ((*plain)->stats().activation_bytes_offloaded, 0);
+  }
+  EXPECT_GT(tried, 0u) << "no budget made a plan that offloads";
+}
+
 TEST_F(SpillingExecutorTest, LayerTooBigIsRefusedBeforeTraining) {
   Trial t = Small("adamw");
   t.resources.device_memory_budget = 64 << 10;

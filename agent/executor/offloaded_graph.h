@@ -1,0 +1,77 @@
+#pragma once
+// Torch-facing: include only from executor translation units.
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "agent/executor/compute_device.h"
+
+namespace hydra::executor {
+
+// Activation offload (ActivationPolicy::kOffload): a shard's forward keeps its autograd graph,
+// but the tensors the graph saved for backward leave the device for host memory until the
+// backward, when they come back into the same storages (storage_in_place), so the graph reads
+// them unchanged. Python reaches what autograd saves through
+// torch.autograd.graph.saved_tensors_hooks; C++ has no such API, so the hooks come from the
+// autograd engine's default hooks (Engine::get_default_saved_variable_hooks), overridden by an
+// engine installed once (set_default_engine_stub) that hands them out only inside a
+// SavedTensorCapture.
+
+/// While alive, every tensor the calling thread's autograd operations save for backward is
+/// appended to `saved` (an alias sharing its storage; the graph unpacks the same alias). Other
+/// threads, and this thread outside the scope, save as usual. Not nestable.
+class SavedTensorCapture {
+ public:
+  explicit SavedTensorCapture(std::vector<torch::Tensor>* saved);
+  ~SavedTensorCapture();
+  SavedTensorCapture(const SavedTensorCapture&) = delete;
+  SavedTensorCapture& operator=(const SavedTensorCapture&) = delete;
+
+ private:
+  std::vector<torch::Tensor>* previous_;
+};
+
+/// The storages a forward saved, on their way to host memory and back.
+class OffloadedGraph {
+ public:
+  OffloadedGraph() = default;
+  OffloadedGraph(const OffloadedGraph&) = delete;
+  OffloadedGraph& operator=(const OffloadedGraph&) = delete;
+  /// Waits for its copies: their host memory goes back to its pool.
+  ~OffloadedGraph();
+  /// The distinct storages of `saved` on `device` of at least `min_bytes`, other than those of
+  /// `keep` (the shard's weights, which leave the device by their own way, and the boundary
+  /// activations the step keeps anyway). Smaller storages stay on the device.
+  OffloadedGraph(const std::vector<torch::Tensor>& saved, const std::vector<torch::Tensor>& keep,
+                 const torch::Device& device, size_t min_bytes);
+
+  /// Bytes of the storages it moves.
+  int64_t bytes() const { return bytes_; }
+  size_t storages() const { return views_.size(); }
+
+  /// Copies every storage into host memory from `pool` on the write-back stream, after the
+  /// compute issued so far, and frees its device memory in place (the caching allocator keeps
+  /// it from reuse until the copy is done). Throws c10::Error when host memory is refused.
+  void MoveOut(DeviceStreams& streams, HostTensorPool& pool);
+
+  /// Gives every storage device memory again (allocated on the calling thread's current
+  /// stream) and copies its bytes back on the prefetch stream, after its copy out; compute
+  /// must wait for in_done() before the backward reads the graph.
+  void MoveIn(DeviceStreams& streams);
+
+  const StreamMark& in_done() const { return in_done_; }
+  /// Whether the host copies are no longer read (the copy in is done).
+  bool Settled() const { return in_done_.Reached(); }
+  /// Blocks until the copy in is done; the host copies may then be dropped.
+  void Settle() const { in_done_.Synchronize(); }
+
+ private:
+  std::vector<torch::Tensor> views_;  // each storage whole, as bytes
+  std::vector<torch::Tensor> host_;   // their host copies while offloaded
+  StreamMark out_done_, in_done_;
+  int64_t bytes_ = 0;
+};
+
+}  // namespace hydra::executor

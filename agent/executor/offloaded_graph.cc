@@ -4,7 +4,6 @@
 #include <torch/csrc/autograd/saved_variable_hooks.h>
 
 #include <memory>
-#include <mutex>
 #include <set>
 
 #include "agent/executor/storage_in_place.h"
@@ -48,10 +47,13 @@ class CapturingEngine : public Engine {
   }
 };
 
-void InstallCapturingEngine() {
-  static std::once_flag once;
-  std::call_once(once, [] { torch::autograd::set_default_engine_stub(&CapturingEngine::Get); });
-}
+// Installed before main, so before any backward: LibTorch starts the autograd threads of GPUs
+// once per process (a process-wide flag), for whichever engine runs the first backward; an
+// engine installed after that finds no queues for its GPUs (an internal assert in 2.11).
+const bool kInstalled = [] {
+  torch::autograd::set_default_engine_stub(&CapturingEngine::Get);
+  return true;
+}();
 
 /// A flat byte tensor over all of `t`'s storage, sharing it.
 torch::Tensor StorageBytes(const torch::Tensor& t) {
@@ -61,8 +63,11 @@ torch::Tensor StorageBytes(const torch::Tensor& t) {
 
 }  // namespace
 
+bool SavedTensorCaptureAvailable() {
+  return kInstalled && &Engine::get_default_engine() == &CapturingEngine::Get();
+}
+
 SavedTensorCapture::SavedTensorCapture(std::vector<torch::Tensor>* saved) : previous_(tls_saved) {
-  InstallCapturingEngine();
   tls_saved = saved;
 }
 

@@ -16,8 +16,13 @@ namespace hydra::executor {
 // them unchanged. Python reaches what autograd saves through
 // torch.autograd.graph.saved_tensors_hooks; C++ has no such API, so the hooks come from the
 // autograd engine's default hooks (Engine::get_default_saved_variable_hooks), overridden by an
-// engine installed once (set_default_engine_stub) that hands them out only inside a
+// engine installed before main (set_default_engine_stub) that hands them out only inside a
 // SavedTensorCapture.
+
+/// Whether SavedTensorCapture sees what autograd saves: the process's autograd engine is the one
+/// this file installs (before main). Another (a Python interpreter's, set when torch is imported
+/// into it) leaves captures empty, so nothing may be planned to offload.
+bool SavedTensorCaptureAvailable();
 
 /// While alive, every tensor the calling thread's autograd operations save for backward is
 /// appended to `saved` (an alias sharing its storage; the graph unpacks the same alias). Other
@@ -60,6 +65,12 @@ class OffloadedGraph {
   /// stream) and copies its bytes back on the prefetch stream, after its copy out; compute
   /// must wait for in_done() before the backward reads the graph.
   void MoveIn(DeviceStreams& streams);
+
+  /// After the backward that read it (autograd has dropped the graph's references): drops this
+  /// object's references to the device storages, so their memory goes back to the allocator
+  /// now (once the copy in is done, which the allocator knows), not when the host copies are
+  /// released.
+  void ReleaseDevice() { views_.clear(); }
 
   const StreamMark& in_done() const { return in_done_; }
   /// Whether the host copies are no longer read (the copy in is done).

@@ -1374,6 +1374,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     if (stash && !on_.discrete) ledger_.Release(Tier::kHost, stashed);
     if (offloaded) {
       ledger_.Release(Tier::kHost, offloaded->bytes());
+      offloaded->ReleaseDevice();  // its host copies wait in `retiring` for the copy in
       c.retiring.push_back(std::move(offloaded));
     }
     RETURN_IF_ERROR(AfterBackward(k, clipping));
@@ -1498,7 +1499,8 @@ class ExecutorFactory : public ExecutorFactoryInterface {
       const bool transit =
           options_.bf16_weight_transit && trial.training.precision == Precision::kBf16;
       po.stash_on_device = options_.device_stash && !transit;
-      po.activation_offload = po.stash_on_device && options_.activation_offload;
+      po.activation_offload =
+          po.stash_on_device && options_.activation_offload && SavedTensorCaptureAvailable();
       if (!po.stash_on_device) po.host_activation_budget = 0;
     }
     auto admission = PlanAdmission(trial, po);

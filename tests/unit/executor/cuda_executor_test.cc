@@ -74,9 +74,11 @@ class CudaExecutorTest : public ::testing::Test {
 
   std::unique_ptr<ExecutorFactoryInterface> Factory(const DeviceSpec& gpu, bool host_optimizer,
                                                     bool bf16_transit = false,
-                                                    bool fused_attention = true) {
+                                                    bool fused_attention = true,
+                                                    bool activation_offload = true) {
     ExecutorOptions o;
     o.fused_attention = fused_attention;
+    o.activation_offload = activation_offload;
     o.spill_dir = spill_.string();
     o.devices.devices = {gpu};
     // A PCIe-class link makes recompute and host stepping choices realistic; the override
@@ -291,7 +293,9 @@ TEST_F(CudaExecutorTest, PlansThatRecomputeAttentionScoresTrainOnAGpuAsUnsharded
   // the in-memory executor), and at the largest budget that needs more shards, with spilled
   // shards. The custom autograd function's backward runs on the GPU's autograd thread, where
   // autocast is off: fp32 and bf16. (The fused kernel, the default here, keeps no scores to
-  // recompute: off for this test.)
+  // recompute: off for this test; so is activation offload, which at this test's assumed rates
+  // (a 1e11 FLOP/s device beside a 25 GB/s link) would rather keep the scores and offload
+  // them, as a GPU run measured.)
   REQUIRE_GPU(gpu);
   for (const Precision precision : {Precision::kFp32, Precision::kBf16}) {
     Trial base = testing::GptTrial("attention", "adamw", 8, 64, 8, 256, 5, 3e-4);
@@ -301,7 +305,7 @@ TEST_F(CudaExecutorTest, PlansThatRecomputeAttentionScoresTrainOnAGpuAsUnsharded
     ASSERT_TRUE(data.ok());
     const auto expected = UnshardedLosses(gpu, base, /*fused_attention=*/false);
     auto factory = Factory(gpu, /*host_optimizer=*/false, /*bf16_transit=*/false,
-                           /*fused_attention=*/false);
+                           /*fused_attention=*/false, /*activation_offload=*/false);
     auto admit = [&](int percent) {
       Trial t = base;
       t.resources.device_memory_budget = EstimateTrialFootprint(t).total_bytes() * percent / 100;

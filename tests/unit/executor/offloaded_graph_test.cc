@@ -1,0 +1,186 @@
+#include "agent/executor/offloaded_graph.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "agent/executor/storage_in_place.h"
+
+namespace hydra::executor {
+namespace {
+
+/// A LayerNorm -> Linear -> GELU -> Linear forward, the shape of a transformer's MLP.
+struct Mlp {
+  torch::nn::LayerNorm ln{torch::nn::LayerNormOptions({64})};
+  torch::nn::Linear fc{64, 256}, proj{256, 64};
+  Mlp() { torch::manual_seed(3); }
+  torch::Tensor operator()(const torch::Tensor& x) {
+    return proj->forward(torch::gelu(fc->forward(ln->forward(x)), "tanh"));
+  }
+  std::vector<torch::Tensor> Parameters() {
+    std::vector<torch::Tensor> ps;
+    for (auto* m :
+         {static_cast<torch::nn::Module*>(ln.get()), static_cast<torch::nn::Module*>(fc.get()),
+          static_cast<torch::nn::Module*>(proj.get())}) {
+      for (auto& p : m->parameters()) ps.push_back(p);
+    }
+    return ps;
+  }
+  std::vector<torch::Tensor> Grads() {
+    std::vector<torch::Tensor> gs;
+    for (auto& p : Parameters()) {
+      gs.push_back(p.grad().clone());
+      p.mutable_grad() = torch::Tensor();
+    }
+    return gs;
+  }
+};
+
+torch::Tensor Input() {
+  torch::manual_seed(7);
+  return torch::randn({8, 16, 64});
+}
+
+/// Whether `t` shares its storage with one of `others`.
+bool SharesStorage(const torch::Tensor& t, const std::vector<torch::Tensor>& others) {
+  for (const auto& o : others) {
+    if (t.storage().unsafeGetStorageImpl() == o.storage().unsafeGetStorageImpl()) return true;
+  }
+  return false;
+}
+
+void ExpectEqual(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << i;
+}
+
+TEST(OffloadedGraphTest, TheProcessEnginesHooksAreInstalled) {
+  EXPECT_TRUE(SavedTensorCaptureAvailable());
+}
+
+TEST(OffloadedGraphTest, ACapturedForwardMovedOutAndBackGivesTheSameGradients) {
+  Mlp mlp;
+  const auto x0 = Input();
+  auto plain_x = x0.clone().requires_grad_(true);
+  mlp(plain_x).sum().backward();
+  const auto expected = mlp.Grads();
+
+  auto x = x0.clone().requires_grad_(true);
+  std::vector<torch::Tensor> saved;
+  torch::Tensor y;
+  {
+    SavedTensorCapture capture(&saved);
+    y = mlp(x);
+  }
+  EXPECT_GT(saved.size(), 5u);  // inputs, weights and intermediate values of four operations
+  std::vector<torch::Tensor> keep = mlp.Parameters();
+  keep.push_back(x);
+  keep.push_back(y);
+  OffloadedGraph graph(saved, keep, torch::kCPU, 0);
+  // LayerNorm's output, fc's output, GELU's output (its statistics too): not the weights.
+  EXPECT_GE(graph.storages(), 3u);
+  EXPECT_GE(graph.bytes(), 3 * 8 * 16 * 64 * 4);
+  DeviceStreams streams(torch::kCPU);
+  HostTensorPool pool(torch::kCPU, size_t{64} << 20);
+  graph.MoveOut(streams, pool);
+  size_t freed = 0;
+  for (const auto& t : saved) freed += StorageFreedInPlace(t) ? 1 : 0;
+  EXPECT_GE(freed, 3u);
+  for (const auto& p : mlp.Parameters()) EXPECT_FALSE(StorageFreedInPlace(p));
+  EXPECT_FALSE(StorageFreedInPlace(x));
+  graph.MoveIn(streams);
+  y.sum().backward();
+  ExpectEqual(mlp.Grads(), expected);
+}
+
+TEST(OffloadedGraphTest, WhatTheBackwardReadsIsWhatCameBack) {
+  // The same, but the storages come back zeroed instead of copied: the gradients change, so
+  // the backward reads the storages the graph saved, not copies of its own.
+  Mlp mlp;
+  const auto x0 = Input();
+  auto plain_x = x0.clone().requires_grad_(true);
+  mlp(plain_x).sum().backward();
+  const auto expected = mlp.Grads();
+  auto x = x0.clone().requires_grad_(true);
+  std::vector<torch::Tensor> saved;
+  torch::Tensor y;
+  {
+    SavedTensorCapture capture(&saved);
+    y = mlp(x);
+  }
+  std::vector<torch::Tensor> keep = mlp.Parameters();
+  keep.push_back(x);
+  keep.push_back(y);
+  OffloadedGraph graph(saved, keep, torch::kCPU, 0);
+  DeviceStreams streams(torch::kCPU);
+  HostTensorPool pool(torch::kCPU, size_t{64} << 20);
+  graph.MoveOut(streams, pool);
+  graph.MoveIn(streams);
+  {
+    torch::NoGradGuard g;
+    for (const auto& t : saved) {
+      if (!SharesStorage(t, keep)) t.variable_data().zero_();
+    }
+  }
+  y.sum().backward();
+  const auto got = mlp.Grads();
+  bool differs = false;
+  for (size_t i = 0; i < got.size(); ++i) differs = differs || !torch::equal(got[i], expected[i]);
+  EXPECT_TRUE(differs);
+}
+
+TEST(OffloadedGraphTest, OutsideTheScopeAndBelowTheMinimumNothingMoves) {
+  Mlp mlp;
+  auto x = Input().requires_grad_(true);
+  std::vector<torch::Tensor> saved;
+  torch::Tensor before;
+  { SavedTensorCapture capture(&saved); }
+  before = mlp(x);  // after the scope: saves as usual
+  EXPECT_TRUE(saved.empty());
+  {
+    SavedTensorCapture capture(&saved);
+    before = mlp(x);
+  }
+  OffloadedGraph small(saved, {}, torch::kCPU, size_t{1} << 30);
+  EXPECT_EQ(small.storages(), 0u);
+  EXPECT_EQ(small.bytes(), 0);
+  // Another device's tensors are not this one's to move.
+  OffloadedGraph elsewhere(saved, {}, torch::Device(torch::kMeta), 0);
+  EXPECT_EQ(elsewhere.storages(), 0u);
+}
+
+TEST(OffloadedGraphTest, AfterTheBackwardReleaseDeviceLetsTheStoragesGo) {
+  // The host copies wait for the copy in; the device memory must not wait with them.
+  Mlp mlp;
+  auto x = Input().requires_grad_(true);
+  std::vector<torch::Tensor> saved;
+  torch::Tensor y;
+  {
+    SavedTensorCapture capture(&saved);
+    y = mlp(x);
+  }
+  std::vector<torch::Tensor> keep = mlp.Parameters();
+  keep.push_back(x);
+  keep.push_back(y);
+  auto graph = std::make_unique<OffloadedGraph>(saved, keep, torch::kCPU, 0);
+  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> moved;
+  for (const auto& t : saved) {
+    if (!SharesStorage(t, keep)) moved.push_back(t.storage().getWeakStorageImpl());
+  }
+  ASSERT_FALSE(moved.empty());
+  saved.clear();
+  DeviceStreams streams(torch::kCPU);
+  HostTensorPool pool(torch::kCPU, size_t{64} << 20);
+  graph->MoveOut(streams, pool);
+  graph->MoveIn(streams);
+  y.sum().backward();
+  y = torch::Tensor();
+  size_t alive = 0;
+  for (const auto& w : moved) alive += w.expired() ? 0 : 1;
+  EXPECT_GT(alive, 0u);  // the graph object still refers to them
+  graph->ReleaseDevice();
+  for (const auto& w : moved) EXPECT_TRUE(w.expired());
+}
+
+}  // namespace
+}  // namespace hydra::executor

@@ -65,6 +65,7 @@ nlohmann::json AdmissionJson(const hydra::Admission& a, int64_t budget,
           {"shards", a.plan.shards.size()},
           {"policies", policies},
           {"offloadedBytes", a.plan.offloaded_bytes},
+          {"selectiveRecompute", a.plan.selective_recompute},
           {"attention", hydra::AttentionMemoryName(a.plan.attention)},
           {"optimizerPlacements", placements}};
 }
@@ -137,6 +138,10 @@ int main(int argc, char** argv) {
   app.add_flag("--no-device-stash", no_device_stash,
                "on a GPU every shard but the last recomputes its forward (plans may otherwise keep "
                "shards' forward graphs in the GPU's memory)");
+  bool no_selective_recompute = false;
+  app.add_flag("--no-selective-recompute", no_selective_recompute,
+               "on a GPU no plan recomputes the blocks' LayerNorm and GELU outputs in backward "
+               "(plans may otherwise, where that makes a step shorter)");
   bool no_activation_offload = false;
   app.add_flag("--no-activation-offload", no_activation_offload,
                "on a GPU no shard offloads its forward graph to host memory (plans may otherwise "
@@ -194,6 +199,7 @@ int main(int argc, char** argv) {
   options.attention_recompute = !no_attention_recompute;
   options.device_stash = !no_device_stash;
   options.activation_offload = !no_activation_offload;
+  options.selective_recompute = !no_selective_recompute;
   options.fused_attention = !no_fused_attention;
   // Sizing a run (--plan-only), the host and disk bytes do not wait for the GPU pilot.
   const std::string rates = plan_only ? "" : hydra::executor::UseMeasuredLinkRates(&options);

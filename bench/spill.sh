@@ -186,7 +186,9 @@ if [ -n "$GPU" ]; then
     # cached, fragmented memory then counts; the row says how often it had to retry).
     # --no-activation-offload: the same budget with no graph offloaded to host memory (kept on
     # the GPU or recomputed), what offloading buys.
-    CFGS=("1.0 host" "eager auto" "0.5 host" "0.5 host --no-activation-offload" "0.5 host --cap-device"
+    # --no-selective-recompute: the same with every LayerNorm and GELU output kept.
+    CFGS=("1.0 host" "eager auto" "0.5 host" "0.5 host --no-activation-offload"
+      "0.5 host --no-selective-recompute" "0.5 host --cap-device"
       "0.5 host --no-device-stash" "0.25 host" "0.25 host --no-activation-offload"
       "0.25 host --cap-device" "0.25 disk" "1.0 host --no-fused-attention" "eager math")
     # On a GPU, eager also with AdamW(fused=True), the fastest PyTorch has (Hydra's is fused).
@@ -253,6 +255,7 @@ for name, rs in shapes.items():
             continue
         ratio = f"{r['tokensPerSecond'] / base['tokensPerSecond']:.2f}" if base else "-"
         attention = f", attention {r['attention']}" if r.get("attention", "kept") != "kept" else ""
+        attention += ", LayerNorm/GELU recomputed" if r.get("selectiveRecompute") else ""
         attention += f"; {r['args']}" if r.get("args") else ""
         print(f"| {name}: {r['parameters'] / 1e6:.0f}M on {r['deviceModel']} | {r['budgetFraction']:.0%} "
               f"({r['budgetBytes'] / 2**30:.1f} GiB) | {r['offload']} | {r['shards']} "

@@ -101,6 +101,10 @@ std::vector<LayerCost> GptCosts(const ModelSpec& m, int64_t micro_batch, Precisi
     b.output_bytes = a.Bytes(tokens * C * f, b.name, "output");
     b.attention_flops = tokens * 4.0 * T * C;
     b.forward_flops = tokens * 2.0 * 12 * C * C + b.attention_flops;
+    // Selective recompute: the two LayerNorms' outputs (C each; in bf16 their bf16 copies for
+    // the GEMMs) and GELU's output (4C, in bf16 bf16 too) are not kept.
+    b.recomputable_bytes = a.Bytes(tokens * 6 * C * (bf16 ? 2 : f), b.name, "activations");
+    b.recompute_flops = tokens * 6.0 * C * kRecomputeFlopsPerValue;
     layers.push_back(b);
   }
   LayerCost head;
@@ -111,8 +115,7 @@ std::vector<LayerCost> GptCosts(const ModelSpec& m, int64_t micro_batch, Precisi
   // type, which the fused LM head and loss (agent/executor/lm_head_loss) keeps instead of the
   // logits; its fp32 chunks of 256 rows are small beside them.
   const double gemm = precision == Precision::kBf16 ? 2 : f;
-  head.activation_bytes =
-      a.Bytes(tokens * (C * f + C * gemm + V * gemm), head.name, "activations");
+  head.activation_bytes = a.Bytes(tokens * (C * f + C * gemm + V * gemm), head.name, "activations");
   head.output_bytes = a.Bytes(tokens * V * f, head.name, "output");
   head.forward_flops = tokens * 2.0 * C * V;
   layers.push_back(head);
@@ -256,8 +259,10 @@ const char* AttentionMemoryName(AttentionMemory a) {
   return "?";
 }
 
-int64_t KeptActivationBytes(const LayerCost& l, AttentionMemory a) {
-  return a == AttentionMemory::kKept ? l.activation_bytes : l.activation_bytes - l.attention_bytes;
+int64_t KeptActivationBytes(const LayerCost& l, AttentionMemory a, bool selective) {
+  const int64_t kept =
+      a == AttentionMemory::kKept ? l.activation_bytes : l.activation_bytes - l.attention_bytes;
+  return selective ? kept - l.recomputable_bytes : kept;
 }
 
 int64_t AttentionTransientBytes(const LayerCost& l, AttentionMemory a) {

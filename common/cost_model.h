@@ -27,7 +27,19 @@ struct LayerCost {
   double attention_flops = 0;
   int64_t output_bytes = 0;  ///< bytes of the layer's output, per micro-batch
   double forward_flops = 0;  ///< per micro-batch
+  /// Of activation_bytes, those selective recompute frees (a GPT-2 block's LayerNorm and GELU
+  /// outputs, which its backward computes again: agent/executor/selective_recompute.h), and
+  /// what computing them again costs in FLOPs of the matrix products (kRecomputeFlopsPerValue a
+  /// value), per micro-batch; 0 for other layers.
+  int64_t recomputable_bytes = 0;
+  double recompute_flops = 0;
 };
+
+/// What an elementwise value computed again in backward (LayerNorm, GELU) costs, in FLOPs of
+/// the matrix products: they run at the memory's bandwidth, not the matrix units' rate. A guess
+/// from an H200's ratio (50 TFLOP/s fp32 against 4.8 TB/s, some 12 bytes read and written a
+/// value), not a measurement.
+inline constexpr double kRecomputeFlopsPerValue = 125;
 
 /// What an attention layer keeps from its forward for its backward.
 enum class AttentionMemory {
@@ -40,8 +52,9 @@ enum class AttentionMemory {
 };
 const char* AttentionMemoryName(AttentionMemory a);  ///< "kept", "recomputed", "fused"
 
-/// Bytes layer `l` keeps for its backward, per micro-batch, when its attention does `a`.
-int64_t KeptActivationBytes(const LayerCost& l, AttentionMemory a);
+/// Bytes layer `l` keeps for its backward, per micro-batch, when its attention does `a` (and
+/// with `selective` recompute, its recomputable_bytes less).
+int64_t KeptActivationBytes(const LayerCost& l, AttentionMemory a, bool selective = false);
 /// Bytes layer `l`'s backward needs only while it runs (the scores it rebuilds, or the fused
 /// kernel's accumulator), per micro-batch; 0 for kKept and for layers without attention.
 int64_t AttentionTransientBytes(const LayerCost& l, AttentionMemory a);

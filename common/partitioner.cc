@@ -317,7 +317,8 @@ namespace {
 /// PlanShards for one choice of what attention layers keep (KeptActivationBytes); the largest
 /// layer's AttentionTransientBytes is the transient of whichever layer runs its backward.
 StatusOr<PartitionPlan> PlanFor(const Trial& trial, const PartitionOptions& o,
-                                const std::vector<LayerCost>& costs, AttentionMemory attention) {
+                                const std::vector<LayerCost>& costs, AttentionMemory attention,
+                                bool selective) {
   const int64_t mb_count = std::max<int64_t>(1, o.micro_batches);
   const int64_t micro = trial.training.batch_size / trial.training.gradient_accumulation_steps;
   const int64_t opt = OptimizerBytesPerParameter(trial.training);
@@ -326,6 +327,7 @@ StatusOr<PartitionPlan> PlanFor(const Trial& trial, const PartitionOptions& o,
   PartitionPlan plan;
   plan.state_tier = o.state_tier;
   plan.attention = attention;
+  plan.selective_recompute = selective;
   const bool device_stash = o.stash_on_device && o.state_tier == StateTier::kHost;
   plan.stash_on_device = device_stash;
   if (o.state_tier == StateTier::kDisk && o.optimizer_placement == OptimizerPlacement::kHost) {
@@ -340,13 +342,14 @@ StatusOr<PartitionPlan> PlanFor(const Trial& trial, const PartitionOptions& o,
   int64_t transient = 0;  // one layer's scores rebuilt, or fused accumulator, in its backward
   for (int i = 0; i < n; ++i) {
     transient = std::max(transient, AttentionTransientBytes(costs[i], attention));
+    if (selective) transient = std::max(transient, costs[i].recomputable_bytes);
     tied += costs[i].tied_parameters;
     need[i].params = costs[i].parameters - costs[i].tied_parameters;
     // Tied weights stay on the device, but their optimizer state moves with the shard.
     need[i].moved = need[i].params * (4 + opt) + costs[i].tied_parameters * opt;
     need[i].state = need[i].params * (4 + opt_on_device) + costs[i].tied_parameters * opt_on_device;
     need[i].grad = need[i].params * 4;
-    need[i].act = KeptActivationBytes(costs[i], attention);
+    need[i].act = KeptActivationBytes(costs[i], attention, selective);
     need[i].out = costs[i].output_bytes;
     need[i].flops = costs[i].forward_flops;
     whole += costs[i].parameters * (8 + opt) + need[i].act;
@@ -433,6 +436,7 @@ StatusOr<PartitionPlan> PlanFor(const Trial& trial, const PartitionOptions& o,
       sp.activation_bytes += need[i].act;
       sp.forward_flops += need[i].flops;
       if (attention == AttentionMemory::kRecomputed) sp.attention_flops += costs[i].attention_flops;
+      if (selective) sp.recompute_flops += costs[i].recompute_flops;
     }
     const double fwd = sp.forward_flops * static_cast<double>(mb_count) / o.flops_per_second;
     const double recompute_cost = fwd;
@@ -488,7 +492,8 @@ StatusOr<PartitionPlan> PlanFor(const Trial& trial, const PartitionOptions& o,
   for (auto& sp : plan.shards) {
     const double fwd = sp.forward_flops * static_cast<double>(mb_count) / o.flops_per_second;
     sp.estimated_seconds = 3.0 * fwd + (sp.policy == ActivationPolicy::kRecompute ? fwd : 0.0) +
-                           sp.attention_flops * static_cast<double>(mb_count) / o.flops_per_second;
+                           (sp.attention_flops + sp.recompute_flops) *
+                               static_cast<double>(mb_count) / o.flops_per_second;
   }
   // The offloaded graphs' copies in where the backward beside them cannot hide them.
   if (device_stash && sharded) plan.shards.back().estimated_seconds += choice.stall_seconds;
@@ -548,20 +553,29 @@ StatusOr<PartitionPlan> PlanShards(const Trial& trial, const PartitionOptions& o
   }
   const bool has_attention = std::any_of(costs.begin(), costs.end(),
                                          [](const LayerCost& c) { return c.attention_bytes > 0; });
+  const bool may_choose = o.explicit_boundaries.empty() && o.device_budget > 0;
+  // Selective recompute costs elementwise work in backward and frees a third of a block's
+  // activations: it pays where that saves shards, recompute or copies (the estimated step
+  // decides), or where the trial fits no other way.
+  const bool has_recomputable = std::any_of(
+      costs.begin(), costs.end(), [](const LayerCost& c) { return c.recomputable_bytes > 0; });
+  auto plan_for = [&](AttentionMemory attention) -> StatusOr<PartitionPlan> {
+    auto plain = PlanFor(trial, o, costs, attention, false);
+    if (!o.selective_recompute || !has_recomputable || !may_choose) return plain;
+    auto lean = PlanFor(trial, o, costs, attention, true);
+    if (!lean.ok()) return plain;
+    if (!plain.ok() || EstimatedStepSeconds(*lean) < EstimatedStepSeconds(*plain)) return lean;
+    return plain;
+  };
   // A fused kernel keeps no scores and recomputes nothing: nothing to choose.
-  if (o.fused_attention && has_attention) {
-    return PlanFor(trial, o, costs, AttentionMemory::kFused);
-  }
-  auto kept = PlanFor(trial, o, costs, AttentionMemory::kKept);
-  if (!o.attention_recompute || !has_attention || !o.explicit_boundaries.empty() ||
-      o.device_budget <= 0) {
-    return kept;
-  }
+  if (o.fused_attention && has_attention) return plan_for(AttentionMemory::kFused);
+  auto kept = plan_for(AttentionMemory::kKept);
+  if (!o.attention_recompute || !has_attention || !may_choose) return kept;
   // Recomputing the attention scores costs FLOPs but shrinks every block's activations: it
   // pays where it saves more, in fewer shards or fewer shards recomputing their whole forward
   // (the estimated compute of a step decides; fewer shards also move less), or where the
   // trial fits no other way.
-  auto lean = PlanFor(trial, o, costs, AttentionMemory::kRecomputed);
+  auto lean = plan_for(AttentionMemory::kRecomputed);
   if (!lean.ok()) return kept;
   if (!kept.ok() || EstimatedStepSeconds(*lean) < EstimatedStepSeconds(*kept)) return lean;
   return kept;
@@ -581,6 +595,7 @@ std::string FormatPlan(const Trial& trial, const PartitionPlan& plan) {
   } else if (plan.attention == AttentionMemory::kFused) {
     out << ", attention fused (no scores kept)";
   }
+  if (plan.selective_recompute) out << ", LayerNorm and GELU outputs recomputed in backward";
   const bool keeps =
       std::any_of(plan.shards.begin(), plan.shards.end() - 1,
                   [](const ShardPlan& s) { return s.policy == ActivationPolicy::kStash; });

@@ -43,6 +43,9 @@ struct ShardPlan {
   /// Forward FLOPs the backward repeats to rebuild attention scores (PartitionPlan::attention
   /// kRecomputed), per micro-batch; 0 otherwise.
   double attention_flops = 0;
+  /// Forward FLOPs (in matrix-product FLOPs) the backward spends computing LayerNorm and GELU
+  /// outputs again (PartitionPlan::selective_recompute), per micro-batch; 0 otherwise.
+  double recompute_flops = 0;
   ActivationPolicy policy = ActivationPolicy::kStash;
   OptimizerPlacement optimizer = OptimizerPlacement::kDevice;
   /// Forward + backward (+ recompute) of a whole step, and a spilled shard's
@@ -102,6 +105,10 @@ struct PartitionOptions {
   /// the device nor recompute them may offload them to host memory (ActivationPolicy::kOffload)
   /// where the link copies them out before the backward begins and in beside the backward.
   bool activation_offload = false;
+  /// May the plan recompute GPT-2 blocks' LayerNorm and GELU outputs in backward instead of
+  /// keeping them (agent/executor/selective_recompute.h: 10 values of the width a token kept
+  /// instead of 16) where the estimated step is shorter that way or the trial fits no other way?
+  bool selective_recompute = false;
 };
 
 struct PartitionPlan {
@@ -121,6 +128,10 @@ struct PartitionPlan {
   /// Host bytes the offloading shards' activations take from their forward to their backward
   /// (all of them at once: the last forward ends before the first backward).
   int64_t offloaded_bytes = 0;
+  /// GPT-2 blocks recompute their LayerNorm and GELU outputs in backward
+  /// (PartitionOptions::selective_recompute): their activations leave them out, and one
+  /// block's, computed again in its backward, is a transient the peak counts.
+  bool selective_recompute = false;
 };
 
 /// The options a trial's manifest implies: device budget, host budget (for stashed

@@ -145,6 +145,13 @@ bool FusedAttentionAvailable();
 /// may still choose to recompute the scores). Defined in attention.cc.
 AttentionMemory ExecutorAttention(bool fused_attention);
 
+/// Whether SavedTensorCapture (offloaded_graph.h) sees what autograd saves, so that shards may
+/// be planned to offload their graphs (PartitionOptions::activation_offload): the process's
+/// autograd engine is the one offloaded_graph.cc installs before main. Another (a Python
+/// interpreter's, set when torch is imported into it) leaves captures empty. Defined in
+/// offloaded_graph.cc.
+bool SavedTensorCaptureAvailable();
+
 /// A shape as messages show it: "[2,3]".
 std::string ShapeText(const std::vector<int64_t>& shape);
 

@@ -5,6 +5,7 @@
 #include "agent/executor/attention.h"
 #include "agent/executor/lm_head_loss.h"
 #include "agent/executor/precision.h"
+#include "agent/executor/selective_recompute.h"
 
 namespace hydra::executor {
 namespace {
@@ -39,7 +40,7 @@ class Gpt2Block : public SequentialLayer {
 
   torch::Tensor forward(const torch::Tensor& x) override {
     const int64_t B = x.size(0), T = x.size(1), C = x.size(2), D = C / heads_;
-    auto parts = qkv->forward(ln1->forward(x)).split(C, /*dim=*/2);
+    auto parts = LinearAfter(ln1, x, qkv).split(C, /*dim=*/2);
     // Fused: [B, H, T, D] views of the projection's output, as the fused kernels take them
     // (no copies), whose output, laid out [B, T, H, D], is proj's input without a copy too, and
     // backward keeps it once. Otherwise [B*H, T, D]: heads folded into the batch for the
@@ -56,17 +57,30 @@ class Gpt2Block : public SequentialLayer {
                  .transpose(1, 2)
                  .reshape({B, T, C});
     auto h = x + proj->forward(y);
-    return h + fc_proj->forward(torch::gelu(fc->forward(ln2->forward(h)), "tanh"));
+    const torch::Tensor hidden = LinearAfter(ln2, h, fc);
+    if (!selective_) return h + fc_proj->forward(torch::gelu(hidden, "tanh"));
+    return h + LinearOfRecomputed(Recomputed::kGeluTanh, hidden, {}, {}, 0, fc_proj->weight,
+                                  fc_proj->bias);
   }
 
   void set_attention(AttentionMemory how) override { attention_ = how; }
+  void set_selective_recompute(bool on) override { selective_ = on; }
 
   torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
   torch::nn::Linear qkv{nullptr}, proj{nullptr}, fc{nullptr}, fc_proj{nullptr};
 
  private:
+  /// linear(ln(x)); with selective recompute, keeping x rather than ln's output for backward.
+  torch::Tensor LinearAfter(torch::nn::LayerNorm& ln, const torch::Tensor& x,
+                            torch::nn::Linear& linear) {
+    if (!selective_) return linear->forward(ln->forward(x));
+    return LinearOfRecomputed(Recomputed::kLayerNorm, x, ln->weight, ln->bias, ln->options.eps(),
+                              linear->weight, linear->bias);
+  }
+
   int64_t heads_;
   AttentionMemory attention_ = AttentionMemory::kKept;
+  bool selective_ = false;
   torch::Tensor mask_;
 };
 

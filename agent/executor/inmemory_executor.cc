@@ -229,6 +229,7 @@ class InMemoryExecutorFactory : public ExecutorFactoryInterface {
     try {
       ASSIGN_OR_RETURN(LayerSequence model, BuildModel(trial));
       model.SetAttention(admission.plan.attention);
+      model.SetSelectiveRecompute(admission.plan.selective_recompute);
       return std::unique_ptr<TrialExecutorInterface>(std::make_unique<InMemoryExecutor>(
           trial, std::move(data), std::move(model), on.device, on.bound, options_.devices,
           admission.plan.peak_device_bytes));

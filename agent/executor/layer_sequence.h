@@ -32,6 +32,10 @@ class SequentialLayer : public torch::nn::Module {
   /// What the layer's attention keeps for backward (attention.h; the plan's `attention`).
   /// Layers without attention ignore it.
   virtual void set_attention(AttentionMemory /*how*/) {}
+  /// Whether the layer recomputes its elementwise steps before matrix products in backward
+  /// instead of keeping their outputs (selective_recompute.h; the plan's
+  /// `selective_recompute`). Layers without such steps ignore it.
+  virtual void set_selective_recompute(bool /*on*/) {}
 };
 
 /// A model as an ordered list of named layers. Parameters shared between layers (GPT-2's tied
@@ -42,6 +46,9 @@ struct LayerSequence {
 
   void SetAttention(AttentionMemory how) const {
     for (const auto& layer : layers) layer->set_attention(how);
+  }
+  void SetSelectiveRecompute(bool on) const {
+    for (const auto& layer : layers) layer->set_selective_recompute(on);
   }
 
   torch::Tensor Forward(torch::Tensor x) const {

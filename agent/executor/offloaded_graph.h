@@ -19,10 +19,7 @@ namespace hydra::executor {
 // engine installed before main (set_default_engine_stub) that hands them out only inside a
 // SavedTensorCapture.
 
-/// Whether SavedTensorCapture sees what autograd saves: the process's autograd engine is the one
-/// this file installs (before main). Another (a Python interpreter's, set when torch is imported
-/// into it) leaves captures empty, so nothing may be planned to offload.
-bool SavedTensorCaptureAvailable();
+// SavedTensorCaptureAvailable() (executor.h) says whether captures see anything.
 
 /// While alive, every tensor the calling thread's autograd operations save for backward is
 /// appended to `saved` (an alias sharing its storage; the graph unpacks the same alias). Other

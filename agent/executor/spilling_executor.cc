@@ -139,6 +139,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     model_ = std::move(built).value();
     RETURN_IF_ERROR(status);
     model_.SetAttention(plan_.attention);
+    model_.SetSelectiveRecompute(plan_.selective_recompute);
     for (const auto& [name, p] : model_.NamedParameters()) {
       global_order_[name] = global_order_.size();
     }
@@ -1501,6 +1502,7 @@ class ExecutorFactory : public ExecutorFactoryInterface {
       po.stash_on_device = options_.device_stash && !transit;
       po.activation_offload =
           po.stash_on_device && options_.activation_offload && SavedTensorCaptureAvailable();
+      po.selective_recompute = options_.selective_recompute;
       if (!po.stash_on_device) po.host_activation_budget = 0;
     }
     auto admission = PlanAdmission(trial, po);

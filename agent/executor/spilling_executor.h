@@ -46,6 +46,9 @@ struct ExecutorOptions {
   /// Saved storages smaller than this stay on the device when a graph is offloaded (a copy's
   /// launch costs more than their memory is worth); tests lower it.
   size_t offload_min_bytes = size_t{256} << 10;
+  /// On a discrete device, may plans recompute GPT-2 blocks' LayerNorm and GELU outputs in
+  /// backward (PartitionOptions::selective_recompute)?
+  bool selective_recompute = true;
   /// Where trials train (Build's `device` indexes these); empty: one CPU device.
   ExecutorDevices devices = {};
 };

@@ -96,5 +96,27 @@ TEST(CostModelTest, ABlocksAttentionScoresAreThePartThatRecomputingThemFrees) {
   EXPECT_EQ(fp32.back().attention_flops, 0);
 }
 
+TEST(CostModelTest, SelectiveRecomputeFreesABlocksLayerNormAndGeluOutputs) {
+  Trial t = TwoBlocks(128, 64, 2);
+  const double tokens = 2.0 * 64, C = 128;
+  const auto fp32 = ModelLayerCosts(t, 2);
+  // Two LayerNorm outputs of C and GELU's 4C a token, fp32; again in backward at
+  // kRecomputeFlopsPerValue a value.
+  EXPECT_EQ(fp32[1].recomputable_bytes, static_cast<int64_t>(tokens * 6 * C * 4));
+  EXPECT_DOUBLE_EQ(fp32[1].recompute_flops, tokens * 6 * C * kRecomputeFlopsPerValue);
+  EXPECT_EQ(KeptActivationBytes(fp32[1], AttentionMemory::kFused, true),
+            KeptActivationBytes(fp32[1], AttentionMemory::kFused) - fp32[1].recomputable_bytes);
+  // Fused: 10 values of C a token kept instead of 16.
+  EXPECT_EQ(KeptActivationBytes(fp32[1], AttentionMemory::kFused, true),
+            static_cast<int64_t>(tokens * 10 * C * 4));
+  // bf16: what the GEMMs saved were bf16 copies (2 bytes a value).
+  t.training.precision = Precision::kBf16;
+  EXPECT_EQ(ModelLayerCosts(t, 2)[1].recomputable_bytes, static_cast<int64_t>(tokens * 12 * C));
+  // Nothing for the embedding and the head.
+  EXPECT_EQ(fp32.front().recomputable_bytes, 0);
+  EXPECT_EQ(fp32.back().recomputable_bytes, 0);
+  EXPECT_EQ(fp32.back().recompute_flops, 0);
+}
+
 }  // namespace
 }  // namespace hydra

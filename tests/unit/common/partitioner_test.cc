@@ -458,6 +458,47 @@ TEST(PartitionerTest, AnOffloadedGraphCountsInThePeakBesideTheNextShardsBackward
   EXPECT_GT(checked, 0u);
 }
 
+TEST(PartitionerTest, OnAGpuSelectiveRecomputeIsChosenWhereItShortensTheStep) {
+  const Trial t = Gpt2(12, 256);
+  const int64_t full = EstimateTrialFootprint(t, AttentionMemory::kFused).total_bytes();
+  size_t chosen = 0;
+  for (int percent = 90; percent >= 20; percent -= 5) {
+    SCOPED_TRACE(std::to_string(percent) + "% of the footprint");
+    PartitionOptions o = OnAGpu(full * percent / 100);
+    o.fused_attention = true;
+    o.flops_per_second = 1e12;
+    auto without = PlanShards(t, o);
+    o.selective_recompute = true;
+    auto with = PlanShards(t, o);
+    ASSERT_TRUE(with.ok()) << with.status();
+    if (!without.ok()) {  // it may let a trial fit that would not otherwise
+      EXPECT_TRUE(with->selective_recompute);
+      continue;
+    }
+    EXPECT_LE(EstimatedStepSeconds(*with), EstimatedStepSeconds(*without));
+    EXPECT_LE(with->peak_device_bytes, o.device_budget) << FormatPlan(t, *with);
+    if (!with->selective_recompute) continue;
+    ++chosen;
+    EXPECT_LT(EstimatedStepSeconds(*with), EstimatedStepSeconds(*without));
+    EXPECT_THAT(FormatPlan(t, *with), HasSubstr("LayerNorm and GELU outputs recomputed"));
+    // A block keeps 10 values of its width a token instead of 16 (fp32, attention fused).
+    const ShardPlan& first = with->shards.front();
+    int64_t blocks = 0, tokens = t.training.batch_size * t.model.context_length;
+    for (int i = first.first_layer; i <= first.last_layer; ++i) blocks += i > 0;
+    EXPECT_LT(first.activation_bytes, tokens * 16 * 256 * 4 * std::max<int64_t>(blocks, 1));
+    EXPECT_GT(first.recompute_flops, 0);
+  }
+  EXPECT_GT(chosen, 0u);
+  // Unspilled it would only cost time; with explicit boundaries the plan keeps everything.
+  PartitionOptions whole = OnAGpu(full);
+  whole.fused_attention = true;
+  whole.selective_recompute = true;
+  EXPECT_FALSE(PlanShards(t, whole)->selective_recompute);
+  PartitionOptions cut = whole;
+  cut.explicit_boundaries = {4, 8};
+  EXPECT_FALSE(PlanShards(t, cut)->selective_recompute);
+}
+
 TEST(PartitionerTest, OnAGpuShardsStashWhatTheBudgetHoldsAndRecomputeTheRest) {
   const Trial t = LongContext();
   const int64_t full = EstimateTrialFootprint(t).total_bytes();

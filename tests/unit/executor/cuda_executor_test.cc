@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <tuple>
 
 #include "agent/executor/attention.h"
@@ -75,10 +76,12 @@ class CudaExecutorTest : public ::testing::Test {
   std::unique_ptr<ExecutorFactoryInterface> Factory(const DeviceSpec& gpu, bool host_optimizer,
                                                     bool bf16_transit = false,
                                                     bool fused_attention = true,
-                                                    bool activation_offload = true) {
+                                                    bool activation_offload = true,
+                                                    bool selective_recompute = true) {
     ExecutorOptions o;
     o.fused_attention = fused_attention;
     o.activation_offload = activation_offload;
+    o.selective_recompute = selective_recompute;
     o.spill_dir = spill_.string();
     o.devices.devices = {gpu};
     // A PCIe-class link makes recompute and host stepping choices realistic; the override
@@ -293,9 +296,9 @@ TEST_F(CudaExecutorTest, PlansThatRecomputeAttentionScoresTrainOnAGpuAsUnsharded
   // the in-memory executor), and at the largest budget that needs more shards, with spilled
   // shards. The custom autograd function's backward runs on the GPU's autograd thread, where
   // autocast is off: fp32 and bf16. (The fused kernel, the default here, keeps no scores to
-  // recompute: off for this test; so is activation offload, which at this test's assumed rates
-  // (a 1e11 FLOP/s device beside a 25 GB/s link) would rather keep the scores and offload
-  // them, as a GPU run measured.)
+  // recompute: off for this test; so are selective recompute and activation offload, the
+  // latter of which at this test's assumed rates (a 1e11 FLOP/s device beside a 25 GB/s link)
+  // would rather keep the scores and offload them, as a GPU run measured.)
   REQUIRE_GPU(gpu);
   for (const Precision precision : {Precision::kFp32, Precision::kBf16}) {
     Trial base = testing::GptTrial("attention", "adamw", 8, 64, 8, 256, 5, 3e-4);
@@ -305,7 +308,8 @@ TEST_F(CudaExecutorTest, PlansThatRecomputeAttentionScoresTrainOnAGpuAsUnsharded
     ASSERT_TRUE(data.ok());
     const auto expected = UnshardedLosses(gpu, base, /*fused_attention=*/false);
     auto factory = Factory(gpu, /*host_optimizer=*/false, /*bf16_transit=*/false,
-                           /*fused_attention=*/false, /*activation_offload=*/false);
+                           /*fused_attention=*/false, /*activation_offload=*/false,
+                           /*selective_recompute=*/false);
     auto admit = [&](int percent) {
       Trial t = base;
       t.resources.device_memory_budget = EstimateTrialFootprint(t).total_bytes() * percent / 100;
@@ -402,35 +406,32 @@ TEST_F(CudaExecutorTest, StashedGraphsStayOnTheGpuWithoutTheirWeightsAndTrainAsU
 #endif
 }
 
-TEST_F(CudaExecutorTest, OffloadedGraphsLeaveTheGpuAndComeBackForTheirBackward) {
-  // Activation offload: a shard whose graph the budget cannot keep copies what its forward
-  // saved to pinned host memory on the write-back stream, frees it in place, and copies it back
-  // beside the backward before its own. The same trial as the stash test, at budgets whose
-  // plans offload: training tracks unsharded training, the allocator's peak stays within the
-  // budget (had the graphs stayed, it would not), and the bytes offloaded are counted.
-  REQUIRE_GPU(gpu);
 #ifdef HYDRA_WITH_CUDA
+/// For fp32 and bf16: `base` in that precision, at up to two budgets (from 95% of its footprint
+/// down, in 2% steps) whose admission by `factory` is `chosen`, trained for 30 steps: its
+/// losses track unsharded training on `gpu`, the allocator's peak stays within the budget (and
+/// the cuBLAS allowance), and `also` holds. Each run prints a "budget" line naming `what`.
+void ExpectChosenPlansTrainWithinTheirBudget(
+    const DeviceSpec& gpu, Trial base, ExecutorFactoryInterface* factory,
+    const std::function<bool(const Admission&)>& chosen, const char* what,
+    const std::function<void(const ExecutorStats&)>& also) {
   for (const Precision precision : {Precision::kFp32, Precision::kBf16}) {
     SCOPED_TRACE(PrecisionName(precision));
-    Trial base = testing::GptTrial("offload", "adamw", 8, 512, 8, 32, 5, 3e-4);
     base.training.precision = precision;
     auto data = TokenDataset::Open(base.dataset, base.model.context_length + 1);
     ASSERT_TRUE(data.ok());
-    const auto expected = UnshardedLosses(gpu, base);
-    ExecutorOptions o;
-    o.spill_dir = spill_.string();
-    o.devices.devices = {gpu};
-    o.host_link_bytes_per_second = 25e9;
-    o.optimizer_placement = OptimizerPlacement::kDevice;
-    o.offload_min_bytes = 0;
-    auto factory = MakeExecutorFactory(o);
+    InMemoryExecutorOptions io;
+    io.devices.devices = {gpu};
+    auto plain = MakeInMemoryExecutorFactory(io)->Create(base, *data);
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    const auto expected = testing::StepLosses(plain->get(), 30);
     size_t tried = 0;
     for (int percent = 95; percent > 5 && tried < 2; percent -= 2) {
       Trial t = base;
       const int64_t budget = EstimateTrialFootprint(t).total_bytes() * percent / 100;
       t.resources.device_memory_budget = budget;
       auto admitted = factory->Admit(t, **data);
-      if (!admitted.ok() || admitted->plan.offloaded_bytes == 0) continue;
+      if (!admitted.ok() || !chosen(*admitted)) continue;
       ++tried;
       SCOPED_TRACE(std::to_string(percent) + "% of the footprint:\n" +
                    FormatPlan(t, admitted->plan));
@@ -439,16 +440,51 @@ TEST_F(CudaExecutorTest, OffloadedGraphsLeaveTheGpuAndComeBackForTheirBackward) 
       const int64_t peak = TrainedAllocatorPeak(gpu, exec->get(), expected, precision);
       const ExecutorStats st = (*exec)->stats();
       std::printf(
-          "budget %lld (%s, %d%% of the footprint, %lld graph bytes offloaded a step), allocator "
-          "peak %lld, ledger peak %lld\n",
-          static_cast<long long>(budget), PrecisionName(precision), percent,
-          static_cast<long long>(admitted->plan.offloaded_bytes), static_cast<long long>(peak),
-          static_cast<long long>(st.peak_device_bytes));
-      EXPECT_GT(st.activation_bytes_offloaded, 0);
+          "budget %lld (%s, %d%% of the footprint, %s), allocator peak %lld, ledger peak "
+          "%lld\n",
+          static_cast<long long>(budget), PrecisionName(precision), percent, what,
+          static_cast<long long>(peak), static_cast<long long>(st.peak_device_bytes));
       EXPECT_LE(peak, budget + (int64_t{64} << 20));  // two cuBLAS workspaces, as above
+      also(st);
     }
-    EXPECT_GT(tried, 0u) << "no budget made a plan that offloads";
+    EXPECT_GT(tried, 0u) << "no budget made a plan with " << what;
   }
+}
+#endif
+
+TEST_F(CudaExecutorTest, OffloadedGraphsLeaveTheGpuAndComeBackForTheirBackward) {
+  // Activation offload: a shard whose graph the budget cannot keep copies what its forward
+  // saved to pinned host memory on the write-back stream, frees it in place, and copies it back
+  // beside the backward before its own. The same trial as the stash test, at budgets whose
+  // plans offload: training tracks unsharded training, the allocator's peak stays within the
+  // budget (had the graphs stayed, it would not), and the bytes offloaded are counted.
+  REQUIRE_GPU(gpu);
+#ifdef HYDRA_WITH_CUDA
+  ExecutorOptions o;
+  o.spill_dir = spill_.string();
+  o.devices.devices = {gpu};
+  o.host_link_bytes_per_second = 25e9;
+  o.optimizer_placement = OptimizerPlacement::kDevice;
+  o.offload_min_bytes = 0;
+  auto factory = MakeExecutorFactory(o);
+  ExpectChosenPlansTrainWithinTheirBudget(
+      gpu, testing::GptTrial("offload", "adamw", 8, 512, 8, 32, 5, 3e-4), factory.get(),
+      [](const Admission& a) { return a.plan.offloaded_bytes > 0; }, "graphs offloaded",
+      [](const ExecutorStats& st) { EXPECT_GT(st.activation_bytes_offloaded, 0); });
+#endif
+}
+
+TEST_F(CudaExecutorTest, PlansThatRecomputeLayerNormsAndGeluTrainOnAGpuAsUnsharded) {
+  // Selective recompute on the GPU: the custom function's backward runs on the GPU's autograd
+  // thread (autocast off there: it casts as autocast did). A trial whose activations outweigh
+  // its weights (context 256 against width 256), at budgets whose plans choose it.
+  REQUIRE_GPU(gpu);
+#ifdef HYDRA_WITH_CUDA
+  auto factory = Factory(gpu, /*host_optimizer=*/false);
+  ExpectChosenPlansTrainWithinTheirBudget(
+      gpu, testing::GptTrial("selective", "adamw", 8, 256, 8, 256, 5, 3e-4), factory.get(),
+      [](const Admission& a) { return a.plan.selective_recompute; },
+      "LayerNorm and GELU recomputed", [](const ExecutorStats&) {});
 #endif
 }
 

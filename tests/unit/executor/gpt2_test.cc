@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "agent/executor/executor.h"
+#include "agent/executor/precision.h"
 #include "common/cost_model.h"
 
 namespace hydra::executor {
@@ -61,6 +62,41 @@ TEST(Gpt2Test, FusedAttentionComputesTheSameModel) {
   for (size_t i = 0; i < fused.size(); ++i) {
     EXPECT_TRUE(torch::allclose(fused[i], kept[i], 1e-4, 1e-5))
         << i << ": largest difference " << (fused[i] - kept[i]).abs().max().item<double>();
+  }
+}
+
+TEST(Gpt2Test, SelectiveRecomputeComputesTheSameModel) {
+  // Blocks that recompute their LayerNorm and GELU outputs in backward: the same logits and
+  // gradients to rounding, in fp32 and under bf16 autocast, with the scores kept and fused.
+  for (const Precision precision : {Precision::kFp32, Precision::kBf16}) {
+    SCOPED_TRACE(PrecisionName(precision));
+    for (const AttentionMemory how : {AttentionMemory::kKept, AttentionMemory::kFused}) {
+      if (how == AttentionMemory::kFused && !FusedAttentionAvailable()) continue;
+      auto run = [&](bool selective) {
+        auto seq = BuildGpt2(Small(), 11);
+        seq.SetAttention(how);
+        seq.SetSelectiveRecompute(selective);
+        torch::manual_seed(2);
+        auto x = torch::randint(0, 256, {3, 16}, torch::kLong);
+        torch::Tensor logits;
+        {
+          PrecisionScope scope(precision, torch::kCPU);
+          logits = seq.Forward(x);
+        }
+        logits.to(torch::kFloat).pow(2).mean().backward();
+        std::vector<torch::Tensor> out{logits.detach().to(torch::kFloat)};
+        for (const auto& [name, p] : seq.NamedParameters()) out.push_back(p.grad());
+        return out;
+      };
+      const auto selective = run(true), kept = run(false);
+      ASSERT_EQ(selective.size(), kept.size());
+      const double tol = precision == Precision::kFp32 ? 1e-5 : 2e-2;
+      EXPECT_TRUE(torch::equal(selective[0], kept[0]));  // the forward is the same computation
+      for (size_t i = 1; i < selective.size(); ++i) {
+        EXPECT_TRUE(torch::allclose(selective[i], kept[i], tol, tol))
+            << i << ": largest difference " << (selective[i] - kept[i]).abs().max().item<double>();
+      }
+    }
   }
 }
 

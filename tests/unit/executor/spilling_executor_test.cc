@@ -39,7 +39,8 @@ Trial Shaped(int64_t layers, int64_t width, int64_t heads, int64_t context) {
 }
 
 /// The largest budget (in 1% steps of the unsharded footprint) whose plan has >= `shards`;
-/// `discrete`: planned as on a GPU, where stashed graphs stay in the device's memory; `disk`:
+/// `discrete`: planned as on a GPU, where stashed graphs stay in the device's memory and
+/// blocks may recompute their LayerNorm and GELU outputs; `disk`:
 /// with the state on disk. Attention is fused where the build has it, as the executors run it
 /// by default.
 int64_t BudgetFor(const Trial& t, size_t shards, bool discrete = false, bool disk = false) {
@@ -50,6 +51,7 @@ int64_t BudgetFor(const Trial& t, size_t shards, bool discrete = false, bool dis
     o.device_budget = full * pct / 100;
     o.micro_batches = t.training.gradient_accumulation_steps;
     o.stash_on_device = discrete;
+    o.selective_recompute = discrete;  // as the factory plans for discrete devices
     if (disk) o.state_tier = StateTier::kDisk;
     auto p = PlanShards(t, o);
     if (p.ok() && p->shards.size() >= shards) return o.device_budget;
@@ -673,6 +675,38 @@ TEST_F(SpillingExecutorTest, OnADiscreteDeviceOffloadedGraphsComeBackForTheirBac
     EXPECT_EQ((*plain)->stats().activation_bytes_offloaded, 0);
   }
   EXPECT_GT(tried, 0u) << "no budget made a plan that offloads";
+}
+
+TEST_F(SpillingExecutorTest, OnADiscreteDevicePlansThatRecomputeLayerNormsAndGeluTrainAsUnsharded) {
+  // Selective recompute (the CPU as a discrete device): at budgets whose plans recompute the
+  // blocks' LayerNorm and GELU outputs in backward, spilled or not, training tracks unsharded
+  // training that keeps them.
+  Trial base = testing::GptTrial("selective", "adamw", 6, 128, 4, 16, 11, 1e-3);
+  auto data = TokenDataset::Open(base.dataset, base.model.context_length + 1);
+  ASSERT_TRUE(data.ok());
+  const auto expected = UnshardedLosses(base);
+  const int64_t full = EstimateTrialFootprint(base).total_bytes();
+  ExecutorOptions o;
+  o.threads = 2;
+  o.fused_attention = fused_attention_;
+  o.host_link_bytes_per_second = 25e9;
+  o.flops_per_second = 1e13;  // a fast device: recompute costs little beside copies and shards
+  o.devices.simulate_discrete = true;
+  auto factory = MakeExecutorFactory(o);
+  size_t tried = 0;
+  for (int percent = 95; percent > 5 && tried < 2; percent -= 3) {
+    Trial t = base;
+    t.resources.device_memory_budget = full * percent / 100;
+    auto admitted = factory->Admit(t, **data);
+    if (!admitted.ok() || !admitted->plan.selective_recompute) continue;
+    ++tried;
+    SCOPED_TRACE(std::to_string(percent) + "% of the footprint:\n" + FormatPlan(t, admitted->plan));
+    auto exec = factory->Build(t, *data, *admitted, 0);
+    ASSERT_TRUE(exec.ok()) << exec.status();
+    testing::ExpectStepLossesNear(Losses(exec->get(), 30), expected, 1e-5);
+    EXPECT_LE((*exec)->stats().peak_device_bytes, *t.resources.device_memory_budget);
+  }
+  EXPECT_GT(tried, 0u) << "no budget made a plan that recomputes LayerNorms and GELU";
 }
 
 TEST_F(SpillingExecutorTest, LayerTooBigIsRefusedBeforeTraining) {

@@ -161,9 +161,9 @@ void Derive(const std::vector<LayerNeed>& l, const std::vector<int>& starts, int
     for (size_t r = 0; r < s; ++r) copying += copy_end[r] > begins[s] ? c->off[r] : 0;
     const int64_t refill = s > 0 ? c->off[s - 1] : 0;  // in beside s's backward
     c->pending[s] = s + 1 < S ? std::max(copying, refill) : copying + refill;
-    if (refill == 0) continue;
-    const int end = s > 0 ? starts[s] - 1 : 0;
-    const double up = static_cast<double>(ShardSum(l, starts[s - 1], end, &LayerNeed::state));
+    if (refill == 0) continue;  // so s > 0
+    const double up =
+        static_cast<double>(ShardSum(l, starts[s - 1], starts[s] - 1, &LayerNeed::state));
     const double backward =
         (s + 1 < S ? 2 : 3) * fwd[s] + (c->policy[s] == ActivationPolicy::kRecompute ? fwd[s] : 0);
     c->stall_seconds += std::max(0.0, (up + static_cast<double>(refill)) / link - backward) -
@@ -544,6 +544,18 @@ double EstimatedStepSeconds(const PartitionPlan& plan) {
   return s;
 }
 
+namespace {
+
+/// Of two plans of a trial, `lean` (more work a step, less kept) where its estimated step is
+/// shorter or `plain` does not fit; otherwise `plain`.
+StatusOr<PartitionPlan> Faster(StatusOr<PartitionPlan> plain, StatusOr<PartitionPlan> lean) {
+  if (!lean.ok()) return plain;
+  if (!plain.ok() || EstimatedStepSeconds(*lean) < EstimatedStepSeconds(*plain)) return lean;
+  return plain;
+}
+
+}  // namespace
+
 StatusOr<PartitionPlan> PlanShards(const Trial& trial, const PartitionOptions& o) {
   const int64_t micro = trial.training.batch_size / trial.training.gradient_accumulation_steps;
   const auto costs = ModelLayerCosts(trial, micro);
@@ -562,10 +574,7 @@ StatusOr<PartitionPlan> PlanShards(const Trial& trial, const PartitionOptions& o
   auto plan_for = [&](AttentionMemory attention) -> StatusOr<PartitionPlan> {
     auto plain = PlanFor(trial, o, costs, attention, false);
     if (!o.selective_recompute || !has_recomputable || !may_choose) return plain;
-    auto lean = PlanFor(trial, o, costs, attention, true);
-    if (!lean.ok()) return plain;
-    if (!plain.ok() || EstimatedStepSeconds(*lean) < EstimatedStepSeconds(*plain)) return lean;
-    return plain;
+    return Faster(std::move(plain), PlanFor(trial, o, costs, attention, true));
   };
   // A fused kernel keeps no scores and recomputes nothing: nothing to choose.
   if (o.fused_attention && has_attention) return plan_for(AttentionMemory::kFused);
@@ -575,10 +584,7 @@ StatusOr<PartitionPlan> PlanShards(const Trial& trial, const PartitionOptions& o
   // pays where it saves more, in fewer shards or fewer shards recomputing their whole forward
   // (the estimated compute of a step decides; fewer shards also move less), or where the
   // trial fits no other way.
-  auto lean = plan_for(AttentionMemory::kRecomputed);
-  if (!lean.ok()) return kept;
-  if (!kept.ok() || EstimatedStepSeconds(*lean) < EstimatedStepSeconds(*kept)) return lean;
-  return kept;
+  return Faster(std::move(kept), plan_for(AttentionMemory::kRecomputed));
 }
 
 std::string FormatPlan(const Trial& trial, const PartitionPlan& plan) {

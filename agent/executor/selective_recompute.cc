@@ -14,10 +14,8 @@ torch::Tensor Pre(Recomputed pre, const torch::Tensor& x, const torch::Tensor& w
   return torch::layer_norm(x, {x.size(-1)}, w, b, eps);
 }
 
-/// A leaf copy of `t` that requires grad (undefined stays undefined).
-torch::Tensor Leaf(const torch::Tensor& t) {
-  return t.defined() ? t.detach().requires_grad_(true) : t;
-}
+/// A leaf copy of `t` that requires grad.
+torch::Tensor Leaf(const torch::Tensor& t) { return t.detach().requires_grad_(true); }
 
 class LinearOfRecomputedFunction : public torch::autograd::Function<LinearOfRecomputedFunction> {
  public:
@@ -61,13 +59,11 @@ class LinearOfRecomputedFunction : public torch::autograd::Function<LinearOfReco
     const torch::Tensor grad_bias =
         bias.defined() ? flat.sum(0).to(bias.scalar_type()) : torch::Tensor();
     const torch::Tensor grad_p = gy.matmul(weight.to(type)).to(p.scalar_type());
-    std::vector<torch::Tensor> inputs = {xr};
-    if (wr.defined()) inputs.push_back(wr);
-    if (br.defined()) inputs.push_back(br);
-    const variable_list g = torch::autograd::grad({p}, inputs, {grad_p});
+    const variable_list g =
+        torch::autograd::grad({p}, norm ? variable_list{xr, wr, br} : variable_list{xr}, {grad_p});
     return {g[0],
-            wr.defined() ? g[1] : torch::Tensor(),
-            br.defined() ? g[2] : torch::Tensor(),
+            norm ? g[1] : torch::Tensor(),
+            norm ? g[2] : torch::Tensor(),
             grad_weight,
             grad_bias,
             torch::Tensor(),

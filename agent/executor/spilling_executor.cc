@@ -1164,14 +1164,20 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   /// they are).
   bool Stashes(size_t k) const {
     if (shards_[k].plan.policy != ActivationPolicy::kStash) return false;
-    return !on_.discrete || (plan_.stash_on_device && !disk_ && shards_[k].weights.transit.empty());
+    return !on_.discrete || GraphMayStayOnDevice(k);
   }
 
   /// Whether shard k keeps its forward's graph but moves what it saved to host memory until its
   /// backward (ActivationPolicy::kOffload; planned only where Stashes could keep it).
   bool Offloads(size_t k) const {
     return shards_[k].plan.policy == ActivationPolicy::kOffload && on_.discrete &&
-           plan_.stash_on_device && !disk_ && shards_[k].weights.transit.empty();
+           GraphMayStayOnDevice(k);
+  }
+
+  /// Discrete: whether shard k's forward graph may outlive its forward on the device (the plan
+  /// counted it there: state in host memory, the weights travelling as they are).
+  bool GraphMayStayOnDevice(size_t k) const {
+    return plan_.stash_on_device && !disk_ && shards_[k].weights.transit.empty();
   }
 
   /// Where shard k's stashed graph is counted.
@@ -1296,10 +1302,10 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   /// its own); nothing if it has none.
   Status BringBackGraph(size_t k) {
     StepInProgress& c = *cur_;
-    for (auto& g : c.retiring) {
-      if (g && g->Settled()) g.reset();  // its host memory may go back to the pool
-    }
-    c.retiring.erase(std::remove(c.retiring.begin(), c.retiring.end(), nullptr), c.retiring.end());
+    // Graphs whose copy in is done: their host memory may go back to the pool.
+    c.retiring.erase(std::remove_if(c.retiring.begin(), c.retiring.end(),
+                                    [](const auto& g) { return g->Settled(); }),
+                     c.retiring.end());
     if (!c.offloaded[k]) return OkStatus();
     RETURN_IF_ERROR(
         ledger_.Acquire(Tier::kDevice, c.offloaded[k]->bytes(),

@@ -54,127 +54,114 @@ void ExpectEqual(const std::vector<torch::Tensor>& a, const std::vector<torch::T
   for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << i;
 }
 
-TEST(OffloadedGraphTest, TheProcessEnginesHooksAreInstalled) {
+/// `mlp`'s forward on `x` inside a SavedTensorCapture: what autograd saved, the output, and
+/// what an executor keeps anyway (the parameters, the input and the output).
+struct CapturedForward {
+  std::vector<torch::Tensor> saved, keep;
+  torch::Tensor y;
+  CapturedForward(Mlp& mlp, const torch::Tensor& x) {
+    {
+      SavedTensorCapture capture(&saved);
+      y = mlp(x);
+    }
+    keep = mlp.Parameters();
+    keep.push_back(x);
+    keep.push_back(y);
+  }
+};
+
+/// `mlp`'s parameter gradients of the plain forward and backward on `x0`.
+std::vector<torch::Tensor> PlainGrads(Mlp& mlp, const torch::Tensor& x0) {
+  mlp(x0.clone().requires_grad_(true)).sum().backward();
+  return mlp.Grads();
+}
+
+class OffloadedGraphTest : public ::testing::Test {
+ protected:
+  DeviceStreams streams_{torch::kCPU};
+  HostTensorPool pool_{torch::kCPU, size_t{64} << 20};
+};
+
+TEST_F(OffloadedGraphTest, TheProcessEnginesHooksAreInstalled) {
   EXPECT_TRUE(SavedTensorCaptureAvailable());
 }
 
-TEST(OffloadedGraphTest, ACapturedForwardMovedOutAndBackGivesTheSameGradients) {
+TEST_F(OffloadedGraphTest, ACapturedForwardMovedOutAndBackGivesTheSameGradients) {
   Mlp mlp;
   const auto x0 = Input();
-  auto plain_x = x0.clone().requires_grad_(true);
-  mlp(plain_x).sum().backward();
-  const auto expected = mlp.Grads();
-
+  const auto expected = PlainGrads(mlp, x0);
   auto x = x0.clone().requires_grad_(true);
-  std::vector<torch::Tensor> saved;
-  torch::Tensor y;
-  {
-    SavedTensorCapture capture(&saved);
-    y = mlp(x);
-  }
-  EXPECT_GT(saved.size(), 5u);  // inputs, weights and intermediate values of four operations
-  std::vector<torch::Tensor> keep = mlp.Parameters();
-  keep.push_back(x);
-  keep.push_back(y);
-  OffloadedGraph graph(saved, keep, torch::kCPU, 0);
+  CapturedForward f(mlp, x);
+  EXPECT_GT(f.saved.size(), 5u);  // inputs, weights and intermediate values of four operations
+  OffloadedGraph graph(f.saved, f.keep, torch::kCPU, 0);
   // LayerNorm's output, fc's output, GELU's output (its statistics too): not the weights.
   EXPECT_GE(graph.storages(), 3u);
   EXPECT_GE(graph.bytes(), 3 * 8 * 16 * 64 * 4);
-  DeviceStreams streams(torch::kCPU);
-  HostTensorPool pool(torch::kCPU, size_t{64} << 20);
-  graph.MoveOut(streams, pool);
+  graph.MoveOut(streams_, pool_);
   size_t freed = 0;
-  for (const auto& t : saved) freed += StorageFreedInPlace(t) ? 1 : 0;
+  for (const auto& t : f.saved) freed += StorageFreedInPlace(t) ? 1 : 0;
   EXPECT_GE(freed, 3u);
   for (const auto& p : mlp.Parameters()) EXPECT_FALSE(StorageFreedInPlace(p));
   EXPECT_FALSE(StorageFreedInPlace(x));
-  graph.MoveIn(streams);
-  y.sum().backward();
+  graph.MoveIn(streams_);
+  f.y.sum().backward();
   ExpectEqual(mlp.Grads(), expected);
 }
 
-TEST(OffloadedGraphTest, WhatTheBackwardReadsIsWhatCameBack) {
+TEST_F(OffloadedGraphTest, WhatTheBackwardReadsIsWhatCameBack) {
   // The same, but the storages come back zeroed instead of copied: the gradients change, so
   // the backward reads the storages the graph saved, not copies of its own.
   Mlp mlp;
   const auto x0 = Input();
-  auto plain_x = x0.clone().requires_grad_(true);
-  mlp(plain_x).sum().backward();
-  const auto expected = mlp.Grads();
-  auto x = x0.clone().requires_grad_(true);
-  std::vector<torch::Tensor> saved;
-  torch::Tensor y;
-  {
-    SavedTensorCapture capture(&saved);
-    y = mlp(x);
-  }
-  std::vector<torch::Tensor> keep = mlp.Parameters();
-  keep.push_back(x);
-  keep.push_back(y);
-  OffloadedGraph graph(saved, keep, torch::kCPU, 0);
-  DeviceStreams streams(torch::kCPU);
-  HostTensorPool pool(torch::kCPU, size_t{64} << 20);
-  graph.MoveOut(streams, pool);
-  graph.MoveIn(streams);
+  const auto expected = PlainGrads(mlp, x0);
+  CapturedForward f(mlp, x0.clone().requires_grad_(true));
+  OffloadedGraph graph(f.saved, f.keep, torch::kCPU, 0);
+  graph.MoveOut(streams_, pool_);
+  graph.MoveIn(streams_);
   {
     torch::NoGradGuard g;
-    for (const auto& t : saved) {
-      if (!SharesStorage(t, keep)) t.variable_data().zero_();
+    for (const auto& t : f.saved) {
+      if (!SharesStorage(t, f.keep)) t.variable_data().zero_();
     }
   }
-  y.sum().backward();
+  f.y.sum().backward();
   const auto got = mlp.Grads();
   bool differs = false;
   for (size_t i = 0; i < got.size(); ++i) differs = differs || !torch::equal(got[i], expected[i]);
   EXPECT_TRUE(differs);
 }
 
-TEST(OffloadedGraphTest, OutsideTheScopeAndBelowTheMinimumNothingMoves) {
+TEST_F(OffloadedGraphTest, OutsideTheScopeAndBelowTheMinimumNothingMoves) {
   Mlp mlp;
   auto x = Input().requires_grad_(true);
   std::vector<torch::Tensor> saved;
-  torch::Tensor before;
   { SavedTensorCapture capture(&saved); }
-  before = mlp(x);  // after the scope: saves as usual
+  mlp(x);  // after the scope: saves as usual
   EXPECT_TRUE(saved.empty());
-  {
-    SavedTensorCapture capture(&saved);
-    before = mlp(x);
-  }
-  OffloadedGraph small(saved, {}, torch::kCPU, size_t{1} << 30);
+  CapturedForward f(mlp, x);
+  OffloadedGraph small(f.saved, {}, torch::kCPU, size_t{1} << 30);
   EXPECT_EQ(small.storages(), 0u);
   EXPECT_EQ(small.bytes(), 0);
   // Another device's tensors are not this one's to move.
-  OffloadedGraph elsewhere(saved, {}, torch::Device(torch::kMeta), 0);
+  OffloadedGraph elsewhere(f.saved, {}, torch::Device(torch::kMeta), 0);
   EXPECT_EQ(elsewhere.storages(), 0u);
 }
 
-TEST(OffloadedGraphTest, AfterTheBackwardReleaseDeviceLetsTheStoragesGo) {
+TEST_F(OffloadedGraphTest, AfterTheBackwardReleaseDeviceLetsTheStoragesGo) {
   // The host copies wait for the copy in; the device memory must not wait with them.
   Mlp mlp;
-  auto x = Input().requires_grad_(true);
-  std::vector<torch::Tensor> saved;
-  torch::Tensor y;
-  {
-    SavedTensorCapture capture(&saved);
-    y = mlp(x);
-  }
-  std::vector<torch::Tensor> keep = mlp.Parameters();
-  keep.push_back(x);
-  keep.push_back(y);
-  auto graph = std::make_unique<OffloadedGraph>(saved, keep, torch::kCPU, 0);
+  CapturedForward f(mlp, Input().requires_grad_(true));
+  auto graph = std::make_unique<OffloadedGraph>(f.saved, f.keep, torch::kCPU, 0);
   std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> moved;
-  for (const auto& t : saved) {
-    if (!SharesStorage(t, keep)) moved.push_back(t.storage().getWeakStorageImpl());
+  for (const auto& t : f.saved) {
+    if (!SharesStorage(t, f.keep)) moved.push_back(t.storage().getWeakStorageImpl());
   }
   ASSERT_FALSE(moved.empty());
-  saved.clear();
-  DeviceStreams streams(torch::kCPU);
-  HostTensorPool pool(torch::kCPU, size_t{64} << 20);
-  graph->MoveOut(streams, pool);
-  graph->MoveIn(streams);
-  y.sum().backward();
-  y = torch::Tensor();
+  f.saved.clear();
+  graph->MoveOut(streams_, pool_);
+  graph->MoveIn(streams_);
+  f.y.sum().backward();
+  f.y = torch::Tensor();
   size_t alive = 0;
   for (const auto& w : moved) alive += w.expired() ? 0 : 1;
   EXPECT_GT(alive, 0u);  // the graph object still refers to them

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <thread>
 
 #include "agent/executor/inmemory_executor.h"
@@ -134,6 +135,40 @@ class SpillingExecutorTest : public ::testing::Test {
 
   void ExpectVariantsTrackUnsharded(const Trial& base, const std::vector<Variant>& variants,
                                     Tolerance tol);
+
+  /// `base` at up to two budgets (from 95% of its footprint down, in `step`% steps) whose
+  /// admission by `factory` is `chosen`, trained for 30 steps: its losses track `expected`
+  /// within 1e-5 and the ledger's peak stays within the budget; `also` checks more of each
+  /// run. Returns how many budgets ran.
+  using RunCheck = std::function<void(const Trial&, const Admission&, TrialExecutorInterface*,
+                                      const std::vector<double>& losses)>;
+  size_t TrainChosenPlans(ExecutorFactoryInterface* factory, const Trial& base, int step,
+                          const std::vector<double>& expected,
+                          const std::function<bool(const Admission&)>& chosen,
+                          const RunCheck& also) {
+    auto data = TokenDataset::Open(base.dataset, base.model.context_length + 1);
+    EXPECT_TRUE(data.ok()) << data.status();
+    if (!data.ok()) return 0;
+    const int64_t full = EstimateTrialFootprint(base).total_bytes();
+    size_t tried = 0;
+    for (int percent = 95; percent > 5 && tried < 2; percent -= step) {
+      Trial t = base;
+      t.resources.device_memory_budget = full * percent / 100;
+      auto admitted = factory->Admit(t, **data);
+      if (!admitted.ok() || !chosen(*admitted)) continue;
+      ++tried;
+      SCOPED_TRACE(std::to_string(percent) + "% of the footprint:\n" +
+                   FormatPlan(t, admitted->plan));
+      auto exec = factory->Build(t, *data, *admitted, 0);
+      EXPECT_TRUE(exec.ok()) << exec.status();
+      if (!exec.ok()) continue;
+      const auto losses = Losses(exec->get(), 30);
+      testing::ExpectStepLossesNear(losses, expected, 1e-5);
+      EXPECT_LE((*exec)->stats().peak_device_bytes, *t.resources.device_memory_budget);
+      also(t, *admitted, exec->get(), losses);
+    }
+    return tried;
+  }
 
   fs::path spill_;
   /// Factory's and UnshardedLosses' ExecutorOptions::fused_attention (which matters only
@@ -628,8 +663,6 @@ TEST_F(SpillingExecutorTest, OnADiscreteDeviceOffloadedGraphsComeBackForTheirBac
   base.training.gradient_accumulation_steps = 2;
   auto data = TokenDataset::Open(base.dataset, base.model.context_length + 1);
   ASSERT_TRUE(data.ok());
-  const auto expected = UnshardedLosses(base);
-  const int64_t full = EstimateTrialFootprint(base).total_bytes();
   auto options = [&](bool offload) {
     ExecutorOptions o;
     o.threads = 2;
@@ -642,38 +675,29 @@ TEST_F(SpillingExecutorTest, OnADiscreteDeviceOffloadedGraphsComeBackForTheirBac
   };
   auto offloading = MakeExecutorFactory(options(true));
   auto recomputing = MakeExecutorFactory(options(false));
-  size_t tried = 0;
-  for (int percent = 95; percent > 5 && tried < 2; percent -= 2) {
-    Trial t = base;
-    t.resources.device_memory_budget = full * percent / 100;
-    auto admitted = offloading->Admit(t, **data);
-    if (!admitted.ok() || admitted->plan.offloaded_bytes == 0) continue;
-    ++tried;
-    SCOPED_TRACE(std::to_string(percent) + "% of the footprint:\n" + FormatPlan(t, admitted->plan));
-    auto exec = offloading->Build(t, *data, *admitted, 0);
-    ASSERT_TRUE(exec.ok()) << exec.status();
-    const auto losses = Losses(exec->get(), 30);
-    testing::ExpectStepLossesNear(losses, expected, 1e-5);
-    const ExecutorStats st = (*exec)->stats();
-    // What the graphs saved is what the cost model counted, to a few percent (the fused
-    // kernel's softmax statistics, LayerNorm's, are left out of it).
-    EXPECT_NEAR(static_cast<double>(st.activation_bytes_offloaded),
-                30.0 * static_cast<double>(admitted->plan.offloaded_bytes),
-                3.0 * static_cast<double>(admitted->plan.offloaded_bytes));
-    EXPECT_LE(st.peak_device_bytes, *t.resources.device_memory_budget);
-    // The host tier counted the offloaded graphs (admission's host bytes hold them).
-    EXPECT_GE(admitted->host_bytes, admitted->plan.offloaded_bytes);
-    // The same packing recomputing instead: the same numbers.
-    Admission recompute = *admitted;
-    for (auto& sh : recompute.plan.shards) {
-      if (sh.policy == ActivationPolicy::kOffload) sh.policy = ActivationPolicy::kRecompute;
-    }
-    recompute.plan.offloaded_bytes = 0;
-    auto plain = recomputing->Build(t, *data, recompute, 0);
-    ASSERT_TRUE(plain.ok()) << plain.status();
-    EXPECT_EQ(losses, Losses(plain->get(), 30));
-    EXPECT_EQ((*plain)->stats().activation_bytes_offloaded, 0);
-  }
+  const size_t tried = TrainChosenPlans(
+      offloading.get(), base, 2, UnshardedLosses(base),
+      [](const Admission& a) { return a.plan.offloaded_bytes > 0; },
+      [&](const Trial& t, const Admission& admitted, TrialExecutorInterface* exec,
+          const std::vector<double>& losses) {
+        // What the graphs saved is what the cost model counted, to a few percent (the fused
+        // kernel's softmax statistics, LayerNorm's, are left out of it).
+        EXPECT_NEAR(static_cast<double>(exec->stats().activation_bytes_offloaded),
+                    30.0 * static_cast<double>(admitted.plan.offloaded_bytes),
+                    3.0 * static_cast<double>(admitted.plan.offloaded_bytes));
+        // The host tier counted the offloaded graphs (admission's host bytes hold them).
+        EXPECT_GE(admitted.host_bytes, admitted.plan.offloaded_bytes);
+        // The same packing recomputing instead: the same numbers.
+        Admission recompute = admitted;
+        for (auto& sh : recompute.plan.shards) {
+          if (sh.policy == ActivationPolicy::kOffload) sh.policy = ActivationPolicy::kRecompute;
+        }
+        recompute.plan.offloaded_bytes = 0;
+        auto plain = recomputing->Build(t, *data, recompute, 0);
+        ASSERT_TRUE(plain.ok()) << plain.status();
+        EXPECT_EQ(losses, Losses(plain->get(), 30));
+        EXPECT_EQ((*plain)->stats().activation_bytes_offloaded, 0);
+      });
   EXPECT_GT(tried, 0u) << "no budget made a plan that offloads";
 }
 
@@ -681,11 +705,7 @@ TEST_F(SpillingExecutorTest, OnADiscreteDevicePlansThatRecomputeLayerNormsAndGel
   // Selective recompute (the CPU as a discrete device): at budgets whose plans recompute the
   // blocks' LayerNorm and GELU outputs in backward, spilled or not, training tracks unsharded
   // training that keeps them.
-  Trial base = testing::GptTrial("selective", "adamw", 6, 128, 4, 16, 11, 1e-3);
-  auto data = TokenDataset::Open(base.dataset, base.model.context_length + 1);
-  ASSERT_TRUE(data.ok());
-  const auto expected = UnshardedLosses(base);
-  const int64_t full = EstimateTrialFootprint(base).total_bytes();
+  const Trial base = testing::GptTrial("selective", "adamw", 6, 128, 4, 16, 11, 1e-3);
   ExecutorOptions o;
   o.threads = 2;
   o.fused_attention = fused_attention_;
@@ -693,19 +713,10 @@ TEST_F(SpillingExecutorTest, OnADiscreteDevicePlansThatRecomputeLayerNormsAndGel
   o.flops_per_second = 1e13;  // a fast device: recompute costs little beside copies and shards
   o.devices.simulate_discrete = true;
   auto factory = MakeExecutorFactory(o);
-  size_t tried = 0;
-  for (int percent = 95; percent > 5 && tried < 2; percent -= 3) {
-    Trial t = base;
-    t.resources.device_memory_budget = full * percent / 100;
-    auto admitted = factory->Admit(t, **data);
-    if (!admitted.ok() || !admitted->plan.selective_recompute) continue;
-    ++tried;
-    SCOPED_TRACE(std::to_string(percent) + "% of the footprint:\n" + FormatPlan(t, admitted->plan));
-    auto exec = factory->Build(t, *data, *admitted, 0);
-    ASSERT_TRUE(exec.ok()) << exec.status();
-    testing::ExpectStepLossesNear(Losses(exec->get(), 30), expected, 1e-5);
-    EXPECT_LE((*exec)->stats().peak_device_bytes, *t.resources.device_memory_budget);
-  }
+  const size_t tried = TrainChosenPlans(
+      factory.get(), base, 3, UnshardedLosses(base),
+      [](const Admission& a) { return a.plan.selective_recompute; },
+      [](const Trial&, const Admission&, TrialExecutorInterface*, const std::vector<double>&) {});
   EXPECT_GT(tried, 0u) << "no budget made a plan that recomputes LayerNorms and GELU";
 }
 

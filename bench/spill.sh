@@ -71,20 +71,39 @@ gpu_largest() {
     ((cg < host_free)) && host_free=$cg
   fi
   disk_free=$(($(stat -f -c '%a * %S' "$SPILL_DIR")))
-  local chosen="" plan="" budget=""
+  local chosen="" plan="" at="" budget="" limit=()
   for shape in "${shapes[@]}"; do
     local layers=${shape%x*} width=${shape#*x}
     largest_dims "$shape"
     # Every parameter's weights and AdamW state (12 bytes) sit in host memory or on disk.
     local params=$((12 * layers * width * width + 50257 * width))
-    if [ "$OFFLOAD" = host ] && ((12 * params > host_free * 7 / 10)); then continue; fi
-    if [ "$OFFLOAD" = disk ] && ((12 * params > disk_free * 85 / 100)); then continue; fi
-    plan=$("$BIN" --devices "$GPU" "${DIMS[@]}" --budget-device --plan-only 2>"$OUT.err") || continue
-    # Fits: prints the budget to train it under.
-    if budget=$("$PY" -c 'import json, sys; a = json.loads(sys.argv[1]); h, d = int(sys.argv[2]), int(sys.argv[3])
-half = a["footprintBytes"] // 2
-print(min(a["deviceMemoryBytes"], half) if a["deviceMemoryBytes"] > 0 else half)
-sys.exit(0 if a["hostBytes"] <= h * 0.7 and a["diskBytes"] <= d * 0.85 else 1)' "$plan" "$host_free" "$disk_free"); then
+    local tier_free=$((disk_free * 85 / 100))
+    [ "$OFFLOAD" = disk ] || tier_free=$((host_free * 7 / 10))
+    if ((12 * params > tier_free)); then
+      echo "$shape: $((12 * params >> 30)) GiB of weights and AdamW state, over $((tier_free >> 30)) GiB of $OFFLOAD"
+      continue
+    fi
+    # The budget to train it under: the GPU's memory, or half the footprint where that is less;
+    # then its admission at that budget (the host and disk bytes the run will take: a plan at
+    # the GPU's whole memory holds the model in one shard, whose host staging is the model's).
+    if ! plan=$("$BIN" --devices "$GPU" "${DIMS[@]}" --budget-device --plan-only 2>"$OUT.err"); then
+      echo "$shape: refused: $(tail -c 200 "$OUT.err" | tr '\n' ' ')"
+      continue
+    fi
+    budget=$("$PY" -c 'import json, sys; a = json.loads(sys.argv[1]); half = a["footprintBytes"] // 2
+print(min(a["deviceMemoryBytes"], half) if a["deviceMemoryBytes"] > 0 else half)' "$plan")
+    # Half the footprint leaves too little beside the tied embedding of a small model: the
+    # device's memory then.
+    limit=(--budget-bytes "$budget")
+    if ! at=$("$BIN" --devices "$GPU" "${DIMS[@]}" "${limit[@]}" --plan-only 2>/dev/null); then
+      limit=(--budget-device)
+      at=$plan
+    fi
+    if "$PY" -c 'import json, sys; a = json.loads(sys.argv[1]); h, d = int(sys.argv[2]), int(sys.argv[3])
+ok = a["hostBytes"] <= h * 0.7 and a["diskBytes"] <= d * 0.85
+hb, db, hl, dl = a["hostBytes"] / 2**30, a["diskBytes"] / 2**30, h * 0.7 / 2**30, d * 0.85 / 2**30
+ok or print(f"{sys.argv[4]}: host {hb:.1f} GiB (limit {hl:.1f}), disk {db:.1f} GiB (limit {dl:.1f}): too much")
+sys.exit(0 if ok else 1)' "$at" "$host_free" "$disk_free" "$shape"; then
       chosen=$shape
       break
     fi
@@ -96,10 +115,6 @@ sys.exit(0 if a["hostBytes"] <= h * 0.7 and a["diskBytes"] <= d * 0.85 else 1)' 
   fi
   local left line
   largest_dims "$chosen"
-  # Half the footprint leaves too little beside the tied embedding of a small model: the
-  # device's memory then.
-  local limit=(--budget-bytes "$budget")
-  "$BIN" --devices "$GPU" "${DIMS[@]}" "${limit[@]}" --plan-only >/dev/null 2>&1 || limit=(--budget-device)
   left=$(time_left)
   # shellcheck disable=SC2086
   if ((left > 0)) && line=$(timeout -k 10 "$left" "$BIN" --devices "$GPU" "${DIMS[@]}" "${limit[@]}" \

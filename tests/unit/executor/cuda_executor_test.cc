@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <tuple>
 
 #include "agent/executor/attention.h"
@@ -65,6 +66,28 @@ Trial Medium(const std::string& optimizer) {
   return testing::GptTrial("gpu", optimizer, 6, 256, 4, 128, 5, 3e-4);
 }
 
+/// `t`'s step losses over 30 steps, trained unsharded on `gpu` (the in-memory executor, freed
+/// before they return: a test that measures the allocator afterwards sees none of it), with
+/// LayerNorm and GELU recomputed when `selective` (the same arithmetic as a spilled plan that
+/// chooses it; selective_recompute_test checks it against the layers' own).
+std::vector<double> UnshardedLosses(const DeviceSpec& gpu, const Trial& t,
+                                    bool fused_attention = true, bool selective = false) {
+  auto data = TokenDataset::Open(t.dataset, t.model.context_length + 1);
+  EXPECT_TRUE(data.ok()) << data.status();
+  if (!data.ok()) return {};
+  InMemoryExecutorOptions io;
+  io.devices.devices = {gpu};
+  io.fused_attention = fused_attention;
+  auto factory = MakeInMemoryExecutorFactory(io);
+  auto admitted = factory->Admit(t, **data);
+  EXPECT_TRUE(admitted.ok()) << admitted.status();
+  if (!admitted.ok()) return {};
+  admitted->plan.selective_recompute = selective;
+  auto plain = factory->Build(t, *data, *admitted, 0);
+  EXPECT_TRUE(plain.ok()) << plain.status();
+  return plain.ok() ? testing::StepLosses(plain->get(), 30) : std::vector<double>{};
+}
+
 class CudaExecutorTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -95,20 +118,6 @@ class CudaExecutorTest : public ::testing::Test {
 
   static std::vector<double> Losses(TrialExecutorInterface* e, int steps) {
     return testing::StepLosses(e, steps);
-  }
-
-  /// `t`'s step losses over 30 steps, trained unsharded on `gpu` (the in-memory executor).
-  static std::vector<double> UnshardedLosses(const DeviceSpec& gpu, const Trial& t,
-                                             bool fused_attention = true) {
-    auto data = TokenDataset::Open(t.dataset, t.model.context_length + 1);
-    EXPECT_TRUE(data.ok()) << data.status();
-    if (!data.ok()) return {};
-    InMemoryExecutorOptions io;
-    io.devices.devices = {gpu};
-    io.fused_attention = fused_attention;
-    auto plain = MakeInMemoryExecutorFactory(io)->Create(t, *data);
-    EXPECT_TRUE(plain.ok()) << plain.status();
-    return plain.ok() ? Losses(plain->get(), 30) : std::vector<double>{};
   }
 
   fs::path spill_;
@@ -420,11 +429,8 @@ void ExpectChosenPlansTrainWithinTheirBudget(
     base.training.precision = precision;
     auto data = TokenDataset::Open(base.dataset, base.model.context_length + 1);
     ASSERT_TRUE(data.ok());
-    InMemoryExecutorOptions io;
-    io.devices.devices = {gpu};
-    auto plain = MakeInMemoryExecutorFactory(io)->Create(base, *data);
-    ASSERT_TRUE(plain.ok()) << plain.status();
-    const auto expected = testing::StepLosses(plain->get(), 30);
+    // Unsharded training with and without selective recompute, as each plan computes.
+    std::map<bool, std::vector<double>> expected;
     size_t tried = 0;
     for (int percent = 95; percent > 5 && tried < 2; percent -= 2) {
       Trial t = base;
@@ -435,9 +441,12 @@ void ExpectChosenPlansTrainWithinTheirBudget(
       ++tried;
       SCOPED_TRACE(std::to_string(percent) + "% of the footprint:\n" +
                    FormatPlan(t, admitted->plan));
+      const bool selective = admitted->plan.selective_recompute;
+      if (!expected.count(selective))
+        expected[selective] = UnshardedLosses(gpu, base, true, selective);
       auto exec = factory->Build(t, *data, *admitted, 0);
       ASSERT_TRUE(exec.ok()) << exec.status();
-      const int64_t peak = TrainedAllocatorPeak(gpu, exec->get(), expected, precision);
+      const int64_t peak = TrainedAllocatorPeak(gpu, exec->get(), expected[selective], precision);
       const ExecutorStats st = (*exec)->stats();
       std::printf(
           "budget %lld (%s, %d%% of the footprint, %s), allocator peak %lld, ledger peak "
@@ -477,7 +486,11 @@ TEST_F(CudaExecutorTest, OffloadedGraphsLeaveTheGpuAndComeBackForTheirBackward) 
 TEST_F(CudaExecutorTest, PlansThatRecomputeLayerNormsAndGeluTrainOnAGpuAsUnsharded) {
   // Selective recompute on the GPU: the custom function's backward runs on the GPU's autograd
   // thread (autocast off there: it casts as autocast did). A trial whose activations outweigh
-  // its weights (context 256 against width 256), at budgets whose plans choose it.
+  // its weights (context 256 against width 256), at budgets whose plans choose it, against
+  // unsharded training with selective recompute too: in bf16 on an H200 the function's
+  // training drifted 1.8% from the layers' own by step 10 (the fourth GPU run), where the
+  // spilling does not; selective_recompute_test compares the function with the layers, on
+  // the CPU and, where there is one, on the GPU.
   REQUIRE_GPU(gpu);
 #ifdef HYDRA_WITH_CUDA
   auto factory = Factory(gpu, /*host_optimizer=*/false);

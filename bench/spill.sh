@@ -148,8 +148,10 @@ if [ -n "$GPU" ]; then
   # unspilled run, and PyTorch eager (bench/train_throughput.py) on the same GPU and shape.
   # name layers width heads batch context vocabulary
   SHAPES=("medium 24 1024 16 8 1024 50257" "xl 48 1600 25 4 1024 50257")
-  STEPS="--steps 3 --warmup 1"
-  if ((SMOKE)); then SHAPES=("smoke 8 128 4 8 64 256"); STEPS="--steps 2 --warmup 1"; fi
+  # The unspilled run, the one every ratio divides by, and eager, which it is compared with:
+  # more steps, the same for both (one noisy step moved the ratio by a few percent).
+  STEPS="--steps 3 --warmup 1" REF_STEPS=8 REF_WARMUP=2
+  if ((SMOKE)); then SHAPES=("smoke 8 128 4 8 64 256"); STEPS="--steps 2 --warmup 1" REF_STEPS=2 REF_WARMUP=1; fi
   if [ -n "$SHAPE_FILTER" ]; then
     kept=()
     for shape in "${SHAPES[@]}"; do
@@ -229,7 +231,7 @@ if [ -n "$GPU" ]; then
         eager_done+=" $name/$attention/$adamw"
         # shellcheck disable=SC2086
         if ((left > 0)) && timeout -k 10 "$left" "$PY" bench/train_throughput.py --device "$GPU" \
-            --corpus "$CORPUS" $eager_args --steps 5 --warmup 2 --precision "$PRECISION" \
+            --corpus "$CORPUS" $eager_args --steps $REF_STEPS --warmup $REF_WARMUP --precision "$PRECISION" \
             --attention "$attention" --adamw "$adamw" >"$OUT.line" 2>"$OUT.err"; then
           sed "s/^{/{\"shape\": \"$name\", /" "$OUT.line" >>"$OUT"
         else
@@ -238,9 +240,11 @@ if [ -n "$GPU" ]; then
         fi
         continue
       fi
+      steps=$STEPS
+      [ "$cfg" != "1.0 host" ] || steps="--steps $REF_STEPS --warmup $REF_WARMUP"
       # shellcheck disable=SC2086
       if ((left > 0)) && line=$(timeout -k 10 "$left" "$BIN" --devices "$GPU" --corpus "$CORPUS" $dims \
-          $STEPS --budget-fraction "$1" --offload "$2" "${@:3}" --spill-dir "$SPILL_DIR" \
+          $steps --budget-fraction "$1" --offload "$2" "${@:3}" --spill-dir "$SPILL_DIR" \
           --precision "$PRECISION" 2>"$OUT.err"); then
         echo "{\"shape\": \"$name\", \"args\": \"${*:3}\", ${line#\{}" >>"$OUT"
       else

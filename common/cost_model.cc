@@ -110,12 +110,18 @@ std::vector<LayerCost> GptCosts(const ModelSpec& m, int64_t micro_batch, Precisi
   LayerCost head;
   head.name = "head";
   head.parameters = a.Parameters(2 * C, head.name);  // final LayerNorm; the LM head is tied
-  // Kept for backward: the final LayerNorm's input (fp32) and its output in the GEMMs' type
-  // (in fp32 the tensor the loss reads), and the logits' gradients [tokens, V] in the GEMMs'
-  // type, which the fused LM head and loss (agent/executor/lm_head_loss) keeps instead of the
-  // logits; its fp32 chunks of 256 rows are small beside them.
+  // The fused LM head and loss (agent/executor/lm_head_loss) at its peak, in its forward: the
+  // final LayerNorm's input (fp32, kept for backward) and its output in the GEMMs' type, the
+  // gradients it computes there and keeps for backward (dh [tokens, C] and dw [V, C], fp32),
+  // one block of the logits' gradients in the GEMMs' type (in fp32 the chunks' logits are
+  // computed in place there; in bf16 one chunk's fp32 logits and the product they came from).
   const double gemm = precision == Precision::kBf16 ? 2 : f;
-  head.activation_bytes = a.Bytes(tokens * (C * f + C * gemm + V * gemm), head.name, "activations");
+  const double block = std::min<double>(
+      tokens, static_cast<double>(LmHeadBlockRows(m.vocab_size, static_cast<int64_t>(gemm))));
+  const double chunk = std::min<double>(tokens, static_cast<double>(kLmHeadChunkRows));
+  head.activation_bytes = a.Bytes(tokens * (C * f + C * gemm + C * 4) + V * C * 4 +
+                                      block * V * gemm + (gemm < f ? chunk * V * (f + gemm) : 0),
+                                  head.name, "activations");
   head.output_bytes = a.Bytes(tokens * V * f, head.name, "output");
   head.forward_flops = tokens * 2.0 * C * V;
   layers.push_back(head);

@@ -35,6 +35,20 @@ struct LayerCost {
   double recompute_flops = 0;
 };
 
+/// The fused LM head and loss (agent/executor/lm_head_loss): rows of the final hidden states
+/// whose fp32 logits are reduced to their loss at a time, and the most bytes of logits'
+/// gradients (in the GEMMs' type) it gathers before turning them into the gradients of the
+/// hidden states and of the tied weights (two GEMMs): the forward computes the gradients, so
+/// that no [tokens, vocabulary] tensor outlives it.
+inline constexpr int64_t kLmHeadChunkRows = 256;
+inline constexpr int64_t kLmHeadBlockBytes = int64_t{64} << 20;
+
+/// Rows of one such block: a multiple of kLmHeadChunkRows, at least one chunk.
+inline int64_t LmHeadBlockRows(int64_t vocab, int64_t element_bytes) {
+  const int64_t chunks = kLmHeadBlockBytes / (kLmHeadChunkRows * vocab * element_bytes);
+  return kLmHeadChunkRows * (chunks > 1 ? chunks : 1);
+}
+
 /// What an elementwise value computed again in backward (LayerNorm, GELU) costs, in FLOPs of
 /// the matrix products: they run at the memory's bandwidth, not the matrix units' rate. A guess
 /// from an H200's ratio (50 TFLOP/s fp32 against 4.8 TB/s, some 12 bytes read and written a

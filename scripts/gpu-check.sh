@@ -228,9 +228,12 @@ case "${HYDRA_GPU_ONLY:-}" in
 esac
 # --- 3. the GPU tests first, then the example on the GPU, then the rest ---------------------
 # cuda_executor_test is the proof (spilled = unsharded on the GPU, the allocator's peak, the
-# copy streams, the pilot's rates); its measured lines go into the report.
+# copy streams, the pilot's rates; the LM head's memory), selective_recompute_test compares
+# the selective-recompute function with the layers on the GPU; their measured lines go into
+# the report.
 # Each step has a cap, so that one that hangs leaves time for the rest.
-for t in executor/cuda_executor_test:240 executor/gpus_test:60 common/nvml_test:60; do
+for t in executor/cuda_executor_test:240 executor/selective_recompute_test:60 executor/gpus_test:60 \
+  common/nvml_test:60; do
   cap=${t#*:}
   t=${t%:*}
   name=${t#*/}

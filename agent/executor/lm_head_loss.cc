@@ -2,14 +2,13 @@
 
 #include <algorithm>
 
+#include "common/cost_model.h"
+
 namespace hydra::executor {
 namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-/// Rows per chunk: [256, 50257] fp32 logits are 51 MB, past that the chunk stops paying.
-constexpr int64_t kChunkRows = 256;
 
 /// Loss of one chunk's fp32 logits `z` [rows, V] (overwritten, when `grad`, with the gradient
 /// of the chunk's summed loss: softmax(z) - onehot(targets)). Returns the summed loss.
@@ -27,6 +26,31 @@ torch::Tensor ChunkLoss(torch::Tensor& z, const torch::Tensor& targets, bool gra
   return loss;
 }
 
+/// Summed loss of rows [first, first + g.size(0)) of hc (in the GEMMs' type), chunk by chunk,
+/// with the logits' gradients written into `g` [rows, V] (the GEMMs' type) when `grad` (`g` is
+/// then the block's buffer; undefined otherwise).
+torch::Tensor BlockLoss(const torch::Tensor& hc, const torch::Tensor& wt,
+                        const torch::Tensor& targets, int64_t first, int64_t rows,
+                        torch::Tensor g) {
+  const bool grad = g.defined();
+  const bool fp32 = hc.scalar_type() == torch::kFloat;
+  auto total = torch::zeros({}, hc.options().dtype(torch::kFloat));
+  for (int64_t r = 0; r < rows; r += kLmHeadChunkRows) {
+    const int64_t n = std::min(kLmHeadChunkRows, rows - r);
+    const auto h = hc.narrow(0, first + r, n);
+    torch::Tensor z;
+    if (fp32 && grad) {
+      z = g.narrow(0, r, n);
+      at::mm_out(z, h, wt);  // in place in the block: no copy
+    } else {
+      z = torch::mm(h, wt).to(torch::kFloat);
+    }
+    total.add_(ChunkLoss(z, targets.narrow(0, first + r, n), grad));
+    if (grad && !fp32) g.narrow(0, r, n).copy_(z);
+  }
+  return total;
+}
+
 class LmHeadLossFunction : public torch::autograd::Function<LmHeadLossFunction> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& h, const torch::Tensor& w,
@@ -34,23 +58,33 @@ class LmHeadLossFunction : public torch::autograd::Function<LmHeadLossFunction> 
     const int64_t n = h.size(0), v = w.size(0);
     const auto hc = h.to(compute), wc = w.to(compute);
     const auto wt = wc.t();
-    // Kept for backward: the logits' gradients, in the GEMMs' type.
-    auto g = grad ? torch::empty({n, v}, hc.options()) : torch::Tensor();
     auto total = torch::zeros({}, h.options().dtype(torch::kFloat));
-    for (int64_t r = 0; r < n; r += kChunkRows) {
-      const int64_t rows = std::min(kChunkRows, n - r);
-      const auto tc = targets.narrow(0, r, rows);
-      torch::Tensor z;
-      if (compute == torch::kFloat && grad) {
-        z = g.narrow(0, r, rows);
-        at::mm_out(z, hc.narrow(0, r, rows), wt);  // in place in G: no copy
-      } else {
-        z = torch::mm(hc.narrow(0, r, rows), wt).to(torch::kFloat);
-      }
-      total.add_(ChunkLoss(z, tc, grad));
-      if (grad && compute != torch::kFloat) g.narrow(0, r, rows).copy_(z);
+    if (!grad) {
+      total.add_(BlockLoss(hc, wt, targets, 0, n, torch::Tensor()));
+      return total.div_(static_cast<double>(n));
     }
-    if (grad) ctx->save_for_backward({hc, wc, g});
+    // The gradients of the summed loss, gathered block by block in fp32: dh row by row, dw
+    // summed over the blocks (in bf16 each block's product is rounded to bf16 first).
+    auto dh = torch::empty({n, h.size(1)}, h.options().dtype(torch::kFloat));
+    auto dw = torch::zeros({v, w.size(1)}, w.options().dtype(torch::kFloat));
+    const int64_t block = LmHeadBlockRows(v, static_cast<int64_t>(hc.element_size()));
+    auto g = torch::empty({std::min(block, n), v}, hc.options());
+    for (int64_t b = 0; b < n; b += block) {
+      const int64_t rows = std::min(block, n - b);
+      const auto gb = g.narrow(0, 0, rows), hb = hc.narrow(0, b, rows);
+      total.add_(BlockLoss(hc, wt, targets, b, rows, gb));
+      if (compute == torch::kFloat) {
+        auto dhb = dh.narrow(0, b, rows);
+        at::mm_out(dhb, gb, wc);
+        dw.addmm_(gb.t(), hb);
+      } else {
+        dh.narrow(0, b, rows).copy_(torch::mm(gb, wc));
+        dw.add_(torch::mm(gb.t(), hb));
+      }
+    }
+    // Not saved variables: nothing of the graph's to check, offload or keep beyond backward.
+    ctx->saved_data["dh"] = dh;
+    ctx->saved_data["dw"] = dw;
     ctx->saved_data["n"] = n;
     ctx->saved_data["h_type"] = static_cast<int64_t>(h.scalar_type());
     ctx->saved_data["w_type"] = static_cast<int64_t>(w.scalar_type());
@@ -58,19 +92,20 @@ class LmHeadLossFunction : public torch::autograd::Function<LmHeadLossFunction> 
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
-    const auto saved = ctx->get_saved_variables();
-    const auto &hc = saved[0], &wc = saved[1], &g = saved[2];
+    TORCH_CHECK(ctx->saved_data.count("dh"), "the LM head's backward ran twice");
     // The mean's 1/n times the incoming gradient, as a tensor where that gradient is (reading
     // it on the host would wait for a GPU's queued work in the middle of the backward): the
     // float a scalar multiplier would be, so the products are the same.
     const auto scale =
         (grad_out[0].to(torch::kDouble) / static_cast<double>(ctx->saved_data["n"].toInt()))
             .to(torch::kFloat);
-    auto type = [&](const char* key) {
-      return static_cast<torch::ScalarType>(ctx->saved_data[key].toInt());
+    auto take = [&](const char* grad, const char* type) {
+      auto t = ctx->saved_data[grad].toTensor();
+      ctx->saved_data.erase(grad);
+      return t.mul_(scale).to(static_cast<torch::ScalarType>(ctx->saved_data[type].toInt()));
     };
-    auto dh = torch::mm(g, wc).to(torch::kFloat).mul_(scale).to(type("h_type"));
-    auto dw = torch::mm(g.t(), hc).to(torch::kFloat).mul_(scale).to(type("w_type"));
+    auto dh = take("dh", "h_type");
+    auto dw = take("dw", "w_type");
     return {dh, dw, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };

@@ -62,13 +62,18 @@ TEST(CostModelTest, Bf16HalvesMostActivationsAndAddsTheWorkingCopyOfTheWeights) 
     EXPECT_EQ(bf16[i].parameters, fp32[i].parameters) << "fp32 masters: same parameters";
     EXPECT_EQ(bf16[i].output_bytes, fp32[i].output_bytes) << "the residual stream stays fp32";
   }
-  // The head keeps the final LayerNorm's fp32 input, its output and the logits' gradients in
-  // the GEMMs' type (the fused LM head and loss keeps no logits); in bf16 also the tied token
-  // embedding's bf16 copy, which it casts for the LM head.
+  // The head at its peak: the final LayerNorm's fp32 input and its output in the GEMMs' type,
+  // the gradients the fused LM head and loss computes in its forward (dh [tokens, C], dw [V,
+  // C], fp32) and one block of the logits' gradients (all the tokens here), in bf16 also a
+  // chunk's fp32 logits with their bf16 product and the tied token embedding's bf16 copy,
+  // which it casts for the LM head.
   const double V = static_cast<double>(t.model.vocab_size);
-  EXPECT_EQ(fp32.back().activation_bytes, static_cast<int64_t>(tokens * (2 * C + V) * 4));
+  ASSERT_GE(LmHeadBlockRows(t.model.vocab_size, 2), static_cast<int64_t>(tokens));
+  EXPECT_EQ(fp32.back().activation_bytes,
+            static_cast<int64_t>(tokens * (3 * C + V) * 4 + V * C * 4));
   EXPECT_EQ(bf16.back().activation_bytes,
-            static_cast<int64_t>(tokens * (4 * C + 2 * C + 2 * V)) +
+            static_cast<int64_t>(tokens * (4 * C + 2 * C + 4 * C + 2 * V) + V * C * 4 +
+                                 kLmHeadChunkRows * V * 6) +
                 2 * (bf16.back().parameters + bf16.front().tied_parameters));
   EXPECT_EQ(bf16.front().activation_bytes - fp32.front().activation_bytes,
             2 * (bf16.front().parameters - bf16.front().tied_parameters));

@@ -18,6 +18,7 @@
 #include "agent/executor/compute_device.h"
 #include "agent/executor/gpus.h"
 #include "agent/executor/inmemory_executor.h"
+#include "agent/executor/lm_head_loss.h"
 #include "agent/executor/pilot.h"
 #include "agent/executor/precision.h"
 #include "agent/executor/spilling_executor.h"
@@ -567,6 +568,54 @@ TEST_F(CudaExecutorTest, FusedAttentionOnAGpuEqualsTheKeptScoresWithoutKeepingTh
                           1.0 / std::sqrt(static_cast<double>(D)), AttentionMemory::kFused);
     }
     EXPECT_TRUE(y.transpose(1, 2).is_contiguous()) << "the fused output's strides " << y.strides();
+  }
+#endif
+}
+
+TEST_F(CudaExecutorTest, TheLmHeadsForwardLeavesItsGradientsNotTheLogits) {
+  // The fused LM head and loss on the GPU, GPT-2's vocabulary at 4096 tokens of width 1024: what
+  // its forward leaves for backward is dh and dw (fp32, 16.8 + 206 MB), not the logits'
+  // gradients (412 MB in bf16, 823 MB in fp32); its loss and gradients are cross-entropy's over
+  // the full logits.
+  REQUIRE_GPU(gpu);
+#ifdef HYDRA_WITH_CUDA
+  const auto device = TorchDevice(gpu);
+  const int64_t N = 4096, C = 1024, V = 50257;
+  for (const Precision precision : {Precision::kFp32, Precision::kBf16}) {
+    SCOPED_TRACE(PrecisionName(precision));
+    const auto compute = precision == Precision::kFp32 ? torch::kFloat : torch::kBFloat16;
+    const auto on = torch::TensorOptions().device(device);
+    torch::manual_seed(11);
+    const auto h0 = torch::randn({N, C}, on), w0 = 0.02 * torch::randn({V, C}, on);
+    const auto targets = torch::randint(0, V, {N}, on.dtype(torch::kLong));
+    auto h = h0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+    torch::cuda::synchronize();
+    const int64_t before = AllocatedNow(gpu);
+    auto loss = LmHeadLoss(h, w, targets, compute);
+    torch::cuda::synchronize();
+    const int64_t kept = AllocatedNow(gpu) - before;
+    loss.backward();
+    auto hr = h0.clone().requires_grad_(true), wr = w0.clone().requires_grad_(true);
+    const auto logits = torch::mm(hr.to(compute), wr.to(compute).t()).to(torch::kFloat);
+    auto want = torch::nn::functional::cross_entropy(logits, targets);
+    want.backward();
+    auto relative = [](const torch::Tensor& a, const torch::Tensor& b) {
+      return ((a - b).norm() / b.norm()).item<double>();
+    };
+    const double tolerance = precision == Precision::kFp32 ? 1e-4 : 2e-2;
+    EXPECT_NEAR(loss.item<double>(), want.item<double>(), 1e-5 * want.item<double>());
+    EXPECT_LT(relative(h.grad(), hr.grad()), tolerance);
+    EXPECT_LT(relative(w.grad(), wr.grad()), tolerance);
+    const int64_t gradients = (N * C + V * C) * 4;
+    const int64_t logits_gradients = N * V * (precision == Precision::kFp32 ? 4 : 2);
+    // "compute" first: gpu-check.sh puts such lines in its report.
+    std::printf(
+        "compute LM head %s [%lld, %lld] x vocabulary %lld: forward leaves %lld bytes "
+        "(dh and dw %lld; the logits' gradients would be %lld)\n",
+        PrecisionName(precision), static_cast<long long>(N), static_cast<long long>(C),
+        static_cast<long long>(V), static_cast<long long>(kept), static_cast<long long>(gradients),
+        static_cast<long long>(logits_gradients));
+    EXPECT_LE(kept, gradients + (int64_t{1} << 20));  // the loss, the allocator's rounding
   }
 #endif
 }

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "common/cost_model.h"
+
 namespace hydra::executor {
 namespace {
 
@@ -11,11 +13,12 @@ struct Result {
   torch::Tensor loss, dh, dw;
 };
 
-Result Train(bool fused, torch::ScalarType compute, int64_t rows, double grad_scale) {
+Result Train(bool fused, torch::ScalarType compute, int64_t rows, double grad_scale,
+             int64_t vocab = 1000, int64_t width = 48) {
   torch::manual_seed(3);
-  auto h = torch::randn({rows, 48}).requires_grad_(true);
-  auto w = (0.3 * torch::randn({1000, 48})).requires_grad_(true);
-  const auto targets = torch::randint(0, 1000, {rows}, torch::kLong);
+  auto h = torch::randn({rows, width}).requires_grad_(true);
+  auto w = (0.3 * torch::randn({vocab, width})).requires_grad_(true);
+  const auto targets = torch::randint(0, vocab, {rows}, torch::kLong);
   torch::Tensor loss;
   if (fused) {
     loss = LmHeadLoss(h, w, targets, compute);
@@ -57,6 +60,26 @@ TEST(LmHeadLossTest, Bf16GemmsWithFp32LossAndFp32Gradients) {
   EXPECT_LT(RelativeError(fused.dh, fp32.dh), 2e-2);
   EXPECT_LT(RelativeError(fused.dw, fp32.dw), 2e-2);
   EXPECT_GT(RelativeError(fused.dw, fp32.dw), 0) << "computed in bf16";
+}
+
+TEST(LmHeadLossTest, GradientsGatheredBlockByBlockOnGpt2sVocabulary) {
+  // GPT-2's vocabulary: blocks of 256 rows in fp32 and 512 in bf16 (64 MiB of the logits'
+  // gradients), so 600 rows make three blocks and two: dh row by row and dw summed over them
+  // equal the full logits' gradients.
+  const int64_t vocab = 50257, rows = 600;
+  ASSERT_EQ(LmHeadBlockRows(vocab, 4), 256);
+  ASSERT_EQ(LmHeadBlockRows(vocab, 2), 512);
+  const Result full = Train(false, torch::kFloat, rows, 1.0, vocab, 16);
+  const Result fused = Train(true, torch::kFloat, rows, 1.0, vocab, 16);
+  EXPECT_NEAR(fused.loss.item<double>(), full.loss.item<double>(), 1e-6 * full.loss.item<double>());
+  EXPECT_LT(RelativeError(fused.dh, full.dh), 1e-5);
+  EXPECT_LT(RelativeError(fused.dw, full.dw), 1e-5);
+  const Result bf16 = Train(true, torch::kBFloat16, rows, 1.0, vocab, 16);
+  const Result bf16_full = Train(false, torch::kBFloat16, rows, 1.0, vocab, 16);
+  EXPECT_NEAR(bf16.loss.item<double>(), bf16_full.loss.item<double>(),
+              1e-5 * bf16_full.loss.item<double>());
+  EXPECT_LT(RelativeError(bf16.dh, full.dh), 2e-2);
+  EXPECT_LT(RelativeError(bf16.dw, full.dw), 2e-2);
 }
 
 TEST(LmHeadLossTest, WithoutGradientsOnlyTheLoss) {

@@ -66,7 +66,7 @@ std::vector<torch::Device> Devices() {
 TEST(SelectiveRecomputeTest, OutputsAndGradientsAreThoseOfTheLayersThemselves) {
   // On the CPU the function's backward makes the calls autograd makes for the layers (the same
   // products of the same operands in the same layouts), so its gradients are the layers' own
-  // bit for bit, in bf16 autocast too. On a GPU the report gets the largest differences (in
+  // bit for bit, in bf16 autocast too. On a GPU gpu-check.sh reports the largest differences (in
   // bf16 on an H200 training with the function drifted from training without it).
   for (const torch::Device& device : Devices()) {
     for (const Precision precision : {Precision::kFp32, Precision::kBf16}) {
@@ -103,7 +103,8 @@ TEST(SelectiveRecomputeTest, OutputsAndGradientsAreThoseOfTheLayersThemselves) {
               << k << ": largest difference " << diff;
         }
         if (!device.is_cpu())
-          std::printf("%s: largest gradient differences%s\n", what.c_str(), largest.c_str());
+          std::printf("compute selective recompute %s: largest gradient differences%s\n",
+                      what.c_str(), largest.c_str());
       }
     }
   }

@@ -5,6 +5,22 @@
 
 namespace hydra::executor {
 
+Status FailedStep::Record(Status error, int64_t step) {
+  if (!first_ && !error.ok()) {
+    first_ = error;
+    step_ = step;
+  }
+  return error;
+}
+
+Status FailedStep::Check(const std::string& what) const {
+  if (!first_) return OkStatus();
+  return FailedPreconditionError(what + " refused: step " + std::to_string(step_) +
+                                 " failed midway (" + first_->ToString() +
+                                 ") and left the trial's state inconsistent; resume it from its "
+                                 "last checkpoint in a new executor");
+}
+
 std::string ShapeText(const std::vector<int64_t>& shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? "," : "") + std::to_string(shape[i]);

@@ -100,6 +100,40 @@ class TrialExecutorInterface {
   }
 };
 
+/// An executor's memory of a step that failed midway. Its state is then no step's: some shards
+/// may have stepped their optimizer and others not, gradients may be half accumulated, a part
+/// whose read failed holds bytes no checksum vouched for. From then on the executor refuses to
+/// train, evaluate, export, import or move (FAILED_PRECONDITION naming the first failure), so
+/// that nothing trains on or checkpoints such state; the way on is a new executor with the last
+/// checkpoint imported (what the agent's scheduler does with a failed trial).
+class FailedStep {
+ public:
+  /// Keeps the first failure, `error` of step `step`, and returns `error`.
+  Status Record(Status error, int64_t step);
+  /// OK while no step has failed; else FAILED_PRECONDITION: `what` refused, and why.
+  Status Check(const std::string& what) const;
+  bool failed() const { return first_.has_value(); }
+  /// `body()` (a Status or StatusOr), refused as Check says; a failure of it is recorded as
+  /// step `step`'s.
+  template <typename Body>
+  auto Guard(const std::string& what, int64_t step, Body&& body) -> decltype(body()) {
+    if (Status refused = Check(what); !refused.ok()) return refused;
+    auto result = body();
+    if (!result.ok()) Record(StatusOf(result), step);
+    return result;
+  }
+
+ private:
+  static const Status& StatusOf(const Status& s) { return s; }
+  template <typename T>
+  static const Status& StatusOf(const StatusOr<T>& s) {
+    return s.status();
+  }
+
+  std::optional<Status> first_;
+  int64_t step_ = 0;
+};
+
 /// The devices an executor factory builds executors for.
 struct ExecutorDevices {
   /// By index (Build's `device`); empty: CPU devices, as many as the caller runs.

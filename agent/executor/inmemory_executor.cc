@@ -45,6 +45,11 @@ class InMemoryExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   }
 
   StatusOr<StepMetrics> TrainStep() override {
+    return failed_.Guard(trial_.name + " step " + std::to_string(step_), step_,
+                         [&] { return Step(); });
+  }
+
+  StatusOr<StepMetrics> Step() {
     const auto start = std::chrono::steady_clock::now();
     const auto& tr = trial_.training;
     const int64_t micro = tr.batch_size / tr.gradient_accumulation_steps;
@@ -85,6 +90,7 @@ class InMemoryExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   }
 
   StatusOr<double> Evaluate() override {
+    RETURN_IF_ERROR(failed_.Check("evaluating " + trial_.name));
     UseCpuThreadsFor(trial_.training.precision);
     try {
       torch::NoGradGuard no_grad;
@@ -104,6 +110,7 @@ class InMemoryExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   int64_t step() const override { return step_; }
 
   StatusOr<std::vector<NamedBuffer>> ExportState() override {
+    RETURN_IF_ERROR(failed_.Check("exporting " + trial_.name));
     std::vector<NamedBuffer> out;
     for (const auto& [name, p] : params_) out.push_back(TensorToBuffer(name, p));
     for (const auto& [name, s] : optimizer_.NamedState()) out.push_back(TensorToBuffer(name, s));
@@ -111,9 +118,10 @@ class InMemoryExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   }
 
   Status ImportState(int64_t step, const std::vector<NamedBuffer>& state) override {
+    RETURN_IF_ERROR(failed_.Check("importing the state of " + trial_.name));
     std::vector<std::pair<std::string, torch::Tensor>> targets = params_;
     for (const auto& entry : optimizer_.NamedState()) targets.push_back(entry);
-    RETURN_IF_ERROR(CopyBuffersInto(state, targets));
+    RETURN_IF_ERROR(CopyBuffersInto(state, targets));  // checks everything before copying
     step_ = step;
     return OkStatus();
   }
@@ -124,8 +132,13 @@ class InMemoryExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   /// The whole model, its gradients and optimizer state go to the other GPU (a
   /// device-to-device copy).
   Status MoveTo(int device) override {
+    RETURN_IF_ERROR(failed_.Check("moving " + trial_.name));
     if (bound_device_ < 0 || device == bound_device_) return OkStatus();
     ASSIGN_OR_RETURN(Placement to, PlaceOn(devices_, device));
+    return failed_.Guard("moving " + trial_.name, step_, [&] { return MoveModel(to); });
+  }
+
+  Status MoveModel(const Placement& to) {
     try {
       torch::NoGradGuard g;
       streams_.MoveTo(to.device);
@@ -174,6 +187,7 @@ class InMemoryExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   ExecutorDevices devices_;  // the factory's, for MoveTo
   ExecutorStats stats_;
   int64_t step_ = 0;
+  FailedStep failed_;  // a step that failed midway: everything after is refused
 };
 
 class InMemoryExecutorFactory : public ExecutorFactoryInterface {

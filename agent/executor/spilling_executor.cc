@@ -233,6 +233,98 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   }
 
   StatusOr<TaskResult> RunTask() override {
+    return failed_.Guard(trial_.name + " step " + std::to_string(step_), step_,
+                         [&] { return RunNextTask(); });
+  }
+
+  bool InStep() const override { return cur_.has_value(); }
+
+  StatusOr<double> Evaluate() override {
+    return failed_.Guard("evaluating " + trial_.name, step_, [&] { return EvaluateShards(); });
+  }
+
+  int64_t step() const override { return step_; }
+
+  StatusOr<std::vector<NamedBuffer>> ExportState() override {
+    return failed_.Guard("exporting " + trial_.name, step_, [&] { return ExportShards(); });
+  }
+
+  Status ImportState(int64_t step, const std::vector<NamedBuffer>& state) override {
+    // A state that does not fit is refused before anything changes.
+    RETURN_IF_ERROR(failed_.Check("importing the state of " + trial_.name));
+    RETURN_IF_ERROR(CheckImport(state));
+    return failed_.Guard("importing the state of " + trial_.name, step_, [&]() -> Status {
+      try {
+        DeviceStreams::ComputeScope on_device(streams_);
+        return Import(step, state);
+      } catch (const c10::Error& e) {
+        return TorchErrorStatus(e, "importing the state of " + trial_.name, on_.device);
+      }
+    });
+  }
+
+  ExecutorStats stats() const override {
+    ExecutorStats st;
+    st.shards = static_cast<int64_t>(shards_.size());
+    // From the shapes: a spilled shard's tensors are empty while its state is on disk.
+    for (const auto& shard : shards_) {
+      for (const auto& shape : shard.weights.shapes) {
+        int64_t n = 1;
+        for (int64_t d : shape) n *= d;
+        st.parameters += n;
+      }
+    }
+    for (const auto& [n, p] : pinned_) st.parameters += p.numel();
+    st.peak_device_bytes = ledger_.peak(Tier::kDevice);
+    if (disk_) {
+      st.disk_bytes_read = disk_->bytes_read();
+      st.disk_bytes_written = disk_->bytes_written();
+    }
+    st.bytes_uploaded = bytes_uploaded_;
+    st.weight_casts = weight_casts_;
+    st.activation_bytes_offloaded = bytes_offloaded_;
+    return st;
+  }
+
+  int BoundDevice() const override { return on_.bound; }
+
+  /// Between steps every shard is off the device but the first, kept there with its host
+  /// copies current (AfterLastUse): only the tied weights and the buffers move, and the
+  /// streams follow.
+  Status MoveTo(int device) override {
+    RETURN_IF_ERROR(failed_.Check("moving " + trial_.name));
+    if (!on_.discrete || device == on_.bound) return OkStatus();
+    if (InStep()) return FailedPreconditionError(trial_.name + " is within a step");
+    ASSIGN_OR_RETURN(Placement to, PlaceOn(devices_, device));
+    return failed_.Guard("moving " + trial_.name, step_, [&] { return MoveShards(to); });
+  }
+
+ private:
+  // ---- the interface's work, refused and recorded by failed_ ---------------------------------
+
+  Status MoveShards(const Placement& to) {
+    try {
+      WaitForCopies();  // the next copy in, on the new device, reads the host copies
+      RETURN_IF_ERROR(FinishWrites());  // a shard kept while its write went on leaves
+      streams_.MoveTo(to.device);
+      on_ = to;
+      MoveResidentsToDevice();
+      for (auto& s : shards_) {
+        LeaveDevice(s.weights);  // empty tensors, now of the new device
+        if (!HostSteps(s)) LeaveDevice(s.state);
+        for (Part* p : {&s.weights, &s.state}) {  // the shard kept on the device (AfterLastUse)
+          if (p->at->where() == Residency::kOnDevice)
+            RETURN_IF_ERROR(p->at->To(Residency::kInHost));
+        }
+      }
+      SynchronizeDevice(on_.device);
+      return OkStatus();
+    } catch (const c10::Error& e) {
+      return TorchErrorStatus(e, "moving " + trial_.name + " to " + to.device.str(), to.device);
+    }
+  }
+
+  StatusOr<TaskResult> RunNextTask() {
     const auto start = std::chrono::steady_clock::now();
     TaskResult r;
     r.tasks = TasksPerStep();
@@ -268,9 +360,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     return r;
   }
 
-  bool InStep() const override { return cur_.has_value(); }
-
-  StatusOr<double> Evaluate() override {
+  StatusOr<double> EvaluateShards() {
     UseCpuThreadsFor(trial_.training.precision);
     try {
       torch::NoGradGuard no_grad;
@@ -307,9 +397,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     }
   }
 
-  int64_t step() const override { return step_; }
-
-  StatusOr<std::vector<NamedBuffer>> ExportState() override {
+  StatusOr<std::vector<NamedBuffer>> ExportShards() {
     std::vector<NamedBuffer> out;
     try {
       DeviceStreams::ComputeScope on_device(streams_);
@@ -332,23 +420,15 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     return out;
   }
 
-  Status ImportState(int64_t step, const std::vector<NamedBuffer>& state) override {
-    try {
-      DeviceStreams::ComputeScope on_device(streams_);
-      return Import(step, state);
-    } catch (const c10::Error& e) {
-      return TorchErrorStatus(e, "importing the state of " + trial_.name, on_.device);
-    }
-  }
-
-  Status Import(int64_t step, const std::vector<NamedBuffer>& state) {
+  /// Whether `state` has every tensor of the model, of its shape and dtype: checked before
+  /// Import changes anything (shapes are known without loading).
+  Status CheckImport(const std::vector<NamedBuffer>& state) const {
     size_t expected = pinned_.size();
     for (const auto& s : shards_) expected += s.weights.tensors.size() + s.state.tensors.size();
     if (expected != state.size()) {
       return InvalidArgumentError("state has " + std::to_string(state.size()) +
                                   " tensors, expected " + std::to_string(expected));
     }
-    // Validate everything before changing anything: shapes are known without loading.
     std::map<std::string, const NamedBuffer*> by_name;
     for (const auto& b : state) by_name[b.name] = &b;
     for (const auto& s : shards_) {
@@ -369,6 +449,10 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
         }
       }
     }
+    return OkStatus();
+  }
+
+  Status Import(int64_t step, const std::vector<NamedBuffer>& state) {
     RETURN_IF_ERROR(CopyBuffersInto(state, pinned_, /*allow_extra=*/true));
     for (auto& s : shards_) {  // the host optimizer's copies of the tied weights too
       for (size_t i = 0; i < s.pinned_host.size(); ++i) {
@@ -395,60 +479,6 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     return OkStatus();
   }
 
-  ExecutorStats stats() const override {
-    ExecutorStats st;
-    st.shards = static_cast<int64_t>(shards_.size());
-    // From the shapes: a spilled shard's tensors are empty while its state is on disk.
-    for (const auto& shard : shards_) {
-      for (const auto& shape : shard.weights.shapes) {
-        int64_t n = 1;
-        for (int64_t d : shape) n *= d;
-        st.parameters += n;
-      }
-    }
-    for (const auto& [n, p] : pinned_) st.parameters += p.numel();
-    st.peak_device_bytes = ledger_.peak(Tier::kDevice);
-    if (disk_) {
-      st.disk_bytes_read = disk_->bytes_read();
-      st.disk_bytes_written = disk_->bytes_written();
-    }
-    st.bytes_uploaded = bytes_uploaded_;
-    st.weight_casts = weight_casts_;
-    st.activation_bytes_offloaded = bytes_offloaded_;
-    return st;
-  }
-
-  int BoundDevice() const override { return on_.bound; }
-
-  /// Between steps every shard is off the device but the first, kept there with its host
-  /// copies current (AfterLastUse): only the tied weights and the buffers move, and the
-  /// streams follow.
-  Status MoveTo(int device) override {
-    if (!on_.discrete || device == on_.bound) return OkStatus();
-    if (InStep()) return FailedPreconditionError(trial_.name + " is within a step");
-    ASSIGN_OR_RETURN(Placement to, PlaceOn(devices_, device));
-    try {
-      WaitForCopies();  // the next copy in, on the new device, reads the host copies
-      RETURN_IF_ERROR(FinishWrites());  // a shard kept while its write went on leaves
-      streams_.MoveTo(to.device);
-      on_ = to;
-      MoveResidentsToDevice();
-      for (auto& s : shards_) {
-        LeaveDevice(s.weights);  // empty tensors, now of the new device
-        if (!HostSteps(s)) LeaveDevice(s.state);
-        for (Part* p : {&s.weights, &s.state}) {  // the shard kept on the device (AfterLastUse)
-          if (p->at->where() == Residency::kOnDevice)
-            RETURN_IF_ERROR(p->at->To(Residency::kInHost));
-        }
-      }
-      SynchronizeDevice(on_.device);
-      return OkStatus();
-    } catch (const c10::Error& e) {
-      return TorchErrorStatus(e, "moving " + trial_.name + " to " + to.device.str(), to.device);
-    }
-  }
-
- private:
   // ---- residency ----------------------------------------------------------------------------
 
   /// Starts moving shard k's weights (and optimizer state, where it steps on the device) to
@@ -1467,6 +1497,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   std::map<size_t, torch::Tensor> norms_;  // global parameter index -> gradient norm
   std::optional<StepInProgress> cur_;      // the step under way, if any
   int64_t step_ = 0;
+  FailedStep failed_;            // a step that failed midway: everything after is refused
   int64_t bytes_uploaded_ = 0;   // ExecutorStats::bytes_uploaded
   int64_t weight_casts_ = 0;     // ExecutorStats::weight_casts
   int64_t bytes_offloaded_ = 0;  // ExecutorStats::activation_bytes_offloaded

@@ -769,6 +769,17 @@ TEST_F(SpillingExecutorTest, DiskFailureIsAClearError) {
   ASSERT_FALSE(m.ok());
   EXPECT_EQ(m.status().code(), StatusCode::kDataLoss);
   EXPECT_THAT(m.status().message(), HasSubstr("shard0.w.spill"));
+  // The step stopped midway, with the unchecked bytes in shard 0's memory: the executor now
+  // refuses to go on, naming why, where it used to train on (and export) them.
+  auto expect_refused = [](const Status& s) {
+    EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+    EXPECT_THAT(s.message(), HasSubstr("step 1 failed midway"));
+    EXPECT_THAT(s.message(), HasSubstr("shard0.w.spill"));
+  };
+  expect_refused((*exec)->TrainStep().status());
+  expect_refused((*exec)->Evaluate().status());
+  expect_refused((*exec)->ExportState().status());
+  EXPECT_EQ((*exec)->step(), 1);
 }
 
 TEST_F(SpillingExecutorTest, DiskTierKeepsResidentMemoryNearTheBudget) {

@@ -174,6 +174,9 @@ void ShardPlanToProto(const PartitionPlan& plan, v1::ShardPlan* out) {
   out->set_peak_device_bytes(plan.peak_device_bytes);
   out->set_total_state_bytes(plan.total_state_bytes);
   out->set_state_tier(plan.state_tier == StateTier::kDisk ? "disk" : "host");
+  out->set_attention(AttentionMemoryName(plan.attention));
+  out->set_selective_recompute(plan.selective_recompute);
+  out->set_offloaded_bytes(plan.offloaded_bytes);
 }
 
 std::vector<int64_t> ShardBoundaries(const v1::ShardPlan& plan) {

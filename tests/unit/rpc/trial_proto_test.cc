@@ -183,6 +183,26 @@ TEST(TrialProtoTest, ShardPlanBoundaries) {
   auto bounds = ShardBoundaries(p);
   ASSERT_EQ(bounds.size(), plan->shards.size() - 1);
   for (size_t i = 0; i < bounds.size(); ++i) EXPECT_EQ(bounds[i], plan->shards[i + 1].first_layer);
+  EXPECT_EQ(p.attention(), AttentionMemoryName(plan->attention));
+  EXPECT_FALSE(p.selective_recompute());
+  EXPECT_EQ(p.offloaded_bytes(), 0);
+}
+
+TEST(TrialProtoTest, APlansSelectiveRecomputeAndOffloadedGraphsReachTheStatus) {
+  // What a GPU's plan adds: graphs offloaded, LayerNorm and GELU recomputed, attention fused.
+  const Trial t = Sample();
+  auto plan = PlanShards(t, PartitionOptionsFor(t));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  plan->attention = AttentionMemory::kFused;
+  plan->selective_recompute = true;
+  plan->offloaded_bytes = 123456789;
+  plan->shards.front().policy = ActivationPolicy::kOffload;
+  v1::ShardPlan p;
+  ShardPlanToProto(*plan, &p);
+  EXPECT_EQ(p.attention(), "fused");
+  EXPECT_TRUE(p.selective_recompute());
+  EXPECT_EQ(p.offloaded_bytes(), 123456789);
+  EXPECT_EQ(p.shards(0).activations(), "offload");
 }
 
 }  // namespace

@@ -49,46 +49,6 @@ class InMemoryExecutor : public TrialExecutorInterface, private ReturnsHostMemor
                          [&] { return Step(); });
   }
 
-  StatusOr<StepMetrics> Step() {
-    const auto start = std::chrono::steady_clock::now();
-    const auto& tr = trial_.training;
-    const int64_t micro = tr.batch_size / tr.gradient_accumulation_steps;
-    StepMetrics m;
-    UseCpuThreadsFor(tr.precision);
-    try {
-      DeviceStreams::ComputeScope on_device(streams_);
-      const Batch batch = OnDevice(TrainBatch(*data_, trial_, step_));
-      // Summed on the device, read once: no wait for the device per micro-batch.
-      torch::Tensor loss_sum =
-          torch::zeros({}, torch::TensorOptions(Device()).dtype(torch::kDouble));
-      for (int64_t a = 0; a < tr.gradient_accumulation_steps; ++a) {
-        auto loss = Loss(batch.Slice(a * micro, micro));
-        (tr.gradient_accumulation_steps == 1 ? loss : loss / tr.gradient_accumulation_steps)
-            .backward();
-        loss_sum.add_(loss.detach().to(torch::kDouble));
-      }
-      // The global norm costs a pass over every gradient: only when clipping.
-      if (tr.grad_clip_norm > 0) m.grad_norm = optimizer_.ClipGradNorm(tr.grad_clip_norm);
-      m.learning_rate = LearningRateAt(tr, step_);
-      optimizer_.Step(m.learning_rate, step_ + 1);
-      // Freed, not zeroed: the next backward's first gradient becomes .grad as it is (no zeroing
-      // pass and no add per parameter: on a GPU two kernel launches a parameter a step), and the
-      // sums are the same to the bit (0 + g is g).
-      optimizer_.ReleaseGrads();
-      m.loss = loss_sum.item<double>() / static_cast<double>(tr.gradient_accumulation_steps);
-    } catch (const c10::Error& e) {
-      return TorchErrorStatus(e, "training step " + std::to_string(step_) + " of " + trial_.name,
-                              Device());
-    } catch (const std::exception& e) {  // TorchScript's interpreter throws these
-      return InternalError("training step " + std::to_string(step_) + " of " + trial_.name + ": " +
-                           e.what());
-    }
-    ++step_;
-    m.tokens = tr.batch_size * TokensPerSample(trial_);
-    m.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    return m;
-  }
-
   StatusOr<double> Evaluate() override {
     RETURN_IF_ERROR(failed_.Check("evaluating " + trial_.name));
     UseCpuThreadsFor(trial_.training.precision);
@@ -138,6 +98,52 @@ class InMemoryExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     return failed_.Guard("moving " + trial_.name, step_, [&] { return MoveModel(to); });
   }
 
+  ~InMemoryExecutor() override {
+    // Kernels of a failed step may still use the memory about to be freed.
+    streams_.MarkCompute().Synchronize();
+  }
+
+ private:
+  StatusOr<StepMetrics> Step() {
+    const auto start = std::chrono::steady_clock::now();
+    const auto& tr = trial_.training;
+    const int64_t micro = tr.batch_size / tr.gradient_accumulation_steps;
+    StepMetrics m;
+    UseCpuThreadsFor(tr.precision);
+    try {
+      DeviceStreams::ComputeScope on_device(streams_);
+      const Batch batch = OnDevice(TrainBatch(*data_, trial_, step_));
+      // Summed on the device, read once: no wait for the device per micro-batch.
+      torch::Tensor loss_sum =
+          torch::zeros({}, torch::TensorOptions(Device()).dtype(torch::kDouble));
+      for (int64_t a = 0; a < tr.gradient_accumulation_steps; ++a) {
+        auto loss = Loss(batch.Slice(a * micro, micro));
+        (tr.gradient_accumulation_steps == 1 ? loss : loss / tr.gradient_accumulation_steps)
+            .backward();
+        loss_sum.add_(loss.detach().to(torch::kDouble));
+      }
+      // The global norm costs a pass over every gradient: only when clipping.
+      if (tr.grad_clip_norm > 0) m.grad_norm = optimizer_.ClipGradNorm(tr.grad_clip_norm);
+      m.learning_rate = LearningRateAt(tr, step_);
+      optimizer_.Step(m.learning_rate, step_ + 1);
+      // Freed, not zeroed: the next backward's first gradient becomes .grad as it is (no zeroing
+      // pass and no add per parameter: on a GPU two kernel launches a parameter a step), and the
+      // sums are the same to the bit (0 + g is g).
+      optimizer_.ReleaseGrads();
+      m.loss = loss_sum.item<double>() / static_cast<double>(tr.gradient_accumulation_steps);
+    } catch (const c10::Error& e) {
+      return TorchErrorStatus(e, "training step " + std::to_string(step_) + " of " + trial_.name,
+                              Device());
+    } catch (const std::exception& e) {  // TorchScript's interpreter throws these
+      return InternalError("training step " + std::to_string(step_) + " of " + trial_.name + ": " +
+                           e.what());
+    }
+    ++step_;
+    m.tokens = tr.batch_size * TokensPerSample(trial_);
+    m.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return m;
+  }
+
   Status MoveModel(const Placement& to) {
     try {
       torch::NoGradGuard g;
@@ -153,12 +159,6 @@ class InMemoryExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     }
   }
 
-  ~InMemoryExecutor() override {
-    // Kernels of a failed step may still use the memory about to be freed.
-    streams_.MarkCompute().Synchronize();
-  }
-
- private:
   static LayerSequence MovedTo(LayerSequence model, torch::Device device) {
     // Parameters and buffers keep their tensors (set_data), so tied weights stay tied.
     if (!device.is_cpu()) {

@@ -26,9 +26,9 @@ torch::Tensor ChunkLoss(torch::Tensor& z, const torch::Tensor& targets, bool gra
   return loss;
 }
 
-/// Summed loss of rows [first, first + g.size(0)) of hc (in the GEMMs' type), chunk by chunk,
-/// with the logits' gradients written into `g` [rows, V] (the GEMMs' type) when `grad` (`g` is
-/// then the block's buffer; undefined otherwise).
+/// Summed loss of rows [first, first + rows) of hc (in the GEMMs' type), chunk by chunk, with
+/// the logits' gradients written into `g` [rows, V] (the GEMMs' type, the block's buffer) when
+/// it is defined (training; undefined: the loss alone).
 torch::Tensor BlockLoss(const torch::Tensor& hc, const torch::Tensor& wt,
                         const torch::Tensor& targets, int64_t first, int64_t rows,
                         torch::Tensor g) {
@@ -58,11 +58,9 @@ class LmHeadLossFunction : public torch::autograd::Function<LmHeadLossFunction> 
     const int64_t n = h.size(0), v = w.size(0);
     const auto hc = h.to(compute), wc = w.to(compute);
     const auto wt = wc.t();
+    if (!grad)
+      return BlockLoss(hc, wt, targets, 0, n, torch::Tensor()).div_(static_cast<double>(n));
     auto total = torch::zeros({}, h.options().dtype(torch::kFloat));
-    if (!grad) {
-      total.add_(BlockLoss(hc, wt, targets, 0, n, torch::Tensor()));
-      return total.div_(static_cast<double>(n));
-    }
     // The gradients of the summed loss, gathered block by block in fp32: dh row by row, dw
     // summed over the blocks (in bf16 each block's product is rounded to bf16 first).
     auto dh = torch::empty({n, h.size(1)}, h.options().dtype(torch::kFloat));

@@ -54,7 +54,8 @@ nlohmann::json AdmissionJson(const hydra::Admission& a, int64_t budget,
   std::string policies, placements;
   for (const auto& s : a.plan.shards) {
     policies += hydra::ActivationPolicyName(s.policy)[0];
-    placements += hydra::OptimizerPlacementName(s.optimizer)[0];
+    // Resident shards' state stays on the device, stepped there: "R".
+    placements += s.resident ? 'R' : hydra::OptimizerPlacementName(s.optimizer)[0];
   }
   return {{"budgetBytes", budget},
           {"deviceMemoryBytes", device.memory_bytes},
@@ -66,6 +67,8 @@ nlohmann::json AdmissionJson(const hydra::Admission& a, int64_t budget,
           {"policies", policies},
           {"offloadedBytes", a.plan.offloaded_bytes},
           {"selectiveRecompute", a.plan.selective_recompute},
+          {"residentBytes", a.plan.resident_bytes},
+          {"linkSeconds", a.plan.link_seconds},
           {"attention", hydra::AttentionMemoryName(a.plan.attention)},
           {"optimizerPlacements", placements}};
 }
@@ -142,6 +145,10 @@ int main(int argc, char** argv) {
   app.add_flag("--no-selective-recompute", no_selective_recompute,
                "on a GPU no plan recomputes the blocks' LayerNorm and GELU outputs in backward "
                "(plans may otherwise, where that makes a step shorter)");
+  bool no_resident_state = false;
+  app.add_flag("--no-resident-state", no_resident_state,
+               "on a GPU every spilled shard's state crosses the link each step (plans may "
+               "otherwise keep some shards' state on the GPU where the link bounds the step)");
   bool no_activation_offload = false;
   app.add_flag("--no-activation-offload", no_activation_offload,
                "on a GPU no shard offloads its forward graph to host memory (plans may otherwise "
@@ -200,6 +207,7 @@ int main(int argc, char** argv) {
   options.device_stash = !no_device_stash;
   options.activation_offload = !no_activation_offload;
   options.selective_recompute = !no_selective_recompute;
+  options.resident_state = !no_resident_state;
   options.fused_attention = !no_fused_attention;
   // Sizing a run (--plan-only), the host and disk bytes do not wait for the GPU pilot.
   const std::string rates = plan_only ? "" : hydra::executor::UseMeasuredLinkRates(&options);

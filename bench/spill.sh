@@ -204,7 +204,10 @@ if [ -n "$GPU" ]; then
     # --no-activation-offload: the same budget with no graph offloaded to host memory (kept on
     # the GPU or recomputed), what offloading buys.
     # --no-selective-recompute: the same with every LayerNorm and GELU output kept.
-    CFGS=("1.0 host" "eager auto" "0.5 host" "0.5 host --no-activation-offload"
+    # --no-resident-state: the same with every shard's state crossing the link each step (the
+    # plans keep some shards' state on the GPU where the link would bound the step: bf16).
+    CFGS=("1.0 host" "eager auto" "0.5 host" "0.5 host --no-resident-state"
+      "0.5 host --no-activation-offload"
       "0.5 host --no-selective-recompute" "0.5 host --cap-device"
       "0.5 host --no-device-stash" "0.25 host" "0.25 host --no-activation-offload"
       "0.25 host --cap-device" "0.25 disk" "1.0 host --no-fused-attention" "eager math")
@@ -259,7 +262,7 @@ runs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 shapes = {}
 for r in runs:
     shapes.setdefault(r.get("shape") or "", []).append(r)
-print("| shape | budget | state tier | shards (s: stash, r: recompute, o: offload) | optimizer per shard (d/h) | tokens/s | ratio to unspilled | device peak: ledger / allocator / reserved |")
+print("| shape | budget | state tier | shards (s: stash, r: recompute, o: offload) | optimizer per shard (d/h; R: on the device, state resident) | tokens/s | ratio to unspilled | device peak: ledger / allocator / reserved |")
 print("|---|---|---|---|---|---|---|---|")
 for name, rs in shapes.items():
     spill = [r for r in rs if r.get("impl") != "pytorch-eager"]
@@ -275,6 +278,7 @@ for name, rs in shapes.items():
         ratio = f"{r['tokensPerSecond'] / base['tokensPerSecond']:.2f}" if base else "-"
         attention = f", attention {r['attention']}" if r.get("attention", "kept") != "kept" else ""
         attention += ", LayerNorm/GELU recomputed" if r.get("selectiveRecompute") else ""
+        attention += f", {r['residentBytes'] / 2**30:.2f} GiB resident" if r.get("residentBytes") else ""
         attention += f"; {r['args']}" if r.get("args") else ""
         print(f"| {name}: {r['parameters'] / 1e6:.0f}M on {r['deviceModel']} | {r['budgetFraction']:.0%} "
               f"({r['budgetBytes'] / 2**30:.1f} GiB) | {r['offload']} | {r['shards']} "

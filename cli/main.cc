@@ -165,6 +165,7 @@ int Plan(const std::string& path, bool pilot, const std::string& pilot_device, i
       po.stash_on_device = true;  // as the executors on a GPU plan
       po.activation_offload = hydra::executor::SavedTensorCaptureAvailable();
       po.selective_recompute = true;
+      po.resident_state = true;
       po.fused_attention = hydra::executor::FusedAttentionAvailable();
       po.host_link_bytes_per_second = link->host_link_bytes_per_second;
       po.host_optimizer_bytes_per_second = link->host_optimizer_bytes_per_second;

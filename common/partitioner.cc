@@ -18,6 +18,7 @@ struct LayerNeed {
   int64_t act = 0;  // autograd activations of one micro-batch
   int64_t out = 0;  // output bytes of one micro-batch
   double flops = 0;
+  double step_flops = 0;  // forward, backward and what the plan recomputes of it, per micro-batch
 };
 
 int64_t ShardNeed(const std::vector<LayerNeed>& l, int a, int b, int64_t micro_batches) {
@@ -77,24 +78,41 @@ struct ActivationChoice {
   bool drains = true;            ///< every copy out ends before the first backward begins
   double recomputed_flops = 0;   ///< forward FLOPs per micro-batch the backward repeats
   double stall_seconds = 0;      ///< backward time the offloaded graphs' copies in add
+  /// Per shard: its state stays on the device across steps (ShardPlan::resident). Not a
+  /// choice of ChooseActivations: it is given, the last shards of the packing.
+  std::vector<char> resident;
 
-  /// Every shard but the last recomputes.
-  static ActivationChoice Recompute(size_t shards) {
+  /// Every shard but the last recomputes; the last `residents` shards stay on the device.
+  static ActivationChoice Recompute(size_t shards, size_t residents = 0) {
     ActivationChoice c;
     c.policy.assign(shards, ActivationPolicy::kRecompute);
     c.policy.back() = ActivationPolicy::kStash;
     c.stash.assign(shards, 0);
     c.off.assign(shards, 0);
     c.pending.assign(shards, 0);
+    c.resident.assign(shards, 0);
+    for (size_t s = shards - std::min(residents, shards); s < shards; ++s) c.resident[s] = 1;
     return c;
   }
 };
 
+/// Device bytes of the resident shards' state while shard s works, but for s and its
+/// neighbours' (which PackPeak counts anyway).
+int64_t ResidentBesides(const std::vector<LayerNeed>& l, const std::vector<int>& starts, size_t s,
+                        const ActivationChoice* choice) {
+  int64_t bytes = 0;
+  for (size_t r = 0; choice && r < starts.size(); ++r) {
+    if (!choice->resident[r] || (r + 1 >= s && r <= s + 1)) continue;
+    bytes += ShardSum(l, starts[r], ShardEnd(l, starts, r), &LayerNeed::state);
+  }
+  return bytes;
+}
+
 /// Peak device bytes of a packing: a shard's need plus the next shard's prefetched state, and
 /// the inputs the shards before it keep for their backward; with a choice, also the graphs the
 /// shards before it keep on the device (ActivationChoice::stash), a stashing or offloading
-/// shard's graphs of every micro-batch at once, and the offloaded graphs still on the device
-/// while the shard works (ActivationChoice::pending).
+/// shard's graphs of every micro-batch at once, the offloaded graphs still on the device
+/// while the shard works (ActivationChoice::pending), and the resident shards' state.
 int64_t PackPeak(const std::vector<LayerNeed>& l, const std::vector<int>& starts, int64_t mb,
                  const ActivationChoice* choice = nullptr) {
   int64_t peak = 0;
@@ -113,7 +131,8 @@ int64_t PackPeak(const std::vector<LayerNeed>& l, const std::vector<int>& starts
     const int64_t graphs = choice ? choice->stash[s] + choice->off[s] : 0;
     const int64_t own = graphs == 0 ? 0 : graphs - ShardSum(l, starts[s], end, &LayerNeed::act);
     const int64_t pending = choice ? choice->pending[s] : 0;
-    peak = std::max(peak, need + neighbour + kept + own + pending);
+    peak = std::max(
+        peak, need + neighbour + kept + own + pending + ResidentBesides(l, starts, s, choice));
     kept += (starts[s] > 0 ? l[starts[s] - 1].out * mb : 0) + (choice ? choice->stash[s] : 0);
   }
   return peak;
@@ -177,6 +196,40 @@ double ChoiceCost(const ActivationChoice& c, int64_t mb, double flops_per_second
   return c.recomputed_flops * static_cast<double>(mb) + c.stall_seconds * flops_per_second;
 }
 
+/// Bytes a step moves over the host link with choice `c` (PartitionOptions::resident_state):
+/// every shard not resident brings its state (weights and optimizer state) up for its backward
+/// and sends it back after its step, and a shard between the first and the last also brings
+/// its weights up for its forward (the first stays on the device from the step before, the
+/// last runs both at once); an offloaded graph goes out and comes back.
+double LinkBytes(const std::vector<LayerNeed>& l, const std::vector<int>& starts,
+                 const ActivationChoice& c) {
+  const size_t S = starts.size();
+  double bytes = 0;
+  for (size_t s = 0; s < S; ++s) {
+    const int end = ShardEnd(l, starts, s);
+    bytes += 2.0 * static_cast<double>(c.off[s]);
+    if (c.resident[s]) continue;
+    bytes += 2.0 * static_cast<double>(ShardSum(l, starts[s], end, &LayerNeed::moved));
+    if (s > 0 && s + 1 < S)
+      bytes += 4.0 * static_cast<double>(ShardSum(l, starts[s], end, &LayerNeed::params));
+  }
+  return bytes;
+}
+
+/// The step a packing with choice `c` takes, in FLOPs at o.flops_per_second: its compute
+/// (`base_flops`, the forwards and backwards of every layer, with what `c` recomputes and
+/// stalls and kShardOverheadSeconds a shard), or with o.resident_state the time its copies
+/// take (LinkBytes over the host link) where that is longer.
+double StepCost(const std::vector<LayerNeed>& l, const std::vector<int>& starts, int64_t mb,
+                const ActivationChoice& c, double base_flops, const PartitionOptions& o) {
+  const double compute =
+      base_flops + ChoiceCost(c, mb, o.flops_per_second) +
+      kShardOverheadSeconds * o.flops_per_second * static_cast<double>(starts.size());
+  if (!o.resident_state || o.host_link_bytes_per_second <= 0) return compute;
+  return std::max(compute,
+                  LinkBytes(l, starts, c) / o.host_link_bytes_per_second * o.flops_per_second);
+}
+
 /// Sets shards `candidates` (in their order) to `to` one at a time where the packing still
 /// fits `usable` and, for kOffload, its copies out drain before the backward.
 void Greedy(const std::vector<LayerNeed>& l, const std::vector<int>& starts, int64_t mb,
@@ -193,6 +246,32 @@ void Greedy(const std::vector<LayerNeed>& l, const std::vector<int>& starts, int
   }
 }
 
+/// The forwards and backwards of every layer over the micro-batches, in FLOPs: the compute
+/// every packing of the layers does before what it recomputes.
+double StepFlops(const std::vector<LayerNeed>& l, int64_t mb) {
+  double flops = 0;
+  for (const auto& n : l) flops += n.step_flops;
+  return flops * static_cast<double>(mb);
+}
+
+/// `o` with the link left out of StepCost.
+PartitionOptions WithoutLink(PartitionOptions o) {
+  o.resident_state = false;
+  return o;
+}
+
+/// The numbers of resident shards PackForDeviceStash tries for a packing of `shards`: none,
+/// or with o.resident_state from none up to all of them (in steps of shards / 16: at most 32
+/// counts).
+std::vector<size_t> ResidentCounts(size_t shards, const PartitionOptions& o) {
+  std::vector<size_t> counts = {0};
+  if (!o.resident_state || o.host_link_bytes_per_second <= 0) return counts;
+  const size_t step = std::max<size_t>(1, shards / 16);
+  for (size_t m = step; m < shards; m += step) counts.push_back(m);
+  counts.push_back(shards);
+  return counts;
+}
+
 /// Stashing on the device (PartitionOptions::stash_on_device): which shards of a packing keep
 /// their forward's graph on the device, chosen greedily by the forward FLOPs each saves per
 /// byte it keeps, and (PartitionOptions::activation_offload) which offload it, from the first
@@ -200,7 +279,8 @@ void Greedy(const std::vector<LayerNeed>& l, const std::vector<int>& starts, int
 /// no budget: the largest int64); the rest recompute. Offloading first and stashing first are
 /// both tried; the one whose step costs least wins.
 ActivationChoice ChooseActivations(const std::vector<LayerNeed>& l, const std::vector<int>& starts,
-                                   int64_t mb, int64_t usable, const PartitionOptions& o) {
+                                   int64_t mb, int64_t usable, const PartitionOptions& o,
+                                   size_t residents = 0) {
   const size_t S = starts.size();
   std::vector<size_t> by_value, in_order;
   for (size_t s = 0; s + 1 < S; ++s) in_order.push_back(s);
@@ -212,44 +292,66 @@ ActivationChoice ChooseActivations(const std::vector<LayerNeed>& l, const std::v
   };
   std::stable_sort(by_value.begin(), by_value.end(),
                    [&](size_t a, size_t b) { return per_byte(a) > per_byte(b); });
-  ActivationChoice stash_first = ActivationChoice::Recompute(S);
+  ActivationChoice stash_first = ActivationChoice::Recompute(S, residents);
   Derive(l, starts, mb, o, &stash_first);
   Greedy(l, starts, mb, usable, o, by_value, ActivationPolicy::kStash, &stash_first);
   const bool offload = o.activation_offload && o.host_link_bytes_per_second > 0;
   if (!offload) return stash_first;
+  // Where the link bounds the step, an offloaded graph's copies may cost more than the
+  // recompute they save.
+  const ActivationChoice stash_only = stash_first;
   Greedy(l, starts, mb, usable, o, in_order, ActivationPolicy::kOffload, &stash_first);
-  ActivationChoice offload_first = ActivationChoice::Recompute(S);
+  ActivationChoice offload_first = ActivationChoice::Recompute(S, residents);
   Derive(l, starts, mb, o, &offload_first);
   Greedy(l, starts, mb, usable, o, in_order, ActivationPolicy::kOffload, &offload_first);
   Greedy(l, starts, mb, usable, o, by_value, ActivationPolicy::kStash, &offload_first);
-  return ChoiceCost(offload_first, mb, o.flops_per_second) <
-                 ChoiceCost(stash_first, mb, o.flops_per_second)
-             ? offload_first
-             : stash_first;
+  const double base = StepFlops(l, mb);
+  auto cost = [&](const ActivationChoice& c) { return StepCost(l, starts, mb, c, base, o); };
+  const ActivationChoice& best =
+      cost(offload_first) < cost(stash_first) ? offload_first : stash_first;
+  return o.resident_state && cost(stash_only) < cost(best) ? stash_only : best;
 }
 
-/// Stashing on the device: of every packing under `usable` (from the fewest shards), the one
-/// whose step costs least: the forward FLOPs its backward recomputes once its activations are
-/// chosen (ChooseActivations), the copies in's stall, and kShardOverheadSeconds a shard at
-/// `o.flops_per_second`. Empty if none fits.
-std::vector<int> PackForDeviceStash(const std::vector<LayerNeed>& l, int64_t usable, int64_t mb,
-                                    const PartitionOptions& o) {
-  std::vector<int> best, last;
+/// What PackForDeviceStash chose: the first layer of each shard, and how many of the last
+/// shards keep their state on the device (PartitionOptions::resident_state).
+struct Packing {
+  std::vector<int> starts;
+  size_t residents = 0;
+};
+
+/// Stashing on the device: of every packing under `usable` (from the fewest shards), and with
+/// o.resident_state of every number of its last shards kept resident, the one whose step costs
+/// least (StepCost): the forward FLOPs its backward recomputes once its activations are chosen
+/// (ChooseActivations), the copies in's stall, kShardOverheadSeconds a shard, and the copies
+/// of the state that is not resident where the link takes longer than that compute. Empty
+/// starts if none fits.
+Packing PackForDeviceStash(const std::vector<LayerNeed>& l, int64_t usable, int64_t mb,
+                           const PartitionOptions& o) {
+  Packing best;
+  std::vector<int> last;
   double cheapest = 0;
-  const double per_shard = kShardOverheadSeconds * o.flops_per_second;
+  const double base = StepFlops(l, mb);
   for (int64_t cap = usable; cap > 0; cap = cap * 15 / 16) {
     auto p = Pack(l, cap, mb);
     if (p.empty()) break;  // a layer alone passes the cap: so it does every smaller one
     if (p == last || PackPeak(l, p, mb) > usable) continue;
     last = p;
-    const ActivationChoice c = ChooseActivations(l, p, mb, usable, o);
-    const double cost =
-        ChoiceCost(c, mb, o.flops_per_second) + per_shard * static_cast<double>(p.size());
-    if (best.empty() || cost < cheapest) {
-      best = p;
-      cheapest = cost;
+    bool free = false;  // the last choice tried: nothing recomputed, stalled or waited for
+    for (size_t m : ResidentCounts(p.size(), o)) {
+      const ActivationChoice fits = ActivationChoice::Recompute(p.size(), m);
+      if (PackPeak(l, p, mb, &fits) > usable) break;  // nor does any larger m
+      const ActivationChoice c = ChooseActivations(l, p, mb, usable, o, m);
+      const double cost = StepCost(l, p, mb, c, base, o);
+      if (best.starts.empty() || cost < cheapest) {
+        best = {p, m};
+        cheapest = cost;
+      }
+      // Bound by its compute, not the link: more resident shards only take memory.
+      const bool compute_bound = cost <= StepCost(l, p, mb, c, base, WithoutLink(o));
+      free = compute_bound && ChoiceCost(c, mb, o.flops_per_second) == 0;
+      if (compute_bound) break;
     }
-    if (c.recomputed_flops == 0 && c.stall_seconds == 0) break;  // more shards only cost more
+    if (free) break;  // more shards only cost more
   }
   return best;
 }
@@ -335,6 +437,11 @@ StatusOr<PartitionPlan> PlanFor(const Trial& trial, const PartitionOptions& o,
         "the optimizer steps on the host only with the state in the host tier, not on disk");
   }
   const OptimizerPlacement placement = ChooseOptimizerPlacement(trial, o);
+  // Shards stay resident only where their state would otherwise cross the link every step and
+  // their optimizer steps on the device.
+  PartitionOptions ro = o;
+  ro.resident_state = o.resident_state && device_stash && o.host_link_bytes_per_second > 0 &&
+                      placement == OptimizerPlacement::kDevice;
   const int64_t opt_on_device = placement == OptimizerPlacement::kDevice ? opt : 0;
   std::vector<LayerNeed> need(n);
   int64_t tied = 0;
@@ -352,6 +459,10 @@ StatusOr<PartitionPlan> PlanFor(const Trial& trial, const PartitionOptions& o,
     need[i].act = KeptActivationBytes(costs[i], attention, selective);
     need[i].out = costs[i].output_bytes;
     need[i].flops = costs[i].forward_flops;
+    need[i].step_flops =
+        3 * costs[i].forward_flops +
+        (attention == AttentionMemory::kRecomputed ? costs[i].attention_flops : 0) +
+        (selective ? costs[i].recompute_flops : 0);
     whole += costs[i].parameters * (8 + opt) + need[i].act;
   }
   whole += transient;
@@ -360,7 +471,8 @@ StatusOr<PartitionPlan> PlanFor(const Trial& trial, const PartitionOptions& o,
   const int64_t usable = budget - tied_bytes - transient;  // for the shards' own needs
 
   std::vector<int> starts;
-  bool packed = false;  // cut to the budget (possibly into one shard, its optimizer on the host)
+  size_t residents = 0;  // the last shards whose state stays on the device
+  bool packed = false;   // cut to the budget (possibly into one shard, its optimizer on the host)
   if (!o.explicit_boundaries.empty()) {
     starts.push_back(0);
     for (int b : o.explicit_boundaries) {
@@ -393,7 +505,11 @@ StatusOr<PartitionPlan> PlanFor(const Trial& trial, const PartitionOptions& o,
       }
     }
     // Largest per-shard cap whose packing (with prefetch buffers) fits: fewest shards.
-    if (device_stash) starts = PackForDeviceStash(need, usable, mb_count, o);
+    if (device_stash) {
+      Packing packing = PackForDeviceStash(need, usable, mb_count, ro);
+      starts = std::move(packing.starts);
+      residents = packing.residents;
+    }
     for (int64_t cap = usable; starts.empty() && cap > 0; cap = cap * 15 / 16) {
       auto p = Pack(need, cap, mb_count);
       if (!p.empty() && PackPeak(need, p, mb_count) <= usable) {
@@ -419,7 +535,8 @@ StatusOr<PartitionPlan> PlanFor(const Trial& trial, const PartitionOptions& o,
   plan.pinned_bytes = sharded ? tied_bytes : 0;
   const ActivationChoice choice =
       device_stash ? ChooseActivations(need, starts, mb_count,
-                                       budget > 0 ? usable : std::numeric_limits<int64_t>::max(), o)
+                                       budget > 0 ? usable : std::numeric_limits<int64_t>::max(),
+                                       ro, residents)
                    : ActivationChoice::Recompute(starts.size());
   const ActivationChoice* on_device = device_stash ? &choice : nullptr;
   for (size_t s = 0; s < starts.size(); ++s) {
@@ -454,6 +571,8 @@ StatusOr<PartitionPlan> PlanFor(const Trial& trial, const PartitionOptions& o,
     }
     if (sp.policy == ActivationPolicy::kOffload) plan.offloaded_bytes += choice.off[s];
     sp.optimizer = sharded ? placement : OptimizerPlacement::kDevice;
+    sp.resident = sharded && choice.resident[s];
+    if (sp.resident) plan.resident_bytes += sp.state_bytes;
     sp.workspace_bytes = ShardNeed(need, sp.first_layer, sp.last_layer, mb_count) -
                          ShardSum(need, sp.first_layer, sp.last_layer, &LayerNeed::state) -
                          ShardSum(need, sp.first_layer, sp.last_layer, &LayerNeed::grad) +
@@ -525,6 +644,9 @@ StatusOr<PartitionPlan> PlanFor(const Trial& trial, const PartitionOptions& o,
     }
     sp.optimizer = OptimizerPlacement::kDevice;
   }
+  if (ro.resident_state && sharded) {
+    plan.link_seconds = LinkBytes(need, starts, choice) / o.host_link_bytes_per_second;
+  }
   // After the optimizer's placement, which weighs compute alone against the copies.
   for (auto& sp : plan.shards) sp.estimated_seconds += sharded ? kShardOverheadSeconds : 0.0;
   if (!sharded) {
@@ -541,7 +663,7 @@ StatusOr<PartitionPlan> PlanFor(const Trial& trial, const PartitionOptions& o,
 double EstimatedStepSeconds(const PartitionPlan& plan) {
   double s = 0;
   for (const auto& sp : plan.shards) s += sp.estimated_seconds;
-  return s;
+  return std::max(s, plan.link_seconds);
 }
 
 namespace {
@@ -609,6 +731,15 @@ std::string FormatPlan(const Trial& trial, const PartitionPlan& plan) {
   if (plan.offloaded_bytes > 0) {
     out << ", " << FormatBytes(plan.offloaded_bytes) << " of graphs offloaded to host memory";
   }
+  if (plan.resident_bytes > 0) {
+    out << ", " << FormatBytes(plan.resident_bytes)
+        << " of state resident on the device between steps (optimizer \"resident\")";
+  }
+  if (plan.link_seconds > 0) {
+    char link[64];
+    std::snprintf(link, sizeof(link), ", host link %.3f s a step", plan.link_seconds);
+    out << link;
+  }
   out << "\n";
   char line[256];
   std::snprintf(line, sizeof(line), "  %5s  %-19s  %10s  %11s  %11s  %11s  %-9s  %-9s  %8s\n",
@@ -623,7 +754,8 @@ std::string FormatPlan(const Trial& trial, const PartitionPlan& plan) {
         line, sizeof(line), "  %5zu  %-19s  %10lld  %11s  %11s  %11s  %-9s  %-9s  %8.3f\n", i,
         layers.c_str(), static_cast<long long>(s.parameters), FormatBytes(s.state_bytes).c_str(),
         FormatBytes(s.gradient_bytes).c_str(), FormatBytes(s.activation_bytes).c_str(),
-        ActivationPolicyName(s.policy), OptimizerPlacementName(s.optimizer), s.estimated_seconds);
+        ActivationPolicyName(s.policy),
+        s.resident ? "resident" : OptimizerPlacementName(s.optimizer), s.estimated_seconds);
     out << line;
   }
   return out.str();

@@ -48,6 +48,10 @@ struct ShardPlan {
   double recompute_flops = 0;
   ActivationPolicy policy = ActivationPolicy::kStash;
   OptimizerPlacement optimizer = OptimizerPlacement::kDevice;
+  /// Its weights and optimizer state stay on the device from their first upload on, across
+  /// steps (PartitionOptions::resident_state): its optimizer steps there and nothing of its
+  /// state crosses the host link in a step. Its state counts against the budget all step.
+  bool resident = false;
   /// Forward + backward (+ recompute) of a whole step, and a spilled shard's
   /// kShardOverheadSeconds.
   double estimated_seconds = 0;
@@ -109,6 +113,13 @@ struct PartitionOptions {
   /// keeping them (agent/executor/selective_recompute.h: 10 values of the width a token kept
   /// instead of 16) where the estimated step is shorter that way or the trial fits no other way?
   bool selective_recompute = false;
+  /// With stash_on_device, the state in the host tier, a known host link and the optimizer on
+  /// the device: may the plan keep some shards' state on the device between steps
+  /// (ShardPlan::resident) where the link cannot carry every shard's weights and optimizer
+  /// state up and back within the step's compute? Each resident shard's state then takes the
+  /// budget all step (smaller shards for the rest, or more recompute): the plan keeps the
+  /// shards whose residency shortens the estimated step (EstimatedStepSeconds with the link).
+  bool resident_state = false;
 };
 
 struct PartitionPlan {
@@ -132,6 +143,12 @@ struct PartitionPlan {
   /// (PartitionOptions::selective_recompute): their activations leave them out, and one
   /// block's, computed again in its backward, is a transient the peak counts.
   bool selective_recompute = false;
+  /// Bytes of the resident shards' state (ShardPlan::resident), on the device all step.
+  int64_t resident_bytes = 0;
+  /// With PartitionOptions::resident_state: seconds a step's copies over the host link take
+  /// (the spilled shards' weights and optimizer state up and back, offloaded graphs out and
+  /// in); the step takes at least that. 0 otherwise (the link left out of the estimate).
+  double link_seconds = 0;
 };
 
 /// The options a trial's manifest implies: device budget, host budget (for stashed
@@ -147,7 +164,8 @@ PartitionOptions PartitionOptionsFor(const Trial& trial);
 /// boundaries.
 StatusOr<PartitionPlan> PlanShards(const Trial& trial, const PartitionOptions& options);
 
-/// The plan's estimated compute of one step: its shards' estimated_seconds together.
+/// The plan's estimated step: its shards' estimated_seconds together, or the plan's
+/// link_seconds where the copies take longer than that compute.
 double EstimatedStepSeconds(const PartitionPlan& plan);
 
 /// Where a sharded trial's optimizer steps when `options` leave it to the cost model: on the

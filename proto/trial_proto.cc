@@ -170,6 +170,7 @@ void ShardPlanToProto(const PartitionPlan& plan, v1::ShardPlan* out) {
     s->set_activations(ActivationPolicyName(sh.policy));
     s->set_estimated_seconds(sh.estimated_seconds);
     s->set_optimizer(OptimizerPlacementName(sh.optimizer));
+    s->set_resident(sh.resident);
   }
   out->set_peak_device_bytes(plan.peak_device_bytes);
   out->set_total_state_bytes(plan.total_state_bytes);
@@ -177,6 +178,8 @@ void ShardPlanToProto(const PartitionPlan& plan, v1::ShardPlan* out) {
   out->set_attention(AttentionMemoryName(plan.attention));
   out->set_selective_recompute(plan.selective_recompute);
   out->set_offloaded_bytes(plan.offloaded_bytes);
+  out->set_resident_bytes(plan.resident_bytes);
+  out->set_link_seconds(plan.link_seconds);
 }
 
 std::vector<int64_t> ShardBoundaries(const v1::ShardPlan& plan) {

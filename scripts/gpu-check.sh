@@ -232,7 +232,7 @@ esac
 # the selective-recompute function with the layers on the GPU; their measured lines go into
 # the report.
 # Each step has a cap, so that one that hangs leaves time for the rest.
-for t in executor/cuda_executor_test:240 executor/selective_recompute_test:60 executor/gpus_test:60 \
+for t in executor/cuda_executor_test:300 executor/selective_recompute_test:60 executor/gpus_test:60 \
   common/nvml_test:60; do
   cap=${t#*:}
   t=${t%:*}

@@ -289,8 +289,9 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   int BoundDevice() const override { return on_.bound; }
 
   /// Between steps every shard is off the device but the first, kept there with its host
-  /// copies current (AfterLastUse): only the tied weights and the buffers move, and the
-  /// streams follow.
+  /// copies current (AfterLastUse), and the resident shards, whose host copies are brought up
+  /// to date first: the tied weights and the buffers move, the streams follow, and the
+  /// resident shards go up to the new device at their next use.
   Status MoveTo(int device) override {
     RETURN_IF_ERROR(failed_.Check("moving " + trial_.name));
     if (!on_.discrete || device == on_.bound) return OkStatus();
@@ -304,6 +305,11 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
 
   Status MoveShards(const Placement& to) {
     try {
+      for (size_t k = 0; k < shards_.size(); ++k) {  // newer than their host copies
+        for (Part* p : {&shards_[k].weights, &shards_[k].state}) {
+          if (Resident(k) && p->at->where() == Residency::kOnDevice) CopyOut(*p);
+        }
+      }
       WaitForCopies();  // the next copy in, on the new device, reads the host copies
       RETURN_IF_ERROR(FinishWrites());  // a shard kept while its write went on leaves
       streams_.MoveTo(to.device);
@@ -550,6 +556,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   Status Evict(size_t k, bool dirty) {
     Shard& s = shards_[k];
     RETURN_IF_ERROR(Wait(k));
+    if (Resident(k)) return OkStatus();  // it stays, stepped or not
     if (!disk_) {
       for (Part* p : {&s.weights, &s.state}) {
         if (!on_.discrete || p->at->where() != Residency::kOnDevice) continue;
@@ -575,6 +582,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   Status EvictKeepingGraph(size_t k) {
     Shard& s = shards_[k];
     RETURN_IF_ERROR(Wait(k));
+    if (Resident(k)) return OkStatus();  // the graph reads the weights where they stay
     for (auto& [n, t] : s.weights.tensors) FreeStorageInPlace(t);
     if (s.state.at->where() == Residency::kOnDevice) LeaveDevice(s.state);
     RETURN_IF_ERROR(s.weights.at->To(Residency::kInHost));
@@ -755,6 +763,13 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   }
   /// Whether a shard's step changes its device copies (so they are written back).
   bool StepsOnDevice(size_t k) const { return !HostSteps(shards_[k]); }
+  /// Whether shard k's weights and optimizer state stay on the device once there
+  /// (ShardPlan::resident: a discrete device, the state in the host tier, stepped on the
+  /// device): Evict leaves it, its device tensors are its masters (export reads them), and its
+  /// host copies are brought up to date only when it leaves the device (MoveShards).
+  bool Resident(size_t k) const {
+    return on_.discrete && !disk_ && shards_[k].plan.resident && StepsOnDevice(k);
+  }
 
   static std::vector<torch::Tensor> Values(const NamedTensors& ts) {
     std::vector<torch::Tensor> out;
@@ -1420,15 +1435,15 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   }
 
   /// Shard k's backward (with its optimizer step, unless clipping) is its last use in the step.
-  /// On a discrete device with the state in host memory, the shard the step ends with (shard
-  /// 0, which the next one begins with) stays there: its stepped state is copied out, so the
-  /// host copies are current for a checkpoint, a move or an evaluation, but not dropped, so the
-  /// next step's first forward waits neither for that copy out nor for an upload. Any other
-  /// shard is evicted. (With the disk tier shard 0 is written back as usual and stays through
+  /// A resident shard stays on the device as it is (Evict). On a discrete device with the state
+  /// in host memory, the shard the step ends with (shard 0, which the next one begins with)
+  /// stays there: its stepped state is copied out, so the host copies are current for a
+  /// checkpoint, a move or an evaluation, but not dropped, so the next step's first forward
+  /// waits neither for that copy out nor for an upload. Any other shard is evicted. (With the disk tier shard 0 is written back as usual and stays through
   /// its write: FetchPart, and Task, which leaves that write running past the step's end.)
   Status AfterLastUse(size_t k, bool clipping) {
     const bool dirty = !clipping && StepsOnDevice(k);
-    if (k != 0 || !dirty || !on_.discrete || disk_) return Evict(k, dirty);
+    if (k != 0 || !dirty || !on_.discrete || disk_ || Resident(k)) return Evict(k, dirty);
     for (Part* p : {&shards_[k].weights, &shards_[k].state}) {
       if (p->at->where() == Residency::kOnDevice) CopyOut(*p);
     }
@@ -1540,6 +1555,7 @@ class ExecutorFactory : public ExecutorFactoryInterface {
       po.activation_offload =
           po.stash_on_device && options_.activation_offload && SavedTensorCaptureAvailable();
       po.selective_recompute = options_.selective_recompute;
+      po.resident_state = po.stash_on_device && options_.resident_state;
       if (!po.stash_on_device) po.host_activation_budget = 0;
     }
     auto admission = PlanAdmission(trial, po);

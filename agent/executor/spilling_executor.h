@@ -49,6 +49,10 @@ struct ExecutorOptions {
   /// On a discrete device, may plans recompute GPT-2 blocks' LayerNorm and GELU outputs in
   /// backward (PartitionOptions::selective_recompute)?
   bool selective_recompute = true;
+  /// On a discrete device with a measured host link, may plans keep some shards' weights and
+  /// optimizer state on the device between steps where the link cannot carry every shard's
+  /// state up and back within a step (PartitionOptions::resident_state)?
+  bool resident_state = true;
   /// Where trials train (Build's `device` indexes these); empty: one CPU device.
   ExecutorDevices devices = {};
 };

@@ -392,6 +392,100 @@ size_t ShardsThat(const PartitionPlan& p, ActivationPolicy policy) {
   return n;
 }
 
+/// Host-link bytes a step of `p` moves as PartitionPlan::link_seconds counts them: each shard
+/// not resident brings its state up and sends it back, those between the first and the last
+/// bring their weights up for the forward too, and offloaded graphs go out and back.
+double LinkBytes(const PartitionPlan& p) {
+  double bytes = 2.0 * static_cast<double>(p.offloaded_bytes);
+  for (size_t s = 0; s < p.shards.size(); ++s) {
+    const ShardPlan& sh = p.shards[s];
+    if (sh.resident) continue;
+    bytes += 2.0 * static_cast<double>(sh.state_bytes);
+    if (s > 0 && s + 1 < p.shards.size()) bytes += 4.0 * static_cast<double>(sh.parameters);
+  }
+  return bytes;
+}
+
+TEST(PartitionerTest, OnAGpuShardsKeepTheirStateWhereTheLinkCannotCarryIt) {
+  const Trial t = Gpt2(12, 256);
+  PartitionOptions o = OnAGpu(EstimateTrialFootprint(t).total_bytes() / 2);
+  o.flops_per_second = 1e13;           // a fast device behind a slow link: the copies of every
+  o.host_link_bytes_per_second = 1e9;  // shard's state would take longer than the compute
+  auto moving = PlanShards(t, o);
+  o.resident_state = true;
+  auto keeping = PlanShards(t, o);
+  ASSERT_TRUE(moving.ok()) << moving.status();
+  ASSERT_TRUE(keeping.ok()) << keeping.status();
+  ASSERT_GT(moving->shards.size(), 1u);
+  EXPECT_EQ(moving->resident_bytes, 0);
+  EXPECT_EQ(moving->link_seconds, 0) << "the link is weighed only with resident_state";
+  for (const auto& sh : moving->shards) EXPECT_FALSE(sh.resident);
+
+  ASSERT_GT(keeping->resident_bytes, 0) << FormatPlan(t, *keeping);
+  int64_t resident = 0;
+  bool seen = false;
+  for (const auto& sh : keeping->shards) {
+    EXPECT_TRUE(sh.resident || !seen) << "the resident shards are the last ones";
+    seen = seen || sh.resident;
+    if (!sh.resident) continue;
+    resident += sh.state_bytes;
+    EXPECT_EQ(sh.optimizer, OptimizerPlacement::kDevice);
+  }
+  EXPECT_EQ(keeping->resident_bytes, resident);
+  EXPECT_LT(resident, keeping->total_state_bytes) << "half the footprint cannot hold it all";
+  EXPECT_LE(keeping->peak_device_bytes, o.device_budget);
+  EXPECT_GE(keeping->peak_device_bytes, resident + keeping->pinned_bytes);
+  // Its copies, and the step they bound: shorter than moving every shard's state.
+  EXPECT_NEAR(keeping->link_seconds, LinkBytes(*keeping) / 1e9, 1e-9);
+  PartitionPlan all_moving = *keeping;
+  for (auto& sh : all_moving.shards) sh.resident = false;
+  EXPECT_LT(keeping->link_seconds, LinkBytes(all_moving) / 1e9);
+  EXPECT_LT(EstimatedStepSeconds(*keeping), LinkBytes(*moving) / 1e9);
+  EXPECT_GE(EstimatedStepSeconds(*keeping), keeping->link_seconds);
+  EXPECT_THAT(FormatPlan(t, *keeping), HasSubstr("resident on the device between steps"));
+  EXPECT_THAT(FormatPlan(t, *keeping), HasSubstr(" resident "));
+}
+
+TEST(PartitionerTest, ALinkThatKeepsPaceWithTheComputeKeepsNoShardResident) {
+  const Trial t = Gpt2(12, 256);
+  PartitionOptions o = OnAGpu(EstimateTrialFootprint(t).total_bytes() / 2);
+  o.flops_per_second = 1e12;
+  o.host_link_bytes_per_second = 1e13;
+  auto moving = PlanShards(t, o);
+  o.resident_state = true;
+  auto keeping = PlanShards(t, o);
+  ASSERT_TRUE(moving.ok() && keeping.ok());
+  EXPECT_EQ(keeping->resident_bytes, 0) << FormatPlan(t, *keeping);
+  ASSERT_EQ(keeping->shards.size(), moving->shards.size());
+  for (size_t s = 0; s < keeping->shards.size(); ++s) {
+    EXPECT_EQ(keeping->shards[s].first_layer, moving->shards[s].first_layer);
+    EXPECT_EQ(keeping->shards[s].policy, moving->shards[s].policy);
+  }
+  EXPECT_GT(keeping->link_seconds, 0);
+  EXPECT_DOUBLE_EQ(EstimatedStepSeconds(*keeping), EstimatedStepSeconds(*moving));
+}
+
+TEST(PartitionerTest, OnlyAGpuStateInHostMemorySteppedOnTheDeviceStaysResident) {
+  const Trial t = Gpt2(12, 256);
+  PartitionOptions gpu = OnAGpu(EstimateTrialFootprint(t).total_bytes() / 2);
+  gpu.flops_per_second = 1e13;
+  gpu.host_link_bytes_per_second = 1e9;
+  gpu.resident_state = true;
+  PartitionOptions cpu = gpu;  // a CPU's memory is the host's: nothing to keep
+  cpu.stash_on_device = false;
+  PartitionOptions disk = gpu;
+  disk.state_tier = StateTier::kDisk;
+  PartitionOptions host_steps = gpu;
+  host_steps.optimizer_placement = OptimizerPlacement::kHost;
+  for (const auto* o : {&cpu, &disk, &host_steps}) {
+    auto plan = PlanShards(t, *o);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_EQ(plan->resident_bytes, 0) << FormatPlan(t, *plan);
+    EXPECT_EQ(plan->link_seconds, 0);
+    for (const auto& sh : plan->shards) EXPECT_FALSE(sh.resident);
+  }
+}
+
 TEST(PartitionerTest, OnAGpuShardsOffloadGraphsTheLinkCanCarryInsteadOfRecomputingThem) {
   const Trial t = Gpt2(12, 256);
   const int64_t full = EstimateTrialFootprint(t).total_bytes();

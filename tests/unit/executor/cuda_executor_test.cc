@@ -102,19 +102,25 @@ class CudaExecutorTest : public ::testing::Test {
                                                     bool fused_attention = true,
                                                     bool activation_offload = true,
                                                     bool selective_recompute = true) {
-    ExecutorOptions o;
+    // A PCIe-class link makes recompute and host stepping choices realistic; the override
+    // below decides where the optimizer steps.
+    ExecutorOptions o = DeviceStepped(gpu, 25e9);
     o.fused_attention = fused_attention;
     o.activation_offload = activation_offload;
     o.selective_recompute = selective_recompute;
-    o.spill_dir = spill_.string();
-    o.devices.devices = {gpu};
-    // A PCIe-class link makes recompute and host stepping choices realistic; the override
-    // below decides where the optimizer steps.
-    o.host_link_bytes_per_second = 25e9;
-    o.optimizer_placement =
-        host_optimizer ? OptimizerPlacement::kHost : OptimizerPlacement::kDevice;
+    if (host_optimizer) o.optimizer_placement = OptimizerPlacement::kHost;
     o.bf16_weight_transit = bf16_transit;
     return MakeExecutorFactory(o);
+  }
+
+  /// Options for `gpu` with a host link of `link` bytes/s and the optimizer on the device.
+  ExecutorOptions DeviceStepped(const DeviceSpec& gpu, double link) const {
+    ExecutorOptions o;
+    o.spill_dir = spill_.string();
+    o.devices.devices = {gpu};
+    o.host_link_bytes_per_second = link;
+    o.optimizer_placement = OptimizerPlacement::kDevice;
+    return o;
   }
 
   static std::vector<double> Losses(TrialExecutorInterface* e, int steps) {
@@ -470,17 +476,32 @@ TEST_F(CudaExecutorTest, OffloadedGraphsLeaveTheGpuAndComeBackForTheirBackward) 
   // budget (had the graphs stayed, it would not), and the bytes offloaded are counted.
   REQUIRE_GPU(gpu);
 #ifdef HYDRA_WITH_CUDA
-  ExecutorOptions o;
-  o.spill_dir = spill_.string();
-  o.devices.devices = {gpu};
-  o.host_link_bytes_per_second = 25e9;
-  o.optimizer_placement = OptimizerPlacement::kDevice;
+  ExecutorOptions o = DeviceStepped(gpu, 25e9);
   o.offload_min_bytes = 0;
   auto factory = MakeExecutorFactory(o);
   ExpectChosenPlansTrainWithinTheirBudget(
       gpu, testing::GptTrial("offload", "adamw", 8, 512, 8, 32, 5, 3e-4), factory.get(),
       [](const Admission& a) { return a.plan.offloaded_bytes > 0; }, "graphs offloaded",
       [](const ExecutorStats& st) { EXPECT_GT(st.activation_bytes_offloaded, 0); });
+#endif
+}
+
+TEST_F(CudaExecutorTest, ResidentShardsStayOnTheGpuAndTrainAsUnsharded) {
+  // Resident state: rates of a device that computes far faster than its link carries state, so
+  // plans keep their last shards' weights and AdamW state on the GPU between steps and move
+  // the rest. At budgets whose plans mix the two: training tracks unsharded training and the
+  // allocator's peak stays within the budget, which counts the resident state all step.
+  REQUIRE_GPU(gpu);
+#ifdef HYDRA_WITH_CUDA
+  ExecutorOptions o = DeviceStepped(gpu, 1e9);
+  o.flops_per_second = 1e15;
+  auto factory = MakeExecutorFactory(o);
+  ExpectChosenPlansTrainWithinTheirBudget(
+      gpu, testing::GptTrial("resident", "adamw", 8, 512, 8, 32, 5, 3e-4), factory.get(),
+      [](const Admission& a) {  // some shards resident, some not
+        return a.plan.shards.front().resident != a.plan.shards.back().resident;
+      },
+      "resident and moving shards", [](const ExecutorStats&) {});
 #endif
 }
 

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <thread>
 
 #include "agent/executor/inmemory_executor.h"
@@ -142,6 +143,9 @@ class SpillingExecutorTest : public ::testing::Test {
   /// run. Returns how many budgets ran.
   using RunCheck = std::function<void(const Trial&, const Admission&, TrialExecutorInterface*,
                                       const std::vector<double>& losses)>;
+  /// OnADiscreteDeviceResidentShardsStayThereAndTrainAsUnsharded for one trial.
+  void TrainResidentPlans(const Trial& base);
+
   size_t TrainChosenPlans(ExecutorFactoryInterface* factory, const Trial& base, int step,
                           const std::vector<double>& expected,
                           const std::function<bool(const Admission&)>& chosen,
@@ -718,6 +722,79 @@ TEST_F(SpillingExecutorTest, OnADiscreteDevicePlansThatRecomputeLayerNormsAndGel
       [](const Admission& a) { return a.plan.selective_recompute; },
       [](const Trial&, const Admission&, TrialExecutorInterface*, const std::vector<double>&) {});
   EXPECT_GT(tried, 0u) << "no budget made a plan that recomputes LayerNorms and GELU";
+}
+
+/// Whether two exported states hold the same tensors, bit for bit.
+void ExpectSameState(const std::vector<NamedBuffer>& a, const std::vector<NamedBuffer>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  std::map<std::string, const NamedBuffer*> by_name;
+  for (const auto& x : b) by_name[x.name] = &x;
+  for (const auto& x : a) {
+    ASSERT_TRUE(by_name.count(x.name)) << x.name;
+    EXPECT_TRUE(x.data == by_name[x.name]->data) << x.name;
+  }
+}
+
+TEST_F(SpillingExecutorTest, OnADiscreteDeviceResidentShardsStayThereAndTrainAsUnsharded) {
+  // A fast device behind a slow link (the CPU as a discrete device): plans keep their last
+  // shards' weights and optimizer state on the device between steps. Training tracks unsharded
+  // training, equals the same plan moving every shard's state bit for bit, uploads less by at
+  // least the resident state each step, and a checkpoint, a move to another device and a
+  // resume see the resident shards' newest state. With global clipping too (every shard's
+  // step waits for every gradient norm: the resident shards step where they are).
+  for (const double clip : {0.0, 0.5}) {
+    SCOPED_TRACE(clip > 0 ? "clipping" : "no clipping");
+    Trial base = testing::GptTrial("resident", "adamw", 6, 128, 4, 16, 11, 1e-3);
+    base.training.grad_clip_norm = clip;
+    TrainResidentPlans(base);
+  }
+}
+
+void SpillingExecutorTest::TrainResidentPlans(const Trial& base) {
+  ExecutorOptions o;
+  o.threads = 2;
+  o.fused_attention = fused_attention_;
+  o.host_link_bytes_per_second = 1e9;
+  o.flops_per_second = 1e13;
+  o.devices.devices = {CpuDevice(0, 0), CpuDevice(1, 0)};
+  o.devices.simulate_discrete = true;
+  auto factory = MakeExecutorFactory(o);
+  auto data = TokenDataset::Open(base.dataset, base.model.context_length + 1);
+  ASSERT_TRUE(data.ok()) << data.status();
+  auto uploads = [](TrialExecutorInterface* e) {
+    const int64_t before = e->stats().bytes_uploaded;
+    testing::StepLosses(e, 1);
+    return e->stats().bytes_uploaded - before;
+  };
+  const size_t tried = TrainChosenPlans(
+      factory.get(), base, 7, UnshardedLosses(base),
+      [](const Admission& a) {  // some shards resident, some not
+        const auto& sh = a.plan.shards;
+        return sh.front().resident != sh.back().resident;
+      },
+      [&](const Trial& t, const Admission& a, TrialExecutorInterface* kept,
+          const std::vector<double>& losses) {
+        Admission moving = a;  // the same shards, every one's state crossing the link
+        for (auto& sh : moving.plan.shards) sh.resident = false;
+        moving.plan.resident_bytes = 0;
+        auto moves = factory->Build(t, *data, moving, 0);
+        ASSERT_TRUE(moves.ok()) << moves.status();
+        TrialExecutorInterface* other = moves->get();
+        EXPECT_EQ(Losses(other, 30), losses);
+        EXPECT_LE(uploads(kept) + a.plan.resident_bytes, uploads(other));
+        auto state = kept->ExportState();
+        ASSERT_TRUE(state.ok()) << state.status();
+        auto expected = other->ExportState();
+        ASSERT_TRUE(expected.ok()) << expected.status();
+        ExpectSameState(*state, *expected);
+        ASSERT_TRUE(kept->MoveTo(1).ok());
+        EXPECT_EQ(Losses(kept, 3), Losses(other, 3));
+        ASSERT_TRUE(kept->ImportState(31, *state).ok());
+        ASSERT_TRUE(other->ImportState(31, *state).ok());
+        EXPECT_EQ(Losses(kept, 2), Losses(other, 2));
+        EXPECT_LE(kept->stats().peak_device_bytes, *t.resources.device_memory_budget);
+      });
+  EXPECT_GT(tried, 0u) << "no budget made a plan with resident and moving shards";
 }
 
 TEST_F(SpillingExecutorTest, LayerTooBigIsRefusedBeforeTraining) {

@@ -203,6 +203,23 @@ TEST(TrialProtoTest, APlansSelectiveRecomputeAndOffloadedGraphsReachTheStatus) {
   EXPECT_TRUE(p.selective_recompute());
   EXPECT_EQ(p.offloaded_bytes(), 123456789);
   EXPECT_EQ(p.shards(0).activations(), "offload");
+  EXPECT_FALSE(p.shards(0).resident());
+  EXPECT_EQ(p.resident_bytes(), 0);
+}
+
+TEST(TrialProtoTest, APlansResidentShardsAndLinkTimeReachTheStatus) {
+  const Trial t = Sample();
+  auto plan = PlanShards(t, PartitionOptionsFor(t));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  plan->shards.back().resident = true;
+  plan->resident_bytes = plan->shards.back().state_bytes;
+  plan->link_seconds = 0.25;
+  v1::ShardPlan p;
+  ShardPlanToProto(*plan, &p);
+  ASSERT_EQ(p.shards_size(), static_cast<int>(plan->shards.size()));
+  EXPECT_TRUE(p.shards(p.shards_size() - 1).resident());
+  EXPECT_EQ(p.resident_bytes(), plan->shards.back().state_bytes);
+  EXPECT_DOUBLE_EQ(p.link_seconds(), 0.25);
 }
 
 }  // namespace

@@ -151,6 +151,16 @@ void SynchronizeDevice(const torch::Device& device) {
 #endif
 }
 
+void ReleaseCachedDeviceMemory(const torch::Device& device) {
+#ifdef HYDRA_WITH_CUDA
+  if (!device.is_cuda()) return;
+  SynchronizeDevice(device);
+  c10::cuda::CUDACachingAllocator::emptyCache();
+#else
+  (void)device;
+#endif
+}
+
 #ifdef HYDRA_WITH_CUDA
 namespace {
 

@@ -43,6 +43,11 @@ SlabPinning PinningFor(const torch::Device& device);
 /// steady state. Nothing on a CPU device.
 void SynchronizeDevice(const torch::Device& device);
 
+/// Gives the memory LibTorch's caching allocator keeps cached (freed tensors' blocks) back to
+/// the GPU, after set-up work such as a pilot, so that it does not count as the trials'
+/// reserved memory. Nothing on a CPU device.
+void ReleaseCachedDeviceMemory(const torch::Device& device);
+
 /// A point in one stream's work that other streams, or the host, can wait for. On a CPU device
 /// every mark is already reached. Copyable; empty marks are reached.
 class StreamMark {

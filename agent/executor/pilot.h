@@ -26,6 +26,14 @@ struct PilotResult {
 /// CUDA build), whose queued kernels are waited for before the clock is read.
 StatusOr<PilotResult> RunPilot(const Trial& trial, const DeviceSpec& device = DeviceSpec());
 
+/// The trial MeasureLinkRates times a whole GPT-2 block of, in `precision`: GPT-2 medium's
+/// width (1024), heads (16) and context (1024) at micro-batch 8, a small vocabulary (the block,
+/// not the head, is the heaviest layer). What a model's layers reach together (elementwise
+/// steps, attention, LayerNorms and the products' own shapes) rather than a square product's
+/// peak: on an H200 GPT-2 medium trained unsharded in bf16 at about a third of the 4096^3
+/// product's rate.
+Trial BlockPilotTrial(Precision precision);
+
 /// The rates that decide where a spilled shard's optimizer steps (ChooseOptimizerPlacement and
 /// PlanShards' per-shard refinement): ExecutorOptions' host_link_bytes_per_second,
 /// host_optimizer_bytes_per_second, flops_per_second and bf16_flops_per_second.
@@ -38,19 +46,26 @@ struct LinkRates {
   /// of a shard's optimizer state can hide behind. 0: the products failed (logged).
   double device_flops_per_second = 0;
   double device_bf16_flops_per_second = 0;
+  /// The rate of a whole block's forward and backward (BlockPilotTrial; the cost model's FLOPs
+  /// over the measured time) in fp32 and in bf16: what the factory plans compute with where
+  /// measured. 0: the block failed (logged).
+  double block_flops_per_second = 0;
+  double block_bf16_flops_per_second = 0;
 };
 
 /// Measures them for `device` (the pilot of the host link, issue 17): on a GPU, copies of
 /// 256 MiB from pinned memory (one warm-up, the mean of three), three AdamW steps over 16M
-/// parameters on the host with the current threading, and 4096^3 matrix products on the GPU
-/// in fp32 and bf16 (two warm-ups, the mean of three). A CPU device has no link to measure
+/// parameters on the host with the current threading, 4096^3 matrix products on the GPU
+/// in fp32 and bf16 (two warm-ups, the mean of three), and BlockPilotTrial's block in both
+/// (RunPilot). A CPU device has no link to measure
 /// (zeros: its optimizer steps where its state is). INTERNAL with LibTorch's message if a copy
 /// fails.
 StatusOr<LinkRates> MeasureLinkRates(const DeviceSpec& device);
 
 /// Measures the link rates of the first of `options->devices` when it is a GPU and sets
 /// options' host_link_bytes_per_second, host_optimizer_bytes_per_second, flops_per_second and
-/// bf16_flops_per_second from them (where spilled shards' optimizers step, and the shards'
+/// bf16_flops_per_second from them (the block's rates; the matrix products' where a block
+/// failed) (where spilled shards' optimizers step, and the shards'
 /// estimated seconds). Returns a line for the log: what was measured, or, from "warning: ",
 /// why the optimizers step on the device; empty for CPU devices.
 std::string UseMeasuredLinkRates(ExecutorOptions* options);

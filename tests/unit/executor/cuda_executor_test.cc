@@ -225,19 +225,25 @@ TEST_F(CudaExecutorTest, ThePilotMeasuresTheHostLinkAndTheGpusMatrixRates) {
   ASSERT_TRUE(rates.ok()) << rates.status();
   std::printf(
       "pilot %s: host link %.1f GB/s, host AdamW %.1f GB/s, matrix products %.1f TFLOP/s "
-      "fp32, %.1f TFLOP/s bf16\n",
+      "fp32, %.1f TFLOP/s bf16; a GPT-2 medium block %.1f TFLOP/s fp32, %.1f TFLOP/s bf16\n",
       gpu.name.c_str(), rates->host_link_bytes_per_second / 1e9,
       rates->host_optimizer_bytes_per_second / 1e9, rates->device_flops_per_second / 1e12,
-      rates->device_bf16_flops_per_second / 1e12);
+      rates->device_bf16_flops_per_second / 1e12, rates->block_flops_per_second / 1e12,
+      rates->block_bf16_flops_per_second / 1e12);
   EXPECT_GT(rates->host_link_bytes_per_second, 1e9) << "a GPU's link moves GB/s";
   EXPECT_GT(rates->host_optimizer_bytes_per_second, 0);
   EXPECT_GT(rates->device_flops_per_second, 1e12) << "a GPU computes TFLOP/s";
   EXPECT_GT(rates->device_bf16_flops_per_second, 1e12);
+  // A whole block reaches less than a square product's peak (elementwise steps, attention).
+  EXPECT_GT(rates->block_flops_per_second, 1e12);
+  EXPECT_GT(rates->block_bf16_flops_per_second, 1e12);
+  EXPECT_LT(rates->block_bf16_flops_per_second, 1.5 * rates->device_bf16_flops_per_second);
   ExecutorOptions o;
   o.devices.devices = {gpu};
   const std::string line = UseMeasuredLinkRates(&o);
   EXPECT_NE(line.find("TFLOP/s"), std::string::npos) << line;
   EXPECT_GT(o.flops_per_second, 1e12) << "the factory plans with the measured rate";
+  EXPECT_GT(o.bf16_flops_per_second, 1e12);
 }
 
 TEST_F(CudaExecutorTest, TheAllocatorsPeakStaysWithinTheDeviceBudget) {

@@ -2,6 +2,7 @@
 // pods), what they report of the job's trials, and the trials that must move.
 #include <cmath>
 #include <cstdio>
+#include <initializer_list>
 
 #include "common/trial_result.h"
 #include "controller/reconciler/conditions.h"
@@ -278,14 +279,31 @@ void ObserveAgents(const ReconcileContext& ctx, Pass& pass) {
   }
 }
 
+namespace {
+
+/// `value` where it is one of `known`, else empty: the status shows an agent's words for a
+/// closed set only (its size stays bounded whatever an agent sends).
+std::string OneOf(const std::string& value, std::initializer_list<const char*> known) {
+  for (const char* k : known) {
+    if (value == k) return value;
+  }
+  return "";
+}
+
+}  // namespace
+
 ShardPlanStatus PlanStatus(const v1::ShardPlan& plan) {
   ShardPlanStatus p;
-  p.state_tier = plan.state_tier();
+  p.state_tier = OneOf(plan.state_tier(), {"host", "disk"});
   p.peak_device_bytes = plan.peak_device_bytes();
   p.shard_count = plan.shards_size();
+  p.offloaded_bytes = plan.offloaded_bytes();
+  p.resident_bytes = plan.resident_bytes();
+  for (const auto& s : plan.shards()) p.resident_shards += s.resident() ? 1 : 0;
   for (const auto& s : plan.shards()) {
     if (static_cast<int>(p.shards.size()) == kMaxStatusShards) break;
-    p.shards.push_back({s.first_layer(), s.last_layer(), s.state_bytes(), s.activations()});
+    p.shards.push_back({s.first_layer(), s.last_layer(), s.state_bytes(),
+                        OneOf(s.activations(), {"stash", "recompute", "offload"})});
   }
   return p;
 }

@@ -60,6 +60,9 @@ ShardPlanStatus ShardPlanFromJson(const Json& j) {
   p.state_tier = Text(j, "stateTier");
   p.peak_device_bytes = Int(j, "peakDeviceBytes");
   p.shard_count = Int(j, "shardCount");
+  p.offloaded_bytes = Int(j, "offloadedBytes");
+  p.resident_bytes = Int(j, "residentBytes");
+  p.resident_shards = Int(j, "residentShards");
   for (const auto& s : Array(j, "shards")) {
     if (!s.is_object()) continue;
     p.shards.push_back(
@@ -76,10 +79,15 @@ Json ShardPlanToJson(const ShardPlanStatus& p) {
                       {"stateBytes", s.state_bytes},
                       {"activations", s.activations}});
   }
-  return {{"stateTier", p.state_tier},
-          {"peakDeviceBytes", p.peak_device_bytes},
-          {"shardCount", p.shard_count},
-          {"shards", shards}};
+  Json plan = {{"stateTier", p.state_tier},
+               {"peakDeviceBytes", p.peak_device_bytes},
+               {"shardCount", p.shard_count},
+               {"shards", shards}};
+  // GPU plans' fields, left out at 0 (a CPU's plans have none).
+  if (p.offloaded_bytes != 0) plan["offloadedBytes"] = p.offloaded_bytes;
+  if (p.resident_bytes != 0) plan["residentBytes"] = p.resident_bytes;
+  if (p.resident_shards != 0) plan["residentShards"] = p.resident_shards;
+  return plan;
 }
 
 Condition ConditionFromJson(const Json& c) {
@@ -131,8 +139,10 @@ bool ShardStatus::operator==(const ShardStatus& o) const {
          std::tie(o.first_layer, o.last_layer, o.state_bytes, o.activations);
 }
 bool ShardPlanStatus::operator==(const ShardPlanStatus& o) const {
-  return std::tie(state_tier, peak_device_bytes, shard_count, shards) ==
-         std::tie(o.state_tier, o.peak_device_bytes, o.shard_count, o.shards);
+  return std::tie(state_tier, peak_device_bytes, shard_count, offloaded_bytes, resident_bytes,
+                  resident_shards, shards) ==
+         std::tie(o.state_tier, o.peak_device_bytes, o.shard_count, o.offloaded_bytes,
+                  o.resident_bytes, o.resident_shards, o.shards);
 }
 bool CheckpointStatus::operator==(const CheckpointStatus& o) const {
   return step == o.step && path == o.path;

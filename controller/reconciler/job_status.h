@@ -35,7 +35,7 @@ struct ShardStatus {
   int64_t first_layer = 0;
   int64_t last_layer = 0;
   int64_t state_bytes = 0;
-  std::string activations;  ///< stash | recompute
+  std::string activations;  ///< stash | recompute | offload
   bool operator==(const ShardStatus& o) const;
 };
 
@@ -44,6 +44,11 @@ struct ShardPlanStatus {
   std::string state_tier;
   int64_t peak_device_bytes = 0;
   int64_t shard_count = 0;
+  int64_t offloaded_bytes = 0;  ///< forward graphs copied to host memory a step
+  int64_t resident_bytes = 0;   ///< the resident shards' state, on the device all step
+  /// How many of the last shards keep their state on the device between steps (the plan's
+  /// resident shards are its last ones). Plan-wide, not per shard: status stays small.
+  int64_t resident_shards = 0;
   std::vector<ShardStatus> shards;
   bool operator==(const ShardPlanStatus& o) const;
 };

@@ -4,6 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
+
+#include "controller/reconciler/phases.h"
+
 namespace hydra::controller {
 namespace {
 
@@ -28,7 +32,7 @@ TrialEntry FullEntry() {
   e.attempt = 2;
   e.notices = 1;
   e.last_checkpoint = CheckpointStatus{40, "/ckpt/ns/sweep/sweep-lr0.001"};
-  e.shard_plan = ShardPlanStatus{"host", 1 << 20, 3, {{0, 1, 1000, "stash"}}};
+  e.shard_plan = ShardPlanStatus{"host", 1 << 20, 3, 4096, 1000, 1, {{0, 1, 1000, "stash"}}};
   return e;
 }
 
@@ -55,6 +59,37 @@ TEST(JobStatusTest, EveryFieldSurvivesTheRoundTrip) {
   EXPECT_EQ(j["trials"][0]["evaluations"], Json::parse("[[10, 4.5], [50, 3.5]]"));
   EXPECT_EQ(j["agents"], Json::parse(R"({"desired": 2, "pods": 2, "ready": 1, "gated": 1})"));
   EXPECT_EQ(j["conditions"][0]["status"], "True");
+}
+
+TEST(JobStatusTest, AnAgentsShardPlanShowsItsGpuChoicesInKnownWordsOnly) {
+  v1::ShardPlan plan;
+  plan.set_state_tier("host");
+  plan.set_peak_device_bytes(1 << 30);
+  plan.set_offloaded_bytes(123);
+  plan.set_resident_bytes(456);
+  plan.add_shards()->set_activations("offload");
+  plan.add_shards()->set_activations(std::string(1000, 'x'));  // outside the closed set
+  plan.mutable_shards(1)->set_resident(true);
+  const ShardPlanStatus p = PlanStatus(plan);
+  EXPECT_EQ(p.offloaded_bytes, 123);
+  EXPECT_EQ(p.resident_bytes, 456);
+  EXPECT_EQ(p.resident_shards, 1);
+  ASSERT_EQ(p.shards.size(), 2u);
+  EXPECT_EQ(p.shards[0].activations, "offload");
+  EXPECT_EQ(p.shards[1].activations, "") << "an agent's unknown word is not shown";
+  TrialEntry e;
+  e.name = "t";
+  e.shard_plan = p;
+  const Json j = ToJson(e);
+  EXPECT_EQ(j["shardPlan"]["residentBytes"], 456);
+  EXPECT_EQ(j["shardPlan"]["residentShards"], 1);
+  EXPECT_EQ(j["shardPlan"]["offloadedBytes"], 123);
+  JobStatus s;
+  s.trials = {e};
+  EXPECT_EQ(JobStatusFromJson(ToJson(s)), s);
+  e.shard_plan = PlanStatus(v1::ShardPlan());  // a CPU's plan: none of the GPU's fields
+  EXPECT_FALSE(ToJson(e)["shardPlan"].contains("residentBytes"));
+  EXPECT_FALSE(ToJson(e)["shardPlan"].contains("offloadedBytes"));
 }
 
 TEST(JobStatusTest, AbsentFieldsStayAbsent) {

@@ -47,12 +47,15 @@ v1::TrialStatus WorstReport(const Trial& t) {
   auto* plan = r.mutable_shard_plan();
   plan->set_state_tier("disk");
   plan->set_peak_device_bytes(int64_t{1} << 50);
+  plan->set_offloaded_bytes(int64_t{1} << 50);
+  plan->set_resident_bytes(int64_t{1} << 50);
   for (int i = 0; i < 1000; ++i) {
     auto* s = plan->add_shards();
     s->set_first_layer(i);
     s->set_last_layer(i);
     s->set_state_bytes(int64_t{1} << 40);
     s->set_activations("recompute");
+    s->set_resident(true);
   }
   return r;
 }

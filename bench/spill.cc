@@ -53,7 +53,8 @@ nlohmann::json AdmissionJson(const hydra::Admission& a, int64_t budget,
                              const hydra::DeviceSpec& device) {
   std::string policies, placements;
   for (const auto& s : a.plan.shards) {
-    policies += hydra::ActivationPolicyName(s.policy)[0];
+    // "i": recomputes, its input waiting in host memory (ShardPlan::input_offloaded).
+    policies += s.input_offloaded ? 'i' : hydra::ActivationPolicyName(s.policy)[0];
     // Resident shards' state stays on the device, stepped there: "R".
     placements += s.resident ? 'R' : hydra::OptimizerPlacementName(s.optimizer)[0];
   }
@@ -149,6 +150,10 @@ int main(int argc, char** argv) {
   app.add_flag("--no-resident-state", no_resident_state,
                "on a GPU every spilled shard's state crosses the link each step (plans may "
                "otherwise keep some shards' state on the GPU where the link bounds the step)");
+  bool no_checkpoint_offload = false;
+  app.add_flag("--no-checkpoint-offload", no_checkpoint_offload,
+               "on a GPU recomputing shards keep their inputs on the GPU (plans may otherwise "
+               "keep them in host memory until their backward)");
   bool no_activation_offload = false;
   app.add_flag("--no-activation-offload", no_activation_offload,
                "on a GPU no shard offloads its forward graph to host memory (plans may otherwise "
@@ -208,6 +213,7 @@ int main(int argc, char** argv) {
   options.activation_offload = !no_activation_offload;
   options.selective_recompute = !no_selective_recompute;
   options.resident_state = !no_resident_state;
+  options.checkpoint_offload = !no_checkpoint_offload;
   options.fused_attention = !no_fused_attention;
   // Sizing a run (--plan-only), the host and disk bytes do not wait for the GPU pilot.
   const std::string rates = plan_only ? "" : hydra::executor::UseMeasuredLinkRates(&options);

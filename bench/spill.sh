@@ -262,7 +262,7 @@ runs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 shapes = {}
 for r in runs:
     shapes.setdefault(r.get("shape") or "", []).append(r)
-print("| shape | budget | state tier | shards (s: stash, r: recompute, o: offload) | optimizer per shard (d/h; R: on the device, state resident) | tokens/s | ratio to unspilled | device peak: ledger / allocator / reserved |")
+print("| shape | budget | state tier | shards (s: stash, r: recompute, i: recompute, input in host memory, o: offload) | optimizer per shard (d/h; R: on the device, state resident) | tokens/s | ratio to unspilled | device peak: ledger / allocator / reserved |")
 print("|---|---|---|---|---|---|---|---|")
 for name, rs in shapes.items():
     spill = [r for r in rs if r.get("impl") != "pytorch-eager"]

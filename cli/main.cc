@@ -166,6 +166,7 @@ int Plan(const std::string& path, bool pilot, const std::string& pilot_device, i
       po.activation_offload = hydra::executor::SavedTensorCaptureAvailable();
       po.selective_recompute = true;
       po.resident_state = true;
+      po.checkpoint_offload = true;
       po.fused_attention = hydra::executor::FusedAttentionAvailable();
       po.host_link_bytes_per_second = link->host_link_bytes_per_second;
       po.host_optimizer_bytes_per_second = link->host_optimizer_bytes_per_second;

@@ -81,10 +81,22 @@ struct ActivationChoice {
   /// Per shard: its state stays on the device across steps (ShardPlan::resident). Not a
   /// choice of ChooseActivations: it is given, the last shards of the packing.
   std::vector<char> resident;
+  /// Recomputing shards after recomputing shards keep their inputs in host memory
+  /// (PartitionOptions::checkpoint_offload; InputOffloaded). Given, as `resident` is.
+  bool inputs_offloaded = false;
+
+  /// Whether shard s's input waits in host memory until its backward: it recomputes, and so
+  /// does the shard before it (whose output it is: no graph of that shard holds it).
+  bool InputOffloaded(size_t s) const {
+    return inputs_offloaded && s > 0 && policy[s] == ActivationPolicy::kRecompute &&
+           policy[s - 1] == ActivationPolicy::kRecompute;
+  }
 
   /// Every shard but the last recomputes; the last `residents` shards stay on the device.
-  static ActivationChoice Recompute(size_t shards, size_t residents = 0) {
+  static ActivationChoice Recompute(size_t shards, size_t residents = 0,
+                                    bool inputs_offloaded = false) {
     ActivationChoice c;
+    c.inputs_offloaded = inputs_offloaded;
     c.policy.assign(shards, ActivationPolicy::kRecompute);
     c.policy.back() = ActivationPolicy::kStash;
     c.stash.assign(shards, 0);
@@ -95,6 +107,12 @@ struct ActivationChoice {
     return c;
   }
 };
+
+/// Bytes of the input shard s keeps for its backward (every micro-batch's); 0 for the first.
+int64_t InputBytes(const std::vector<LayerNeed>& l, const std::vector<int>& starts, size_t s,
+                   int64_t mb) {
+  return starts[s] > 0 ? l[starts[s] - 1].out * mb : 0;
+}
 
 /// Device bytes of the resident shards' state while shard s works, but for s and its
 /// neighbours' (which PackPeak counts anyway).
@@ -130,10 +148,15 @@ int64_t PackPeak(const std::vector<LayerNeed>& l, const std::vector<int>& starts
     // time.
     const int64_t graphs = choice ? choice->stash[s] + choice->off[s] : 0;
     const int64_t own = graphs == 0 ? 0 : graphs - ShardSum(l, starts[s], end, &LayerNeed::act);
-    const int64_t pending = choice ? choice->pending[s] : 0;
+    // The input of the shard before, offloaded: copying out beside this shard's forward, and
+    // coming back beside its backward.
+    const int64_t pending =
+        (choice ? choice->pending[s] : 0) +
+        (choice && s > 0 && choice->InputOffloaded(s - 1) ? InputBytes(l, starts, s - 1, mb) : 0);
     peak = std::max(
         peak, need + neighbour + kept + own + pending + ResidentBesides(l, starts, s, choice));
-    kept += (starts[s] > 0 ? l[starts[s] - 1].out * mb : 0) + (choice ? choice->stash[s] : 0);
+    kept += (choice && choice->InputOffloaded(s) ? 0 : InputBytes(l, starts, s, mb)) +
+            (choice ? choice->stash[s] : 0);
   }
   return peak;
 }
@@ -200,14 +223,15 @@ double ChoiceCost(const ActivationChoice& c, int64_t mb, double flops_per_second
 /// every shard not resident brings its state (weights and optimizer state) up for its backward
 /// and sends it back after its step, and a shard between the first and the last also brings
 /// its weights up for its forward (the first stays on the device from the step before, the
-/// last runs both at once); an offloaded graph goes out and comes back.
+/// last runs both at once); an offloaded graph, or input, goes out and comes back.
 double LinkBytes(const std::vector<LayerNeed>& l, const std::vector<int>& starts,
-                 const ActivationChoice& c) {
+                 const ActivationChoice& c, int64_t mb) {
   const size_t S = starts.size();
   double bytes = 0;
   for (size_t s = 0; s < S; ++s) {
     const int end = ShardEnd(l, starts, s);
     bytes += 2.0 * static_cast<double>(c.off[s]);
+    if (c.InputOffloaded(s)) bytes += 2.0 * static_cast<double>(InputBytes(l, starts, s, mb));
     if (c.resident[s]) continue;
     bytes += 2.0 * static_cast<double>(ShardSum(l, starts[s], end, &LayerNeed::moved));
     if (s > 0 && s + 1 < S)
@@ -227,7 +251,7 @@ double StepCost(const std::vector<LayerNeed>& l, const std::vector<int>& starts,
       kShardOverheadSeconds * o.flops_per_second * static_cast<double>(starts.size());
   if (!o.resident_state || o.host_link_bytes_per_second <= 0) return compute;
   return std::max(compute,
-                  LinkBytes(l, starts, c) / o.host_link_bytes_per_second * o.flops_per_second);
+                  LinkBytes(l, starts, c, mb) / o.host_link_bytes_per_second * o.flops_per_second);
 }
 
 /// Sets shards `candidates` (in their order) to `to` one at a time where the packing still
@@ -292,7 +316,7 @@ ActivationChoice ChooseActivations(const std::vector<LayerNeed>& l, const std::v
   };
   std::stable_sort(by_value.begin(), by_value.end(),
                    [&](size_t a, size_t b) { return per_byte(a) > per_byte(b); });
-  ActivationChoice stash_first = ActivationChoice::Recompute(S, residents);
+  ActivationChoice stash_first = ActivationChoice::Recompute(S, residents, o.checkpoint_offload);
   Derive(l, starts, mb, o, &stash_first);
   Greedy(l, starts, mb, usable, o, by_value, ActivationPolicy::kStash, &stash_first);
   const bool offload = o.activation_offload && o.host_link_bytes_per_second > 0;
@@ -301,7 +325,7 @@ ActivationChoice ChooseActivations(const std::vector<LayerNeed>& l, const std::v
   // recompute they save.
   const ActivationChoice stash_only = stash_first;
   Greedy(l, starts, mb, usable, o, in_order, ActivationPolicy::kOffload, &stash_first);
-  ActivationChoice offload_first = ActivationChoice::Recompute(S, residents);
+  ActivationChoice offload_first = ActivationChoice::Recompute(S, residents, o.checkpoint_offload);
   Derive(l, starts, mb, o, &offload_first);
   Greedy(l, starts, mb, usable, o, in_order, ActivationPolicy::kOffload, &offload_first);
   Greedy(l, starts, mb, usable, o, by_value, ActivationPolicy::kStash, &offload_first);
@@ -328,17 +352,15 @@ struct Packing {
 Packing PackForDeviceStash(const std::vector<LayerNeed>& l, int64_t usable, int64_t mb,
                            const PartitionOptions& o) {
   Packing best;
-  std::vector<int> last;
   double cheapest = 0;
   const double base = StepFlops(l, mb);
-  for (int64_t cap = usable; cap > 0; cap = cap * 15 / 16) {
-    auto p = Pack(l, cap, mb);
-    if (p.empty()) break;  // a layer alone passes the cap: so it does every smaller one
-    if (p == last || PackPeak(l, p, mb) > usable) continue;
-    last = p;
+  // Tries packing p; true where more shards can only cost more.
+  auto try_packing = [&](const std::vector<int>& p) {
+    const ActivationChoice leanest = ActivationChoice::Recompute(p.size(), 0, o.checkpoint_offload);
+    if (PackPeak(l, p, mb, &leanest) > usable) return false;
     bool free = false;  // the last choice tried: nothing recomputed, stalled or waited for
     for (size_t m : ResidentCounts(p.size(), o)) {
-      const ActivationChoice fits = ActivationChoice::Recompute(p.size(), m);
+      const ActivationChoice fits = ActivationChoice::Recompute(p.size(), m, o.checkpoint_offload);
       if (PackPeak(l, p, mb, &fits) > usable) break;  // nor does any larger m
       const ActivationChoice c = ChooseActivations(l, p, mb, usable, o, m);
       const double cost = StepCost(l, p, mb, c, base, o);
@@ -351,8 +373,21 @@ Packing PackForDeviceStash(const std::vector<LayerNeed>& l, int64_t usable, int6
       free = compute_bound && ChoiceCost(c, mb, o.flops_per_second) == 0;
       if (compute_bound) break;
     }
-    if (free) break;  // more shards only cost more
+    return free;
+  };
+  std::vector<int> last;
+  for (int64_t cap = usable; cap > 0; cap = cap * 15 / 16) {
+    auto p = Pack(l, cap, mb);
+    if (p.empty()) break;  // a layer alone passes the cap: so it does every smaller one
+    if (p == last) continue;
+    last = p;
+    if (try_packing(p)) return best;
   }
+  // The caps skip past a layer a shard where two small layers share a shard under the cap of
+  // the largest: with offloaded inputs that packing may be the only one that fits.
+  std::vector<int> per_layer(l.size());
+  for (size_t i = 0; i < l.size(); ++i) per_layer[i] = static_cast<int>(i);
+  if (best.starts.empty() && o.checkpoint_offload && per_layer != last) try_packing(per_layer);
   return best;
 }
 
@@ -570,6 +605,8 @@ StatusOr<PartitionPlan> PlanFor(const Trial& trial, const PartitionOptions& o,
           stash_cost <= recompute_cost ? ActivationPolicy::kStash : ActivationPolicy::kRecompute;
     }
     if (sp.policy == ActivationPolicy::kOffload) plan.offloaded_bytes += choice.off[s];
+    sp.input_offloaded = sharded && choice.InputOffloaded(s);
+    if (sp.input_offloaded) plan.offloaded_bytes += InputBytes(need, starts, s, mb_count);
     sp.optimizer = sharded ? placement : OptimizerPlacement::kDevice;
     sp.resident = sharded && choice.resident[s];
     if (sp.resident) plan.resident_bytes += sp.state_bytes;
@@ -645,7 +682,7 @@ StatusOr<PartitionPlan> PlanFor(const Trial& trial, const PartitionOptions& o,
     sp.optimizer = OptimizerPlacement::kDevice;
   }
   if (ro.resident_state && sharded) {
-    plan.link_seconds = LinkBytes(need, starts, choice) / o.host_link_bytes_per_second;
+    plan.link_seconds = LinkBytes(need, starts, choice, mb_count) / o.host_link_bytes_per_second;
   }
   // After the optimizer's placement, which weighs compute alone against the copies.
   for (auto& sp : plan.shards) sp.estimated_seconds += sharded ? kShardOverheadSeconds : 0.0;
@@ -693,10 +730,23 @@ StatusOr<PartitionPlan> PlanShards(const Trial& trial, const PartitionOptions& o
   // decides), or where the trial fits no other way.
   const bool has_recomputable = std::any_of(
       costs.begin(), costs.end(), [](const LayerCost& c) { return c.recomputable_bytes > 0; });
-  auto plan_for = [&](AttentionMemory attention) -> StatusOr<PartitionPlan> {
-    auto plain = PlanFor(trial, o, costs, attention, false);
+  auto with_selective = [&](const PartitionOptions& po,
+                            AttentionMemory attention) -> StatusOr<PartitionPlan> {
+    auto plain = PlanFor(trial, po, costs, attention, false);
     if (!o.selective_recompute || !has_recomputable || !may_choose) return plain;
-    return Faster(std::move(plain), PlanFor(trial, o, costs, attention, true));
+    return Faster(std::move(plain), PlanFor(trial, po, costs, attention, true));
+  };
+  // Offloaded inputs cost the link's time and free the device's memory: planned with and
+  // without, where the plan may stash on the device.
+  auto plan_for = [&](AttentionMemory attention) -> StatusOr<PartitionPlan> {
+    PartitionOptions kept_inputs = o;
+    kept_inputs.checkpoint_offload = false;
+    auto kept = with_selective(kept_inputs, attention);
+    const bool offload_inputs = o.checkpoint_offload && o.stash_on_device &&
+                                o.state_tier == StateTier::kHost &&
+                                o.host_link_bytes_per_second > 0 && may_choose;
+    if (!offload_inputs) return kept;
+    return Faster(std::move(kept), with_selective(o, attention));
   };
   // A fused kernel keeps no scores and recomputes nothing: nothing to choose.
   if (o.fused_attention && has_attention) return plan_for(AttentionMemory::kFused);
@@ -729,7 +779,15 @@ std::string FormatPlan(const Trial& trial, const PartitionPlan& plan) {
                   [](const ShardPlan& s) { return s.policy == ActivationPolicy::kStash; });
   if (plan.stash_on_device && keeps) out << ", stashed graphs kept in device memory";
   if (plan.offloaded_bytes > 0) {
-    out << ", " << FormatBytes(plan.offloaded_bytes) << " of graphs offloaded to host memory";
+    const auto inputs = std::count_if(plan.shards.begin(), plan.shards.end(),
+                                      [](const ShardPlan& s) { return s.input_offloaded; });
+    const bool graphs = std::any_of(plan.shards.begin(), plan.shards.end(), [](const ShardPlan& s) {
+      return s.policy == ActivationPolicy::kOffload;
+    });
+    out << ", " << FormatBytes(plan.offloaded_bytes) << " of "
+        << (graphs ? (inputs > 0 ? "graphs and inputs" : "graphs") : "inputs")
+        << " offloaded to host memory";
+    if (inputs > 0) out << " (the inputs of " << inputs << " recomputing shards)";
   }
   if (plan.resident_bytes > 0) {
     out << ", " << FormatBytes(plan.resident_bytes)

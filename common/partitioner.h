@@ -48,6 +48,10 @@ struct ShardPlan {
   double recompute_flops = 0;
   ActivationPolicy policy = ActivationPolicy::kStash;
   OptimizerPlacement optimizer = OptimizerPlacement::kDevice;
+  /// A shard that recomputes (after one that recomputes too): the input it keeps for its
+  /// backward waits in host memory instead of on the device (PartitionOptions::
+  /// checkpoint_offload), copied out after its forward and back beside the backward after it.
+  bool input_offloaded = false;
   /// Its weights and optimizer state stay on the device from their first upload on, across
   /// steps (PartitionOptions::resident_state): its optimizer steps there and nothing of its
   /// state crosses the host link in a step. Its state counts against the budget all step.
@@ -120,6 +124,12 @@ struct PartitionOptions {
   /// budget all step (smaller shards for the rest, or more recompute): the plan keeps the
   /// shards whose residency shortens the estimated step (EstimatedStepSeconds with the link).
   bool resident_state = false;
+  /// With stash_on_device and a known host link: may the inputs that recomputing shards keep
+  /// for their backward (one [batch, context, width] activation a shard and micro-batch) wait
+  /// in host memory (ShardPlan::input_offloaded; DeepSpeed's CPU checkpointing)? The plan is
+  /// made with and without, and the shorter estimated step kept (or the one that fits: deep
+  /// models at small budgets, where the kept inputs are what does not fit).
+  bool checkpoint_offload = false;
 };
 
 struct PartitionPlan {
@@ -136,8 +146,9 @@ struct PartitionPlan {
   /// Stashed shards keep their graphs in device memory (PartitionOptions::stash_on_device);
   /// the peak counts them.
   bool stash_on_device = false;
-  /// Host bytes the offloading shards' activations take from their forward to their backward
-  /// (all of them at once: the last forward ends before the first backward).
+  /// Host bytes the offloading shards' activations (and the offloaded inputs,
+  /// ShardPlan::input_offloaded) take from their forward to their backward (all of them at
+  /// once: the last forward ends before the first backward).
   int64_t offloaded_bytes = 0;
   /// GPT-2 blocks recompute their LayerNorm and GELU outputs in backward
   /// (PartitionOptions::selective_recompute): their activations leave them out, and one

@@ -171,6 +171,7 @@ void ShardPlanToProto(const PartitionPlan& plan, v1::ShardPlan* out) {
     s->set_estimated_seconds(sh.estimated_seconds);
     s->set_optimizer(OptimizerPlacementName(sh.optimizer));
     s->set_resident(sh.resident);
+    s->set_input_offloaded(sh.input_offloaded);
   }
   out->set_peak_device_bytes(plan.peak_device_bytes);
   out->set_total_state_bytes(plan.total_state_bytes);

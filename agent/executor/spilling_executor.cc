@@ -1219,6 +1219,14 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
            GraphMayStayOnDevice(k);
   }
 
+  /// Whether shard k, which recomputes, keeps its input in host memory until its backward
+  /// (ShardPlan::input_offloaded; planned only where the previous shard recomputes too, so no
+  /// graph holds that input).
+  bool OffloadsInput(size_t k) const {
+    return shards_[k].plan.input_offloaded && on_.discrete && GraphMayStayOnDevice(k) &&
+           shards_[k].plan.policy == ActivationPolicy::kRecompute;
+  }
+
   /// Discrete: whether shard k's forward graph may outlive its forward on the device (the plan
   /// counted it there: state in host memory, the weights travelling as they are).
   bool GraphMayStayOnDevice(size_t k) const {
@@ -1308,6 +1316,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     // The graph offloaded before this forward has been copying out beside it.
     ledger_.Release(Tier::kDevice, std::exchange(c.copying_out, 0));
     if (offload) return Offload(k, saved);
+    if (!stash && OffloadsInput(k)) RETURN_IF_ERROR(OffloadInput(k));
     if (stash) {
       RETURN_IF_ERROR(ledger_.Acquire(StashTier(), shards_[k].plan.activation_bytes * c.A,
                                       "stashed activations of shard " + std::to_string(k)));
@@ -1332,15 +1341,35 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     for (const auto* boundary : {&c.inputs[k], &c.inputs[k + 1], &c.outputs[k]}) {
       keep.insert(keep.end(), boundary->begin(), boundary->end());
     }
-    auto graph = std::make_unique<OffloadedGraph>(saved, keep, on_.device, offload_min_bytes_);
-    const std::string what = "offloaded activations of shard " + std::to_string(k);
-    RETURN_IF_ERROR(ledger_.Acquire(Tier::kHost, graph->bytes(), what));
-    RETURN_IF_ERROR(ledger_.Acquire(Tier::kDevice, graph->bytes(), what + " (copying out)"));
-    c.copying_out = graph->bytes();
-    graph->MoveOut(streams_, *host_pool_);
-    bytes_offloaded_ += graph->bytes();
-    c.offloaded[k] = std::move(graph);
+    RETURN_IF_ERROR(
+        MoveOut(k, std::make_unique<OffloadedGraph>(saved, keep, on_.device, offload_min_bytes_),
+                "offloaded activations of shard " + std::to_string(k)));
     return EvictKeepingGraph(k);
+  }
+
+  /// Shard k's offloaded storages (`what`: its graph's, or its input) start copying to host
+  /// memory, counted there, and on the device until the next forward (StepInProgress::
+  /// copying_out); BackwardTask takes them back.
+  Status MoveOut(size_t k, std::unique_ptr<OffloadedGraph> moving, const std::string& what) {
+    StepInProgress& c = *cur_;
+    RETURN_IF_ERROR(ledger_.Acquire(Tier::kHost, moving->bytes(), what));
+    RETURN_IF_ERROR(ledger_.Acquire(Tier::kDevice, moving->bytes(), what + " (copying out)"));
+    c.copying_out = moving->bytes();
+    moving->MoveOut(streams_, *host_pool_);
+    bytes_offloaded_ += moving->bytes();
+    c.offloaded[k] = std::move(moving);
+    return OkStatus();
+  }
+
+  /// After shard k's forward (OffloadsInput): the input it keeps for its backward starts
+  /// copying to host memory on the write-back stream and leaves the device, as an offloaded
+  /// graph's storages do; it comes back beside the backward after it (BringBackGraph) into the
+  /// same storage, which the backward's recompute then reads.
+  Status OffloadInput(size_t k) {
+    return MoveOut(k,
+                   std::make_unique<OffloadedGraph>(cur_->inputs[k], std::vector<torch::Tensor>{},
+                                                    on_.device, /*min_bytes=*/0),
+                   "offloaded input of shard " + std::to_string(k));
   }
 
   /// Starts copying shard k's offloaded graph back to the device (beside the backward before
@@ -1409,10 +1438,10 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
                                     "activations and gradients of shard " + std::to_string(k)));
     for (int64_t a = 0; a < c.A; ++a) {
       torch::Tensor in, out;
-      if (stash || offloaded) {
+      if (stash || (offloaded && Offloads(k))) {
         in = c.inputs[k][a];
         out = c.outputs[k][a];
-      } else {
+      } else {  // its input kept, on the device or (OffloadsInput) back from the host
         in = Leaf(c.inputs[k][a], k);
         out = ForwardShard(k, in);  // recompute from the saved input
       }
@@ -1439,8 +1468,9 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   /// in host memory, the shard the step ends with (shard 0, which the next one begins with)
   /// stays there: its stepped state is copied out, so the host copies are current for a
   /// checkpoint, a move or an evaluation, but not dropped, so the next step's first forward
-  /// waits neither for that copy out nor for an upload. Any other shard is evicted. (With the disk tier shard 0 is written back as usual and stays through
-  /// its write: FetchPart, and Task, which leaves that write running past the step's end.)
+  /// waits neither for that copy out nor for an upload. Any other shard is evicted. (With the disk
+  /// tier shard 0 is written back as usual and stays through its write: FetchPart, and Task, which
+  /// leaves that write running past the step's end.)
   Status AfterLastUse(size_t k, bool clipping) {
     const bool dirty = !clipping && StepsOnDevice(k);
     if (k != 0 || !dirty || !on_.discrete || disk_ || Resident(k)) return Evict(k, dirty);
@@ -1556,6 +1586,7 @@ class ExecutorFactory : public ExecutorFactoryInterface {
           po.stash_on_device && options_.activation_offload && SavedTensorCaptureAvailable();
       po.selective_recompute = options_.selective_recompute;
       po.resident_state = po.stash_on_device && options_.resident_state;
+      po.checkpoint_offload = po.stash_on_device && options_.checkpoint_offload;
       if (!po.stash_on_device) po.host_activation_budget = 0;
     }
     auto admission = PlanAdmission(trial, po);

@@ -53,6 +53,9 @@ struct ExecutorOptions {
   /// optimizer state on the device between steps where the link cannot carry every shard's
   /// state up and back within a step (PartitionOptions::resident_state)?
   bool resident_state = true;
+  /// On a discrete device with a measured host link, may the inputs recomputing shards keep
+  /// for their backward wait in host memory (PartitionOptions::checkpoint_offload)?
+  bool checkpoint_offload = true;
   /// Where trials train (Build's `device` indexes these); empty: one CPU device.
   ExecutorDevices devices = {};
 };

@@ -486,6 +486,72 @@ TEST(PartitionerTest, OnlyAGpuStateInHostMemorySteppedOnTheDeviceStaysResident) 
   }
 }
 
+TEST(PartitionerTest, OnAGpuRecomputingShardsInputsWaitInHostMemoryWhereOnlyThatFits) {
+  // A deep, narrow model with a long context: the inputs that recomputing shards keep for their
+  // backward outweigh a layer's state, so at small budgets they are what does not fit. With
+  // checkpoint_offload they wait in host memory (copied out after the shard's forward, back
+  // beside the next shard's backward): the budget that refused the trial now holds it.
+  Trial t = Gpt2(24, 128);
+  t.model.context_length = 1024;
+  t.model.vocab_size = 256;
+  const int64_t full = EstimateTrialFootprint(t).total_bytes();
+  bool found = false;
+  for (int pct = 60; pct > 2 && !found; --pct) {
+    PartitionOptions o = OnAGpu(full * pct / 100);
+    o.flops_per_second = 1e12;
+    o.host_link_bytes_per_second = 1e11;
+    auto kept = PlanShards(t, o);
+    o.checkpoint_offload = true;
+    auto offloaded = PlanShards(t, o);
+    if (kept.ok() || !offloaded.ok()) continue;
+    found = true;
+    SCOPED_TRACE(FormatPlan(t, *offloaded));
+    EXPECT_EQ(kept.status().code(), StatusCode::kResourceExhausted);
+    EXPECT_LE(offloaded->peak_device_bytes, o.device_budget);
+    int64_t inputs = 0;
+    const auto& sh = offloaded->shards;
+    for (size_t s = 0; s < sh.size(); ++s) {
+      if (!sh[s].input_offloaded) continue;
+      EXPECT_GT(s, 0u);
+      EXPECT_EQ(sh[s].policy, ActivationPolicy::kRecompute);
+      EXPECT_EQ(sh[s - 1].policy, ActivationPolicy::kRecompute) << "no graph holds its input";
+      inputs += 1;
+    }
+    EXPECT_GT(inputs, 0);
+    EXPECT_GT(offloaded->offloaded_bytes, 0) << "host memory the admission counts";
+    EXPECT_THAT(FormatPlan(t, *offloaded), HasSubstr("inputs offloaded to host memory"));
+    // Not on a CPU (its memory is the host's), nor with the state on disk.
+    PartitionOptions cpu = o;
+    cpu.stash_on_device = false;
+    PartitionOptions disk = o;
+    disk.state_tier = StateTier::kDisk;
+    for (const auto* other : {&cpu, &disk}) {
+      auto plan = PlanShards(t, *other);
+      if (!plan.ok()) continue;
+      for (const auto& shard : plan->shards) EXPECT_FALSE(shard.input_offloaded);
+    }
+  }
+  EXPECT_TRUE(found) << "no budget refused the kept inputs and held the offloaded ones";
+}
+
+TEST(PartitionerTest, WhereTheKeptInputsFitTheyStayOnTheDeviceUnlessOffloadingIsFaster) {
+  // The same trial at a budget that holds it either way, behind a link too slow to carry the
+  // inputs within the compute: offloading them would only add the link's time.
+  Trial t = Gpt2(24, 128);
+  t.model.context_length = 1024;
+  t.model.vocab_size = 256;
+  PartitionOptions o = OnAGpu(EstimateTrialFootprint(t).total_bytes() * 6 / 10);
+  o.flops_per_second = 1e12;
+  o.host_link_bytes_per_second = 1e6;
+  o.resident_state = true;  // the link's time is weighed
+  auto kept = PlanShards(t, o);
+  o.checkpoint_offload = true;
+  auto offloaded = PlanShards(t, o);
+  ASSERT_TRUE(kept.ok() && offloaded.ok());
+  for (const auto& sh : offloaded->shards) EXPECT_FALSE(sh.input_offloaded);
+  EXPECT_EQ(FormatPlan(t, *offloaded), FormatPlan(t, *kept));
+}
+
 TEST(PartitionerTest, OnAGpuShardsOffloadGraphsTheLinkCanCarryInsteadOfRecomputingThem) {
   const Trial t = Gpt2(12, 256);
   const int64_t full = EstimateTrialFootprint(t).total_bytes();

@@ -511,6 +511,25 @@ TEST_F(CudaExecutorTest, ResidentShardsStayOnTheGpuAndTrainAsUnsharded) {
 #endif
 }
 
+TEST_F(CudaExecutorTest, RecomputingShardsInputsWaitInHostMemoryAndComeBack) {
+  // Offloaded inputs (ShardPlan::input_offloaded): a deep, narrow trial at budgets whose plans
+  // keep recomputing shards' inputs in pinned host memory, copied out after each forward and
+  // back beside the next shard's backward: training tracks unsharded training, the allocator's
+  // peak stays within the budget, and the inputs' bytes are counted.
+  REQUIRE_GPU(gpu);
+#ifdef HYDRA_WITH_CUDA
+  auto factory = MakeExecutorFactory(DeviceStepped(gpu, 25e9));
+  ExpectChosenPlansTrainWithinTheirBudget(
+      gpu, testing::GptTrial("inputs", "adamw", 16, 128, 4, 256, 5, 3e-4), factory.get(),
+      [](const Admission& a) {
+        return std::any_of(a.plan.shards.begin(), a.plan.shards.end(),
+                           [](const ShardPlan& s) { return s.input_offloaded; });
+      },
+      "inputs offloaded",
+      [](const ExecutorStats& st) { EXPECT_GT(st.activation_bytes_offloaded, 0); });
+#endif
+}
+
 TEST_F(CudaExecutorTest, PlansThatRecomputeLayerNormsAndGeluTrainOnAGpuAsUnsharded) {
   // Selective recompute on the GPU: the custom function's backward runs on the GPU's autograd
   // thread (autocast off there: it casts as autocast did). A trial whose activations outweigh

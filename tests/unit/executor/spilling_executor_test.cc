@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <filesystem>
@@ -100,6 +101,18 @@ class SpillingExecutorTest : public ::testing::Test {
     if (host_optimizer) o.optimizer_placement = OptimizerPlacement::kHost;
     o.devices.simulate_discrete = discrete;
     return MakeExecutorFactory(o);
+  }
+
+  /// The CPU as a discrete device (2 threads) with a host link of `link` bytes/s and compute
+  /// at `flops` FLOP/s.
+  ExecutorOptions Discrete(double link, double flops) const {
+    ExecutorOptions o;
+    o.threads = 2;
+    o.fused_attention = fused_attention_;
+    o.host_link_bytes_per_second = link;
+    o.flops_per_second = flops;
+    o.devices.simulate_discrete = true;
+    return o;
   }
 
   StatusOr<std::unique_ptr<TrialExecutorInterface>> Make(ExecutorFactoryInterface* f,
@@ -710,13 +723,8 @@ TEST_F(SpillingExecutorTest, OnADiscreteDevicePlansThatRecomputeLayerNormsAndGel
   // blocks' LayerNorm and GELU outputs in backward, spilled or not, training tracks unsharded
   // training that keeps them.
   const Trial base = testing::GptTrial("selective", "adamw", 6, 128, 4, 16, 11, 1e-3);
-  ExecutorOptions o;
-  o.threads = 2;
-  o.fused_attention = fused_attention_;
-  o.host_link_bytes_per_second = 25e9;
-  o.flops_per_second = 1e13;  // a fast device: recompute costs little beside copies and shards
-  o.devices.simulate_discrete = true;
-  auto factory = MakeExecutorFactory(o);
+  // A fast device: recompute costs little beside copies and shards.
+  auto factory = MakeExecutorFactory(Discrete(25e9, 1e13));
   const size_t tried = TrainChosenPlans(
       factory.get(), base, 3, UnshardedLosses(base),
       [](const Admission& a) { return a.plan.selective_recompute; },
@@ -751,13 +759,8 @@ TEST_F(SpillingExecutorTest, OnADiscreteDeviceResidentShardsStayThereAndTrainAsU
 }
 
 void SpillingExecutorTest::TrainResidentPlans(const Trial& base) {
-  ExecutorOptions o;
-  o.threads = 2;
-  o.fused_attention = fused_attention_;
-  o.host_link_bytes_per_second = 1e9;
-  o.flops_per_second = 1e13;
+  ExecutorOptions o = Discrete(1e9, 1e13);
   o.devices.devices = {CpuDevice(0, 0), CpuDevice(1, 0)};
-  o.devices.simulate_discrete = true;
   auto factory = MakeExecutorFactory(o);
   auto data = TokenDataset::Open(base.dataset, base.model.context_length + 1);
   ASSERT_TRUE(data.ok()) << data.status();
@@ -795,6 +798,33 @@ void SpillingExecutorTest::TrainResidentPlans(const Trial& base) {
         EXPECT_LE(kept->stats().peak_device_bytes, *t.resources.device_memory_budget);
       });
   EXPECT_GT(tried, 0u) << "no budget made a plan with resident and moving shards";
+}
+
+TEST_F(SpillingExecutorTest, OnADiscreteDeviceOffloadedInputsComeBackAndTrainAsUnsharded) {
+  // A deep, narrow trial (the CPU as a discrete device): at budgets whose plans keep recomputing
+  // shards' inputs in host memory, training tracks unsharded training, equals the same plan
+  // keeping those inputs on the device bit for bit, and the inputs' bytes are counted.
+  const Trial base = testing::GptTrial("inputs", "adamw", 16, 32, 4, 64, 11, 1e-3);
+  auto factory = MakeExecutorFactory(Discrete(1e11, 1e12));
+  auto data = TokenDataset::Open(base.dataset, base.model.context_length + 1);
+  ASSERT_TRUE(data.ok()) << data.status();
+  const size_t tried = TrainChosenPlans(
+      factory.get(), base, 2, UnshardedLosses(base),
+      [](const Admission& a) {
+        return std::any_of(a.plan.shards.begin(), a.plan.shards.end(),
+                           [](const ShardPlan& s) { return s.input_offloaded; });
+      },
+      [&](const Trial& t, const Admission& a, TrialExecutorInterface* exec,
+          const std::vector<double>& losses) {
+        EXPECT_GT(exec->stats().activation_bytes_offloaded, 0);
+        Admission kept = a;  // the same plan, every input kept on the device
+        for (auto& sh : kept.plan.shards) sh.input_offloaded = false;
+        auto keeps = factory->Build(t, *data, kept, 0);
+        ASSERT_TRUE(keeps.ok()) << keeps.status();
+        EXPECT_EQ(Losses(keeps->get(), 30), losses);
+        EXPECT_EQ((*keeps)->stats().activation_bytes_offloaded, 0);
+      });
+  EXPECT_GT(tried, 0u) << "no budget made a plan that offloads inputs";
 }
 
 TEST_F(SpillingExecutorTest, LayerTooBigIsRefusedBeforeTraining) {

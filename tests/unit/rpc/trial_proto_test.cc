@@ -212,12 +212,14 @@ TEST(TrialProtoTest, APlansResidentShardsAndLinkTimeReachTheStatus) {
   auto plan = PlanShards(t, PartitionOptionsFor(t));
   ASSERT_TRUE(plan.ok()) << plan.status();
   plan->shards.back().resident = true;
+  plan->shards.front().input_offloaded = true;
   plan->resident_bytes = plan->shards.back().state_bytes;
   plan->link_seconds = 0.25;
   v1::ShardPlan p;
   ShardPlanToProto(*plan, &p);
   ASSERT_EQ(p.shards_size(), static_cast<int>(plan->shards.size()));
   EXPECT_TRUE(p.shards(p.shards_size() - 1).resident());
+  EXPECT_TRUE(p.shards(0).input_offloaded());
   EXPECT_EQ(p.resident_bytes(), plan->shards.back().state_bytes);
   EXPECT_DOUBLE_EQ(p.link_seconds(), 0.25);
 }

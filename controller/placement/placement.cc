@@ -231,6 +231,23 @@ double EstimatedRemainingSeconds(const Trial& trial, int64_t steps_done) {
          static_cast<double>(std::max<int64_t>(0, trial.training.steps - steps_done)) / 1e11;
 }
 
+PartitionOptions PlanOptionsOn(const Trial& trial, const AgentInventory& agent) {
+  PartitionOptions po = PartitionOptionsFor(trial);
+  const bool gpus =
+      std::any_of(agent.devices.begin(), agent.devices.end(),
+                  [](const DeviceInventory& d) { return d.name.rfind("cuda", 0) == 0; });
+  if (gpus) {
+    // What every GPU agent's plans may do (its CUDA build's fused attention, graphs kept in
+    // the GPU's memory, LayerNorm and GELU recomputed); what needs the agent's measured link
+    // (offloads, resident shards) is left to the agent.
+    po.fused_attention = true;
+    po.stash_on_device = true;
+    po.selective_recompute = true;
+    po.host_activation_budget = 0;
+  }
+  return po;
+}
+
 std::vector<Placement> PlaceTrials(std::vector<TrialToPlace> trials,
                                    const std::vector<AgentInventory>& agents,
                                    std::map<std::string, int>* load,
@@ -269,7 +286,7 @@ std::vector<Placement> PlaceTrials(std::vector<TrialToPlace> trials,
       // plans such a trial itself (an empty plan here).
       auto plan = on_agent.model.family == "torchscript"
                       ? StatusOr<PartitionPlan>(PartitionPlan{})
-                      : PlanShards(on_agent, PartitionOptionsFor(on_agent));
+                      : PlanShards(on_agent, PlanOptionsOn(on_agent, a));
       if (!plan.ok()) {
         why = a.node + ": " + plan.status().message();
         continue;

@@ -87,6 +87,14 @@ struct Placement {
 /// whose devices can hold the trial's shard plan. With `one_per_device`, an agent takes no more
 /// trials than it has devices (a job's own agents while more of its pods are starting). Trials
 /// that fit no agent are returned in `waiting` with the reason.
+/// How the controller plans `trial` on `agent` to see whether it fits there: the trial's own
+/// options (PartitionOptionsFor), and on an agent with GPUs ("cuda" devices) what a GPU agent's
+/// plans may do whatever its link (fused attention, graphs kept in the GPU's memory, selective
+/// recompute), so that a trial that fits a GPU only that way is not kept waiting. The agent
+/// makes the plan it trains with (AssignTrial sends the controller's only for a manifest's
+/// shardBoundaries).
+PartitionOptions PlanOptionsOn(const Trial& trial, const AgentInventory& agent);
+
 std::vector<Placement> PlaceTrials(std::vector<TrialToPlace> trials,
                                    const std::vector<AgentInventory>& agents,
                                    std::map<std::string, int>* load,

@@ -116,8 +116,13 @@ std::vector<TrialToPlace> WaitingTrials(const Pass& pass) {
 v1::AssignTrialRequest Assignment(const ReconcileContext& ctx, const Pass& pass, const Placement& p,
                                   const TrialEntry& e) {
   v1::AssignTrialRequest req;
-  wire::TrialToProto(pass.by_name.at(p.trial), req.mutable_trial());
-  wire::ShardPlanToProto(p.plan, req.mutable_shard_plan());
+  const Trial& trial = pass.by_name.at(p.trial);
+  wire::TrialToProto(trial, req.mutable_trial());
+  // The agent plans for its own devices at its measured rates; only a manifest's
+  // shardBoundaries bind it, and they reach it as the controller's plan.
+  if (!trial.resources.shard_boundaries.empty()) {
+    wire::ShardPlanToProto(p.plan, req.mutable_shard_plan());
+  }
   req.set_checkpoint_dir((fs::path(ctx.options->checkpoint_root) / pass.ns / pass.name / p.trial)
                              .lexically_normal()
                              .string());
@@ -141,7 +146,13 @@ std::vector<std::string> Assign(const ReconcileContext& ctx, Pass& pass,
       e.agent = p.node;
       e.agent_endpoint = p.endpoint;
       e.state = TrialState::kPending;  // queued there (a resumed suspension was Interrupted)
-      e.shard_plan = PlanStatus(req.shard_plan());
+      // The plan the agent made, as it answered (ALREADY_EXISTS answers nothing: the one sent,
+      // if any, until the agent's next report).
+      const v1::ShardPlan& made = resp.trial().shard_plan().shards_size() > 0
+                                      ? resp.trial().shard_plan()
+                                      : req.shard_plan();
+      e.shard_plan =
+          made.shards_size() > 0 ? std::optional<ShardPlanStatus>(PlanStatus(made)) : std::nullopt;
       e.message.clear();
       ++pass.result.assigned;
       assigned.push_back(p.trial + " to " + p.node + " (" + std::to_string(p.plan.shards.size()) +

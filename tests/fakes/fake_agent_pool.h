@@ -90,6 +90,12 @@ class FakeAgentPool : public controller::AgentPoolInterface,
     std::lock_guard<std::mutex> lock(mu_);
     return calls_;
   }
+  /// The last AssignTrial request for trial `name` (empty if none).
+  v1::AssignTrialRequest LastAssignment(const std::string& name) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = assigned_.find(name);
+    return it == assigned_.end() ? v1::AssignTrialRequest() : it->second;
+  }
   /// The next Assign fails with `status`.
   void FailNextAssign(Status status) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -100,6 +106,7 @@ class FakeAgentPool : public controller::AgentPoolInterface,
                 v1::AssignTrialResponse*) override {
     std::lock_guard<std::mutex> lock(mu_);
     calls_.push_back("Assign " + endpoint + " " + request.trial().name());
+    assigned_[request.trial().name()] = request;
     if (!assign_failures_.empty()) {
       Status s = assign_failures_.front();
       assign_failures_.erase(assign_failures_.begin());
@@ -224,6 +231,7 @@ class FakeAgentPool : public controller::AgentPoolInterface,
   std::vector<std::string> tracked_, calls_, forgotten_;
   std::map<std::string, std::string> server_names_;
   std::vector<Status> assign_failures_;
+  std::map<std::string, v1::AssignTrialRequest> assigned_;  // the last request per trial
 };
 
 }  // namespace hydra::fakes

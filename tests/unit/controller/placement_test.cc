@@ -3,6 +3,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "common/cost_model.h"
+#include "common/partitioner.h"
 #include "controller/reconciler/reconciler.h"
 #include "controller/reconciler/work_queue.h"
 #include "tests/fakes/scripted_http_server.h"
@@ -56,6 +58,37 @@ TEST(PlacementTest, LongestRemainingFirstOntoTheAgentWithTheMostFreeCapacity) {
   EXPECT_EQ(placed[2].trial, "short");
   EXPECT_EQ(load["big:9443"] + load["small:9443"], 3);
   EXPECT_GE(load["small:9443"], 1) << "the load spreads";
+}
+
+TEST(PlacementTest, OnAGpuAgentATrialIsPlannedAsTheGpusPlansMayRunIt) {
+  // Long context, many heads: one layer's attention scores (what a CPU's plan keeps, or
+  // rebuilds in backward) outweigh a GPU's memory here, while the GPU's fused attention keeps
+  // none. The controller's check of whether the trial fits plans as a GPU agent may.
+  Trial t = MakeTrial("long-context", 2, 100);
+  t.model.n_head = 16;
+  t.model.context_length = 1024;
+  const int64_t fused = EstimateTrialFootprint(t, AttentionMemory::kFused).total_bytes();
+  const int64_t bytes = 2 * fused;
+  ASSERT_LT(bytes, EstimateTrialFootprint(t).total_bytes() / 4) << "the scores dominate";
+  AgentInventory gpu = Agent("gpu-node", 1, bytes, bytes);
+  gpu.devices[0].name = "cuda:0";
+  const AgentInventory cpu = Agent("cpu-node", 1, bytes, bytes);
+  std::map<std::string, int> load;
+  std::map<std::string, std::string> waiting;
+  const std::vector<TrialToPlace> trials = {{t, EstimatedRemainingSeconds(t, 0)}};
+  EXPECT_TRUE(PlaceTrials(trials, {cpu}, &load, &waiting).empty());
+  EXPECT_THAT(waiting["long-context"], HasSubstr("cpu-node"));
+  waiting.clear();
+  auto placed = PlaceTrials(trials, {gpu}, &load, &waiting);
+  ASSERT_EQ(placed.size(), 1u) << waiting["long-context"];
+  EXPECT_EQ(placed[0].node, "gpu-node");
+  EXPECT_EQ(placed[0].plan.attention, AttentionMemory::kFused);
+  EXPECT_LE(placed[0].plan.peak_device_bytes, bytes);
+  const PartitionOptions po = PlanOptionsOn(t, gpu);
+  EXPECT_TRUE(po.stash_on_device && po.fused_attention && po.selective_recompute);
+  EXPECT_FALSE(po.resident_state || po.activation_offload || po.checkpoint_offload)
+      << "those need the agent's measured link";
+  EXPECT_FALSE(PlanOptionsOn(t, cpu).fused_attention);
 }
 
 TEST(PlacementTest, TrialsThatFitNoAgentWaitWithTheReason) {

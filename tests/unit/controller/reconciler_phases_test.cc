@@ -151,6 +151,12 @@ TEST_F(PhasesTest, ReadyPodsConfirmedByTheirAgentsGetTheTrials) {
   EXPECT_EQ(s.agents->ready, 2);
   EXPECT_TRUE(Cond(s, cond::kReady).status);
   EXPECT_EQ(s.trials[0].attempt, 1);
+  // The manifest names no shardBoundaries: each agent plans the trial for its own devices, and
+  // the status shows no plan until the agent reports its own.
+  for (const auto& [trial, ep] : Placed()) {
+    EXPECT_EQ(agents_.LastAssignment(trial).shard_plan().shards_size(), 0) << trial;
+  }
+  EXPECT_FALSE(s.trials[0].shard_plan);
 }
 
 TEST_F(PhasesTest, AReadyPodTakesATrialPerDeviceWhileTheJobsOtherPodsStart) {

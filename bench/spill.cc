@@ -279,7 +279,11 @@ int main(int argc, char** argv) {
   stop();
   const double steps = static_cast<double>(t.training.steps);
   nlohmann::json out{
-      {"budgetFraction", whole_device ? 0.0 : fraction},
+      // With --budget-bytes, the fraction of the footprint that budget is.
+      {"budgetFraction", whole_device ? 0.0
+                         : budget_bytes > 0
+                             ? static_cast<double>(budget_bytes) / static_cast<double>(footprint)
+                             : fraction},
       {"device", device.name},
       {"deviceModel", device.model},
       {"optimizer", optimizer},

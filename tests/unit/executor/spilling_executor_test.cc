@@ -785,6 +785,9 @@ void SpillingExecutorTest::TrainResidentPlans(const Trial& base) {
         TrialExecutorInterface* other = moves->get();
         EXPECT_EQ(Losses(other, 30), losses);
         EXPECT_LE(uploads(kept) + a.plan.resident_bytes, uploads(other));
+        auto evaluated = kept->Evaluate();  // the resident shards stay; the others pass through
+        ASSERT_TRUE(evaluated.ok()) << evaluated.status();
+        EXPECT_EQ(*evaluated, *other->Evaluate());
         auto state = kept->ExportState();
         ASSERT_TRUE(state.ok()) << state.status();
         auto expected = other->ExportState();

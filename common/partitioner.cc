@@ -356,8 +356,6 @@ Packing PackForDeviceStash(const std::vector<LayerNeed>& l, int64_t usable, int6
   const double base = StepFlops(l, mb);
   // Tries packing p; true where more shards can only cost more.
   auto try_packing = [&](const std::vector<int>& p) {
-    const ActivationChoice leanest = ActivationChoice::Recompute(p.size(), 0, o.checkpoint_offload);
-    if (PackPeak(l, p, mb, &leanest) > usable) return false;
     bool free = false;  // the last choice tried: nothing recomputed, stalled or waited for
     for (size_t m : ResidentCounts(p.size(), o)) {
       const ActivationChoice fits = ActivationChoice::Recompute(p.size(), m, o.checkpoint_offload);

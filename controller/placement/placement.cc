@@ -243,7 +243,6 @@ PartitionOptions PlanOptionsOn(const Trial& trial, const AgentInventory& agent) 
     po.fused_attention = true;
     po.stash_on_device = true;
     po.selective_recompute = true;
-    po.host_activation_budget = 0;
   }
   return po;
 }

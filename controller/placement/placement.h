@@ -82,11 +82,6 @@ struct Placement {
   PartitionPlan plan;  ///< for the agent's device memory
 };
 
-/// Places trials longest-remaining-first, each onto the agent with the most free device memory
-/// per trial it already trains (`load`: trials per endpoint, updated as trials are placed)
-/// whose devices can hold the trial's shard plan. With `one_per_device`, an agent takes no more
-/// trials than it has devices (a job's own agents while more of its pods are starting). Trials
-/// that fit no agent are returned in `waiting` with the reason.
 /// How the controller plans `trial` on `agent` to see whether it fits there: the trial's own
 /// options (PartitionOptionsFor), and on an agent with GPUs ("cuda" devices) what a GPU agent's
 /// plans may do whatever its link (fused attention, graphs kept in the GPU's memory, selective
@@ -95,6 +90,11 @@ struct Placement {
 /// shardBoundaries).
 PartitionOptions PlanOptionsOn(const Trial& trial, const AgentInventory& agent);
 
+/// Places trials longest-remaining-first, each onto the agent with the most free device memory
+/// per trial it already trains (`load`: trials per endpoint, updated as trials are placed)
+/// whose devices can hold the trial's shard plan. With `one_per_device`, an agent takes no more
+/// trials than it has devices (a job's own agents while more of its pods are starting). Trials
+/// that fit no agent are returned in `waiting` with the reason.
 std::vector<Placement> PlaceTrials(std::vector<TrialToPlace> trials,
                                    const std::vector<AgentInventory>& agents,
                                    std::map<std::string, int>* load,

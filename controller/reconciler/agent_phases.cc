@@ -299,9 +299,9 @@ ShardPlanStatus PlanStatus(const v1::ShardPlan& plan) {
   p.shard_count = plan.shards_size();
   p.offloaded_bytes = plan.offloaded_bytes();
   p.resident_bytes = plan.resident_bytes();
-  for (const auto& s : plan.shards()) p.resident_shards += s.resident() ? 1 : 0;
   for (const auto& s : plan.shards()) {
-    if (static_cast<int>(p.shards.size()) == kMaxStatusShards) break;
+    p.resident_shards += s.resident() ? 1 : 0;
+    if (static_cast<int>(p.shards.size()) == kMaxStatusShards) continue;
     p.shards.push_back({s.first_layer(), s.last_layer(), s.state_bytes(),
                         OneOf(s.activations(), {"stash", "recompute", "offload"})});
   }

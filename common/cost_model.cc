@@ -113,14 +113,15 @@ std::vector<LayerCost> GptCosts(const ModelSpec& m, int64_t micro_batch, Precisi
   // The fused LM head and loss (agent/executor/lm_head_loss) at its peak, in its forward: the
   // final LayerNorm's input (fp32, kept for backward) and its output in the GEMMs' type, the
   // gradients it computes there and keeps for backward (dh [tokens, C] and dw [V, C], fp32),
-  // one block of the logits' gradients in the GEMMs' type (in fp32 the chunks' logits are
-  // computed in place there; in bf16 one chunk's fp32 logits and the product they came from).
+  // one block of the logits' gradients in the GEMMs' type (the chunks' logits are computed in
+  // place there) and one chunk's fp32 log-probabilities (in bf16 on a CPU also the chunk's
+  // fp32 copy that LibTorch's log-softmax makes there: 8 bytes a logit; a GPU's reads bf16).
   const double gemm = precision == Precision::kBf16 ? 2 : f;
   const double block = std::min<double>(
       tokens, static_cast<double>(LmHeadBlockRows(m.vocab_size, static_cast<int64_t>(gemm))));
   const double chunk = std::min<double>(tokens, static_cast<double>(kLmHeadChunkRows));
   head.activation_bytes = a.Bytes(tokens * (C * f + C * gemm + C * 4) + V * C * 4 +
-                                      block * V * gemm + (gemm < f ? chunk * V * (f + gemm) : 0),
+                                      block * V * gemm + chunk * V * (gemm < f ? 2 * f : f),
                                   head.name, "activations");
   head.output_bytes = a.Bytes(tokens * V * f, head.name, "output");
   head.forward_flops = tokens * 2.0 * C * V;

@@ -36,10 +36,10 @@ struct LayerCost {
 };
 
 /// The fused LM head and loss (agent/executor/lm_head_loss): rows of the final hidden states
-/// whose fp32 logits are reduced to their loss at a time, and the most bytes of logits'
-/// gradients (in the GEMMs' type) it gathers before turning them into the gradients of the
-/// hidden states and of the tied weights (two GEMMs): the forward computes the gradients, so
-/// that no [tokens, vocabulary] tensor outlives it.
+/// whose logits are reduced to their loss (a log-softmax in fp32) at a time, and the most
+/// bytes of logits' gradients (in the GEMMs' type) it gathers before turning them into the
+/// gradients of the hidden states and of the tied weights (two GEMMs): the forward computes
+/// the gradients, so that no [tokens, vocabulary] tensor outlives it.
 inline constexpr int64_t kLmHeadChunkRows = 256;
 inline constexpr int64_t kLmHeadBlockBytes = int64_t{64} << 20;
 

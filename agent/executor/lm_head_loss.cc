@@ -10,45 +10,51 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-/// Loss of one chunk's fp32 logits `z` [rows, V] (overwritten, when `grad`, with the gradient
-/// of the chunk's summed loss: softmax(z) - onehot(targets)). Returns the summed loss.
+/// Summed loss of one chunk's logits `z` [rows, V] (in the GEMMs' type), which, when `grad`,
+/// it overwrites with the gradient of that loss with respect to them: softmax(z) minus the
+/// one-hot targets, computed in fp32 and rounded once to z's type. Two passes over the logits
+/// (fused kernels: the log-softmax, in fp32 whatever z's type, and its exp), not the seven of
+/// max, subtract, exp, sum, divide and the copies to and from fp32.
 torch::Tensor ChunkLoss(torch::Tensor& z, const torch::Tensor& targets, bool grad) {
   const auto t = targets.unsqueeze(1);
-  const auto target_logit = z.gather(1, t);
-  const auto max = std::get<0>(z.max(1, /*keepdim=*/true));
-  z.sub_(max).exp_();
-  const auto sum = z.sum(1, /*keepdim=*/true);
-  const auto loss = (sum.log() + max - target_logit).sum();
+  const auto logp = torch::log_softmax(z, 1, torch::kFloat);
+  const auto target_logp = logp.gather(1, t);
   if (grad) {
-    z.div_(sum);
-    z.scatter_add_(1, t, torch::full_like(target_logit, -1.0));
+    at::exp_out(z, logp);
+    z.scatter_(1, t, (target_logp.exp() - 1.0).to(z.scalar_type()));
   }
-  return loss;
+  return -target_logp.sum();
 }
 
 /// Summed loss of rows [first, first + rows) of hc (in the GEMMs' type), chunk by chunk, with
 /// the logits' gradients written into `g` [rows, V] (the GEMMs' type, the block's buffer) when
-/// it is defined (training; undefined: the loss alone).
+/// it is defined (training; undefined: the loss alone). Each chunk's logits are computed in
+/// their place in `g`.
 torch::Tensor BlockLoss(const torch::Tensor& hc, const torch::Tensor& wt,
                         const torch::Tensor& targets, int64_t first, int64_t rows,
                         torch::Tensor g) {
   const bool grad = g.defined();
-  const bool fp32 = hc.scalar_type() == torch::kFloat;
   auto total = torch::zeros({}, hc.options().dtype(torch::kFloat));
   for (int64_t r = 0; r < rows; r += kLmHeadChunkRows) {
     const int64_t n = std::min(kLmHeadChunkRows, rows - r);
     const auto h = hc.narrow(0, first + r, n);
-    torch::Tensor z;
-    if (fp32 && grad) {
-      z = g.narrow(0, r, n);
-      at::mm_out(z, h, wt);  // in place in the block: no copy
-    } else {
-      z = torch::mm(h, wt).to(torch::kFloat);
-    }
+    torch::Tensor z = grad ? g.narrow(0, r, n) : torch::empty({n, wt.size(1)}, hc.options());
+    at::mm_out(z, h, wt);
     total.add_(ChunkLoss(z, targets.narrow(0, first + r, n), grad));
-    if (grad && !fp32) g.narrow(0, r, n).copy_(z);
   }
   return total;
+}
+
+/// The weights `wc` [V, C] (`w` in the GEMMs' type) as the right factor of dh = G · w. On a
+/// CPU in bf16 a copy laid out [C, V], transposed: LibTorch 1.13's CPU GEMM for reduced
+/// floats sums a product whose right factor is row-major in bf16 itself, which over V = 50257
+/// terms lost 20% of dh on a CPU without AVX-512 (its other layouts sum in fp32, as every GPU
+/// product does).
+torch::Tensor DhWeights(const torch::Tensor& w, const torch::Tensor& wc) {
+  if (wc.is_cuda() || wc.scalar_type() == torch::kFloat) return wc;
+  return w.t()
+      .to(wc.scalar_type(), /*non_blocking=*/false, /*copy=*/false, torch::MemoryFormat::Contiguous)
+      .t();
 }
 
 class LmHeadLossFunction : public torch::autograd::Function<LmHeadLossFunction> {
@@ -67,6 +73,7 @@ class LmHeadLossFunction : public torch::autograd::Function<LmHeadLossFunction> 
     auto dw = torch::zeros({v, w.size(1)}, w.options().dtype(torch::kFloat));
     const int64_t block = LmHeadBlockRows(v, static_cast<int64_t>(hc.element_size()));
     auto g = torch::empty({std::min(block, n), v}, hc.options());
+    const auto wd = DhWeights(w, wc);
     for (int64_t b = 0; b < n; b += block) {
       const int64_t rows = std::min(block, n - b);
       const auto gb = g.narrow(0, 0, rows), hb = hc.narrow(0, b, rows);
@@ -76,7 +83,7 @@ class LmHeadLossFunction : public torch::autograd::Function<LmHeadLossFunction> 
         at::mm_out(dhb, gb, wc);
         dw.addmm_(gb.t(), hb);
       } else {
-        dh.narrow(0, b, rows).copy_(torch::mm(gb, wc));
+        dh.narrow(0, b, rows).copy_(torch::mm(gb, wd));
         dw.add_(torch::mm(gb.t(), hb));
       }
     }

@@ -686,6 +686,49 @@ double SecondsSince(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+TEST_F(CudaExecutorTest, TheFusedLmHeadIsTimedBesideCrossEntropyOverTheLogits) {
+  // Not a speed target (bench/spill measures those): the times of GPT-2 medium's head and loss
+  // at its micro-batch (8 x 1024 tokens) fused (LmHeadLoss) and as eager PyTorch runs them
+  // (the logits, cross-entropy, autograd's backward), forward and backward, for the report:
+  // where Hydra's unspilled step is slower than eager's, the head is the first suspect.
+  REQUIRE_GPU(gpu);
+#ifdef HYDRA_WITH_CUDA
+  const auto on = torch::TensorOptions().device(TorchDevice(gpu));
+  const int64_t N = 8192, C = 1024, V = 50257;
+  torch::manual_seed(12);
+  auto h = torch::randn({N, C}, on).requires_grad_(true);
+  auto w = (0.02 * torch::randn({V, C}, on)).requires_grad_(true);
+  const auto targets = torch::randint(0, V, {N}, on.dtype(torch::kLong));
+  for (const Precision precision : {Precision::kFp32, Precision::kBf16}) {
+    const auto compute = precision == Precision::kFp32 ? torch::kFloat : torch::kBFloat16;
+    auto seconds = [&](const std::function<torch::Tensor()>& loss) {
+      auto round = [&] {
+        loss().backward();
+        h.mutable_grad() = torch::Tensor();
+        w.mutable_grad() = torch::Tensor();
+      };
+      round();
+      torch::cuda::synchronize();
+      const auto t0 = Clock::now();
+      for (int i = 0; i < 3; ++i) round();
+      torch::cuda::synchronize();
+      return SecondsSince(t0) / 3;
+    };
+    const double fused = seconds([&] { return LmHeadLoss(h, w, targets, compute); });
+    const double unfused = seconds([&] {
+      const auto logits = torch::mm(h.to(compute), w.to(compute).t()).to(torch::kFloat);
+      return torch::nn::functional::cross_entropy(logits, targets);
+    });
+    std::printf(
+        "compute LM head and loss %s [%lld, %lld] x vocabulary %lld, forward and backward: "
+        "fused %.4f s, logits and cross-entropy %.4f s\n",
+        PrecisionName(precision), static_cast<long long>(N), static_cast<long long>(C),
+        static_cast<long long>(V), fused, unfused);
+    EXPECT_GT(fused, 0);
+  }
+#endif
+}
+
 /// Matrix products of 4096^2 fp32 on the compute stream of `streams`: compute to overlap.
 class MatrixProducts {
  public:

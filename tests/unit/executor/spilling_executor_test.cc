@@ -825,7 +825,9 @@ TEST_F(SpillingExecutorTest, OnADiscreteDeviceOffloadedInputsComeBackAndTrainAsU
         auto keeps = factory->Build(t, *data, kept, 0);
         ASSERT_TRUE(keeps.ok()) << keeps.status();
         EXPECT_EQ(Losses(keeps->get(), 30), losses);
-        EXPECT_EQ((*keeps)->stats().activation_bytes_offloaded, 0);
+        // Less offloaded by the inputs (a shard may still offload its graph).
+        EXPECT_LT((*keeps)->stats().activation_bytes_offloaded,
+                  exec->stats().activation_bytes_offloaded);
       });
   EXPECT_GT(tried, 0u) << "no budget made a plan that offloads inputs";
 }

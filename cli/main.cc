@@ -151,12 +151,12 @@ int Plan(const std::string& path, bool pilot, const std::string& pilot_device, i
                   rates->host_optimizer_bytes_per_second / 1e9);
     }
     std::printf(
-        "pilot (%s) on %s: layer %s forward+backward took %.4f s; the cost model's %.3g FLOPs "
-        "at 100 GFLOP/s predict %.4f s (measured/predicted %.2f); estimates below use the "
-        "measured %.1f GFLOP/s\n\n",
-        trials.front().name.c_str(), p->device.c_str(), p->layer.c_str(), p->layer_seconds,
-        p->layer_flops, p->layer_flops / 1e11, p->layer_seconds / (p->layer_flops / 1e11),
-        flops / 1e9);
+        "pilot (%s) on %s: layer %s forward+backward (attention %s) took %.4f s; the cost "
+        "model's %.3g FLOPs at 100 GFLOP/s predict %.4f s (measured/predicted %.2f); estimates "
+        "below use the measured %.1f GFLOP/s\n\n",
+        trials.front().name.c_str(), p->device.c_str(), p->layer.c_str(),
+        hydra::AttentionMemoryName(p->attention), p->layer_seconds, p->layer_flops,
+        p->layer_flops / 1e11, p->layer_seconds / (p->layer_flops / 1e11), flops / 1e9);
   }
   for (const auto& t : trials) {
     auto po = hydra::PartitionOptionsFor(t);

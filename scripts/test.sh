@@ -62,6 +62,8 @@ build-cuda/tests/unit/executor/selective_recompute_test
 # alone and in the GPT block (which hands it views of the qkv projection's heads).
 build-cuda/tests/unit/executor/attention_test
 build-cuda/tests/unit/executor/gpt2_test
+# The pilot times a block with the fused attention the executors run (torch 2.11 has it).
+build-cuda/tests/unit/executor/pilot_test
 # The GPU code paths of the executors on the CPU, against torch 2.11 (build/ has 1.13).
 build-cuda/tests/unit/executor/spilling_executor_test \
   --gtest_filter='*Unsharded*:*Checkpoint*:*Moves*:*Transit*:*Offloaded*'

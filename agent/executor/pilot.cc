@@ -29,6 +29,8 @@ StatusOr<PilotResult> RunPilot(const Trial& trial, const DeviceSpec& device) {
   try {
     auto model = BuildModel(probe);
     if (!model.ok()) return model.status();
+    const AttentionMemory attention = ExecutorAttention(/*fused_attention=*/true);
+    model->SetAttention(attention);
     if (model->layers.size() != costs.size()) {
       return InternalError("pilot run of " + trial.name + ": the cost model has " +
                            std::to_string(costs.size()) + " layers, the model " +
@@ -51,15 +53,23 @@ StatusOr<PilotResult> RunPilot(const Trial& trial, const DeviceSpec& device) {
     }
     if (x.is_floating_point()) x = x.detach().requires_grad_(true);
     auto& layer = model->layers[heaviest];
+    // The last layer of a token model runs as training runs it: its loss against targets
+    // (GPT-2's fused LM head and loss), not its whole output summed.
+    torch::Tensor target;
+    if (heaviest + 1 == model->layers.size() && !IsImageTask(trial)) {
+      target = torch::randint(0, trial.model.vocab_size, {micro, trial.model.context_length},
+                              torch::TensorOptions(on).dtype(torch::kLong));
+    }
     // In the trial's precision: the partitioner weighs recompute against stash by this rate.
     UseCpuThreadsFor(trial.training.precision);
     auto run = [&]() {
       torch::Tensor y;
       {
         PrecisionScope precision(trial.training.precision, on.type());
-        y = layer->forward(x);
+        if (target.defined()) y = layer->forward_loss(x, target);
+        if (!y.defined()) y = layer->forward(x).sum();
       }
-      y.sum().backward();
+      y.backward();
     };
     run();
     run();
@@ -71,6 +81,7 @@ StatusOr<PilotResult> RunPilot(const Trial& trial, const DeviceSpec& device) {
     PilotResult r;
     r.device = device.kind == DeviceKind::kCuda ? device.name + " (" + device.model + ")" : "cpu";
     r.layer = model->names[heaviest];
+    r.attention = attention;
     r.layer_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / rounds;
     r.layer_flops = 3.0 * costs[heaviest].forward_flops;

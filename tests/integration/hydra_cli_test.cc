@@ -116,7 +116,9 @@ TEST_F(HydraCliTest, PlanAndSimulate) {
   std::string out;
   ASSERT_EQ(RunHydra({"plan", "--pilot", job}, &out), 0) << out;
   // The heaviest layer of a 2-block GPT-2 with a 256-token vocabulary is a block.
-  EXPECT_THAT(out, HasSubstr("pilot (tiny-lr1e-3) on cpu: layer block0 forward+backward took"));
+  EXPECT_THAT(
+      out,
+      HasSubstr("pilot (tiny-lr1e-3) on cpu: layer block0 forward+backward (attention kept) took"));
   EXPECT_THAT(out, HasSubstr("1 shard"));
   EXPECT_THAT(out, HasSubstr("tiny-lr1e-3 (fp32): 1 shard")) << "each plan names its precision";
   ASSERT_EQ(RunHydra({"plan", "--pilot-device", "cpu", job}, &out), 0) << out;

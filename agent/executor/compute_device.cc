@@ -73,6 +73,11 @@ Status CapGpuMemory(const std::vector<DeviceSpec>& devices) {
       const double fraction =
           std::min(1.0, static_cast<double>(d.memory_bytes) / static_cast<double>(total_bytes));
       c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, index);
+      // The fraction is checked only where the allocator asks CUDA for more memory: a block
+      // already cached above the cap would still be handed out (the fifth GPU run: 2 GiB under
+      // a 1 GiB cap, cached by an earlier test). Cached memory goes back first.
+      c10::cuda::device_synchronize();
+      c10::cuda::CUDACachingAllocator::emptyCache();
     } catch (const c10::Error& e) {
       return FailedPreconditionError("capping the memory of " + d.name + ": " +
                                      e.what_without_backtrace());

@@ -26,7 +26,9 @@ bool CudaExpandableSegments();
 /// (DeviceSpec::memory_bytes, from --devices budget= or 90% of its free memory): the trials of
 /// this process never hold more, so what other processes use on a shared GPU stays theirs, and
 /// an executor whose ledger is wrong fails with CUDA's out-of-memory error instead of taking
-/// it. Nothing for CPU devices or in a build without CUDA; FAILED_PRECONDITION if CUDA fails.
+/// it. Memory the allocator has cached is released first (the cap binds only where it asks CUDA
+/// for more). Nothing for CPU devices or in a build without CUDA; FAILED_PRECONDITION if CUDA
+/// fails.
 Status CapGpuMemory(const std::vector<DeviceSpec>& devices);
 
 /// The GPUs visible to CUDA (CUDA_VISIBLE_DEVICES applies): index, name, UUID, total and free

@@ -50,13 +50,13 @@ trap 'rm -rf "$SPILL_DIR"' EXIT
 # the memory this process may still take (MemAvailable, and the cgroup's limit), and on disk its
 # spill files within 85% of the spill directory's free space. Uses time_left and timed_out of
 # the GPU branch below.
-# largest_dims LAYERSxWIDTH: bench/spill's arguments for that shape (gpu_largest's ctx and
-# batch), budget aside, in DIMS.
+# largest_dims LAYERSxWIDTH [TIER]: bench/spill's arguments for that shape (gpu_largest's ctx
+# and batch), budget aside, in DIMS; the state in TIER (default: --offload's).
 largest_dims() {
   local layers=${1%x*} width=${1#*x}
   DIMS=(--corpus "$CORPUS" --layers "$layers" --embd "$width"
     --heads $((width / 128 > 0 ? width / 128 : 1)) --ctx "$ctx" --vocab 50257 --batch "$batch"
-    --offload "$OFFLOAD" --spill-dir "$SPILL_DIR" --precision "$PRECISION")
+    --offload "${2:-$OFFLOAD}" --spill-dir "$SPILL_DIR" --precision "$PRECISION")
 }
 
 gpu_largest() {
@@ -74,7 +74,6 @@ gpu_largest() {
   local chosen="" plan="" at="" budget="" limit=()
   for shape in "${shapes[@]}"; do
     local layers=${shape%x*} width=${shape#*x}
-    largest_dims "$shape"
     # Every parameter's weights and AdamW state (12 bytes) sit in host memory or on disk.
     local params=$((12 * layers * width * width + 50257 * width))
     local tier_free=$((disk_free * 85 / 100))
@@ -86,6 +85,11 @@ gpu_largest() {
     # The budget to train it under: the GPU's memory, or half the footprint where that is less;
     # then its admission at that budget (the host and disk bytes the run will take: a plan at
     # the GPU's whole memory holds the model in one shard, whose host staging is the model's).
+    # The footprint is asked of a plan with the state in host memory: on disk, one shard of the
+    # whole model reserves twice its state there (a write-back beside a read), and the fifth
+    # GPU run passed over 32x3072 so, refused for 84 GiB where at half the footprint it needs
+    # about half that.
+    largest_dims "$shape" host
     if ! plan=$("$BIN" --devices "$GPU" "${DIMS[@]}" --budget-device --plan-only 2>"$OUT.err"); then
       echo "$shape: refused: $(tail -c 200 "$OUT.err" | tr '\n' ' ')"
       continue
@@ -94,10 +98,14 @@ gpu_largest() {
 print(min(a["deviceMemoryBytes"], half) if a["deviceMemoryBytes"] > 0 else half)' "$plan")
     # Half the footprint leaves too little beside the tied embedding of a small model: the
     # device's memory then.
+    largest_dims "$shape"
     limit=(--budget-bytes "$budget")
     if ! at=$("$BIN" --devices "$GPU" "${DIMS[@]}" "${limit[@]}" --plan-only 2>/dev/null); then
       limit=(--budget-device)
-      at=$plan
+      if ! at=$("$BIN" --devices "$GPU" "${DIMS[@]}" "${limit[@]}" --plan-only 2>"$OUT.err"); then
+        echo "$shape: refused: $(tail -c 200 "$OUT.err" | tr '\n' ' ')"
+        continue
+      fi
     fi
     if "$PY" -c 'import json, sys; a = json.loads(sys.argv[1]); h, d = int(sys.argv[2]), int(sys.argv[3])
 ok = a["hostBytes"] <= h * 0.7 and a["diskBytes"] <= d * 0.85
@@ -250,6 +258,9 @@ if [ -n "$GPU" ]; then
           $steps --budget-fraction "$1" --offload "$2" "${@:3}" --spill-dir "$SPILL_DIR" \
           --precision "$PRECISION" 2>"$OUT.err"); then
         echo "{\"shape\": \"$name\", \"args\": \"${*:3}\", ${line#\{}" >>"$OUT"
+        # The run's own lines (the factory's measured rates) and its JSON line (the plan's
+        # estimated step among them) to stderr: gpu-check.sh keeps them in its logs.
+        { echo "== $name $*"; cat "$OUT.err"; echo "$line"; } >&2
       else
         timed_out "$?" "$left"
         echo "{\"shape\": \"$name\", \"budgetFraction\": $1, \"offload\": \"$2\", \"args\": \"${*:3}\", \"error\": $(json_tail)}" >>"$OUT"

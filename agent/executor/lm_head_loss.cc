@@ -45,16 +45,21 @@ torch::Tensor BlockLoss(const torch::Tensor& hc, const torch::Tensor& wt,
   return total;
 }
 
-/// The weights `wc` [V, C] (`w` in the GEMMs' type) as the right factor of dh = G · w. On a
-/// CPU in bf16 a copy laid out [C, V], transposed: LibTorch 1.13's CPU GEMM for reduced
-/// floats sums a product whose right factor is row-major in bf16 itself, which over V = 50257
-/// terms lost 20% of dh on a CPU without AVX-512 (its other layouts sum in fp32, as every GPU
-/// product does).
-torch::Tensor DhWeights(const torch::Tensor& w, const torch::Tensor& wc) {
-  if (wc.is_cuda() || wc.scalar_type() == torch::kFloat) return wc;
-  return w.t()
-      .to(wc.scalar_type(), /*non_blocking=*/false, /*copy=*/false, torch::MemoryFormat::Contiguous)
-      .t();
+/// Rows of dh for a block of the logits' gradients `gb` (the GEMMs' type): G · w into `dhb`
+/// (fp32), the product with `wc` (w in the GEMMs' type), except on a CPU in bf16, where it runs
+/// in fp32 (G cast, w's fp32 masters): LibTorch 1.13's CPU GEMM for reduced floats sums a
+/// product whose right factor is row-major in bf16 itself, which over V = 50257 terms lost 20%
+/// of dh on a CPU without AVX-512, where bf16 products are also emulated, 11x slower than the
+/// fp32 one (an AMD EPYC, 2 threads).
+void BlockDh(torch::Tensor dhb, const torch::Tensor& gb, const torch::Tensor& w,
+             const torch::Tensor& wc) {
+  if (gb.scalar_type() == torch::kFloat) {
+    at::mm_out(dhb, gb, wc);
+  } else if (gb.is_cuda()) {
+    dhb.copy_(torch::mm(gb, wc));
+  } else {
+    at::mm_out(dhb, gb.to(torch::kFloat), w.to(torch::kFloat));
+  }
 }
 
 class LmHeadLossFunction : public torch::autograd::Function<LmHeadLossFunction> {
@@ -73,17 +78,14 @@ class LmHeadLossFunction : public torch::autograd::Function<LmHeadLossFunction> 
     auto dw = torch::zeros({v, w.size(1)}, w.options().dtype(torch::kFloat));
     const int64_t block = LmHeadBlockRows(v, static_cast<int64_t>(hc.element_size()));
     auto g = torch::empty({std::min(block, n), v}, hc.options());
-    const auto wd = DhWeights(w, wc);
     for (int64_t b = 0; b < n; b += block) {
       const int64_t rows = std::min(block, n - b);
       const auto gb = g.narrow(0, 0, rows), hb = hc.narrow(0, b, rows);
       total.add_(BlockLoss(hc, wt, targets, b, rows, gb));
+      BlockDh(dh.narrow(0, b, rows), gb, w, wc);
       if (compute == torch::kFloat) {
-        auto dhb = dh.narrow(0, b, rows);
-        at::mm_out(dhb, gb, wc);
         dw.addmm_(gb.t(), hb);
       } else {
-        dh.narrow(0, b, rows).copy_(torch::mm(gb, wd));
         dw.add_(torch::mm(gb.t(), hb));
       }
     }

@@ -642,6 +642,16 @@ TEST_F(CudaExecutorTest, FusedAttentionOnAGpuEqualsTheKeptScoresWithoutKeepingTh
 #endif
 }
 
+#ifdef HYDRA_WITH_CUDA
+/// The LM head's loss as eager PyTorch computes it under autocast: the whole logits h · wᵀ
+/// (the product in `compute`), cross-entropy over them in fp32.
+torch::Tensor UnfusedLmHeadLoss(const torch::Tensor& h, const torch::Tensor& w,
+                                const torch::Tensor& targets, torch::ScalarType compute) {
+  const auto logits = torch::mm(h.to(compute), w.to(compute).t()).to(torch::kFloat);
+  return torch::nn::functional::cross_entropy(logits, targets);
+}
+#endif
+
 TEST_F(CudaExecutorTest, TheLmHeadsForwardLeavesItsGradientsNotTheLogits) {
   // The fused LM head and loss on the GPU, GPT-2's vocabulary at 4096 tokens of width 1024: what
   // its forward leaves for backward is dh and dw (fp32, 16.8 + 206 MB), not the logits'
@@ -666,8 +676,7 @@ TEST_F(CudaExecutorTest, TheLmHeadsForwardLeavesItsGradientsNotTheLogits) {
     const int64_t kept = AllocatedNow(gpu) - before;
     loss.backward();
     auto hr = h0.clone().requires_grad_(true), wr = w0.clone().requires_grad_(true);
-    const auto logits = torch::mm(hr.to(compute), wr.to(compute).t()).to(torch::kFloat);
-    auto want = torch::nn::functional::cross_entropy(logits, targets);
+    auto want = UnfusedLmHeadLoss(hr, wr, targets, compute);
     want.backward();
     auto relative = [](const torch::Tensor& a, const torch::Tensor& b) {
       return ((a - b).norm() / b.norm()).item<double>();
@@ -742,10 +751,7 @@ TEST_F(CudaExecutorTest, TheFusedLmHeadIsTimedBesideCrossEntropyOverTheLogits) {
       return SecondsSince(t0) / 3;
     };
     const double fused = seconds([&] { return LmHeadLoss(h, w, targets, compute); });
-    const double unfused = seconds([&] {
-      const auto logits = torch::mm(h.to(compute), w.to(compute).t()).to(torch::kFloat);
-      return torch::nn::functional::cross_entropy(logits, targets);
-    });
+    const double unfused = seconds([&] { return UnfusedLmHeadLoss(h, w, targets, compute); });
     std::printf(
         "compute LM head and loss %s [%lld, %lld] x vocabulary %lld, forward and backward: "
         "fused %.4f s, logits and cross-entropy %.4f s\n",

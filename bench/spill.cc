@@ -14,6 +14,7 @@
 #include "agent/executor/gpus.h"
 #include "agent/executor/pilot.h"
 #include "agent/executor/spilling_executor.h"
+#include "bench/kernel_trace.h"
 #include "common/cost_model.h"
 #include "common/partitioner.h"
 #include "common/process_memory.h"
@@ -72,6 +73,20 @@ nlohmann::json AdmissionJson(const hydra::Admission& a, int64_t budget,
           {"linkSeconds", a.plan.link_seconds},
           {"attention", hydra::AttentionMemoryName(a.plan.attention)},
           {"optimizerPlacements", placements}};
+}
+
+/// --profile-trace: `steps` more steps (after the timed ones, so their timing is the same
+/// with and without it) with the GPU's kernels recorded to `path`.
+template <typename Executor>
+hydra::Status TraceSteps(Executor& exec, int steps, const std::string& path) {
+  RETURN_IF_ERROR(hydra::bench::StartKernelTrace());
+  for (int i = 0; i < steps; ++i) {
+    if (auto m = exec.TrainStep(); !m.ok()) {
+      (void)hydra::bench::SaveKernelTrace(path);  // stops the profiler
+      return m.status();
+    }
+  }
+  return hydra::bench::SaveKernelTrace(path);
 }
 
 }  // namespace
@@ -165,6 +180,14 @@ int main(int argc, char** argv) {
   app.add_option("--optimizer", optimizer,
                  "where spilled shards' optimizers step: auto (by the measured link), device, host")
       ->check(CLI::IsMember({"auto", "device", "host"}))
+      ->capture_default_str();
+  std::string profile_trace;
+  int profile_steps = 2;
+  app.add_option("--profile-trace", profile_trace,
+                 "after the timed steps, record --profile-steps more steps' GPU kernels to this "
+                 "Chrome trace (the CUDA build; bench/trace_summary.py sums it)");
+  app.add_option("--profile-steps", profile_steps, "steps --profile-trace records")
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   hydra::executor::ConfigureCudaAllocator();  // before the pilot touches a GPU
@@ -276,6 +299,13 @@ int main(int argc, char** argv) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const auto after = (*exec)->stats();
   const AllocatorStats allocator = ReadAllocator(device, /*reset=*/false);
+  if (!profile_trace.empty()) {
+    if (auto st = TraceSteps(**exec, profile_steps, profile_trace); !st.ok()) {
+      stop();
+      std::cerr << st << "\n";
+      return 1;
+    }
+  }
   stop();
   const double steps = static_cast<double>(t.training.steps);
   nlohmann::json out{

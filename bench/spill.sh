@@ -174,6 +174,11 @@ if [ -n "$GPU" ]; then
   # HYDRA_BENCH_RUN_MAX (seconds; unset: none) caps each run, so that one that hangs leaves
   # time for the rest.
   DEADLINE="${HYDRA_BENCH_DEADLINE:-0}"
+  # HYDRA_BENCH_PROFILE_DIR (unset: none): the unspilled run, the first at 50% and eager's record
+  # two more steps' GPU kernels there (<shape>-<precision>-hydra.json, ...-spilled50.json,
+  # ...-eager-<attention>-<adamw>.json), for bench/trace_summary.py.
+  PROFILE_DIR="${HYDRA_BENCH_PROFILE_DIR:-}"
+  [ -z "$PROFILE_DIR" ] || mkdir -p "$PROFILE_DIR"
   RUN_MAX="${HYDRA_BENCH_RUN_MAX:-100000}"
   OUT=$(mktemp)
   trap 'rm -rf "$SPILL_DIR" "$OUT" "$OUT.err" "$OUT.line"' EXIT
@@ -240,10 +245,12 @@ if [ -n "$GPU" ]; then
         adamw=${3:-default}
         [[ " $eager_done " == *" $name/$attention/$adamw "* ]] && continue
         eager_done+=" $name/$attention/$adamw"
+        trace=()
+        [ -z "$PROFILE_DIR" ] || trace=(--profile-trace "$PROFILE_DIR/$name-$PRECISION-eager-$attention-$adamw.json")
         # shellcheck disable=SC2086
         if ((left > 0)) && timeout -k 10 "$left" "$PY" bench/train_throughput.py --device "$GPU" \
             --corpus "$CORPUS" $eager_args --steps $REF_STEPS --warmup $REF_WARMUP --precision "$PRECISION" \
-            --attention "$attention" --adamw "$adamw" >"$OUT.line" 2>"$OUT.err"; then
+            --attention "$attention" --adamw "$adamw" "${trace[@]}" >"$OUT.line" 2>"$OUT.err"; then
           sed "s/^{/{\"shape\": \"$name\", /" "$OUT.line" >>"$OUT"
         else
           timed_out "$?" "$left"
@@ -251,11 +258,16 @@ if [ -n "$GPU" ]; then
         fi
         continue
       fi
-      steps=$STEPS
-      [ "$cfg" != "1.0 host" ] || steps="--steps $REF_STEPS --warmup $REF_WARMUP"
+      steps=$STEPS trace=()
+      if [ "$cfg" = "1.0 host" ]; then
+        steps="--steps $REF_STEPS --warmup $REF_WARMUP"
+        [ -z "$PROFILE_DIR" ] || trace=(--profile-trace "$PROFILE_DIR/$name-$PRECISION-hydra.json")
+      elif [ "$cfg" = "0.5 host" ] && [ -n "$PROFILE_DIR" ]; then
+        trace=(--profile-trace "$PROFILE_DIR/$name-$PRECISION-spilled50.json")
+      fi
       # shellcheck disable=SC2086
       if ((left > 0)) && line=$(timeout -k 10 "$left" "$BIN" --devices "$GPU" --corpus "$CORPUS" $dims \
-          $steps --budget-fraction "$1" --offload "$2" "${@:3}" --spill-dir "$SPILL_DIR" \
+          $steps --budget-fraction "$1" --offload "$2" "${@:3}" "${trace[@]}" --spill-dir "$SPILL_DIR" \
           --precision "$PRECISION" 2>"$OUT.err"); then
         echo "{\"shape\": \"$name\", \"args\": \"${*:3}\", ${line#\{}" >>"$OUT"
         # The run's own lines (the factory's measured rates) and its JSON line (the plan's

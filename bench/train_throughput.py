@@ -79,6 +79,10 @@ def main():
     p.add_argument("--adamw", choices=["default", "fused"], default="default",
                    help="fused: torch.optim.AdamW(fused=True), one kernel for every parameter (torch "
                         "2.0+ on a GPU); default: the version's default (foreach on a GPU)")
+    p.add_argument("--profile-trace", default="",
+                   help="after the timed steps, record --profile-steps more steps' GPU kernels to this "
+                        "Chrome trace (torch.profiler; bench/trace_summary.py sums it)")
+    p.add_argument("--profile-steps", type=int, default=2)
     a = p.parse_args()
     dev = torch.device(a.device)
     torch.set_num_threads(a.threads)
@@ -120,6 +124,14 @@ def main():
            "tokens_per_second": a.steps * a.batch * a.ctx / dt, "seconds": dt, "final_loss": loss}
     if dev.type == "cuda":
         out["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(dev)
+    if a.profile_trace:  # after the timing, which it leaves as it is
+        acts = [torch.profiler.ProfilerActivity.CPU]
+        if dev.type == "cuda":
+            acts.append(torch.profiler.ProfilerActivity.CUDA)
+        with torch.profiler.profile(activities=acts) as prof:
+            for _ in range(a.profile_steps):
+                step(s); s += 1
+        prof.export_chrome_trace(a.profile_trace)
     print(json.dumps(out))
 
 if __name__ == "__main__":

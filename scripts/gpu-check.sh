@@ -17,6 +17,8 @@
 # tests): for a second call on the same warm machine, which keeps build-gpu. =largest: the
 # largest GPT that trains on the GPU, its state in host memory, then on disk.
 # HYDRA_GPU_BENCH (default: medium,xl,bf16) chooses the benchmark's groups (step 5).
+# Each group's unspilled run, first run at 50% and PyTorch eager record two more steps' GPU
+# kernels; the report sums them side by side (bench/trace_summary.py), the traces are in the logs.
 # Environment: HYDRA_GPU_SECONDS (default 540: every step after the configuration is killed at
 # this deadline, so that one 10-minute call of the device tool holds the check; the benchmark
 # gets what the build and tests left, fp32 first, then bf16, the most telling runs first, the
@@ -177,15 +179,40 @@ if ((rc != 0)); then
 fi
 say ""
 
+# profile_summary: the unspilled runs' kernels beside eager's (bench/spill.sh recorded two
+# more steps of each in $LOGS/profile), once per shape and precision.
+profile_summary() {
+  local hydra base eager
+  for hydra in "$LOGS"/profile/*-hydra.json; do
+    [ -e "$hydra" ] && [ ! -e "$hydra.md" ] || continue
+    base=${hydra%-hydra.json}
+    local args=("hydra=$hydra")
+    [ ! -e "$base-spilled50.json" ] || args+=("hydra-50%=$base-spilled50.json")
+    for eager in "$base"-eager-*.json; do
+      [ -e "$eager" ] && args+=("$(basename "${eager%.json}" | sed "s/^.*-eager-/eager-/")=$eager")
+    done
+    if "$PY" bench/trace_summary.py --steps 2 "${args[@]}" >"$hydra.md" 2>&1; then
+      say "   GPU kernels a step, $(basename "$base") unspilled beside PyTorch eager:"
+      say ""
+      tee -a "$MD" <"$hydra.md"
+    else
+      say "   bench/trace_summary.py failed for $(basename "$base"): $(tail -n 2 "$hydra.md")"
+    fi
+    say ""
+  done
+}
+
 bench() {  # bench <report name> <bench/spill.sh arguments...>
   local name=$1 start=$SECONDS
   shift
   if HYDRA_BENCH_SPILL_BIN="$BUILD/bench/spill" HYDRA_BENCH_PYTHON="$PY" \
       HYDRA_BENCH_DEADLINE=$((DEADLINE - 60)) HYDRA_BENCH_RUN_MAX=${RUN_MAX:-180} \
+      HYDRA_BENCH_PROFILE_DIR="$LOGS/profile" \
       bash bench/spill.sh "$@" >"$LOGS/$name.md" 2>"$LOGS/$name.log"; then
     say "5. bench/spill.sh $* in $((SECONDS - start)) s:"
     say ""
     tee -a "$MD" <"$LOGS/$name.md"
+    profile_summary
   else
     failed=1
     say "5. bench/spill.sh $* failed: $(tail -n 3 "$LOGS/$name.log")"

@@ -112,7 +112,8 @@ std::vector<LayerCost> GptCosts(const ModelSpec& m, int64_t micro_batch, Precisi
   head.parameters = a.Parameters(2 * C, head.name);  // final LayerNorm; the LM head is tied
   // The fused LM head and loss (agent/executor/lm_head_loss) at its peak, in its forward: the
   // final LayerNorm's input (fp32, kept for backward) and its output in the GEMMs' type, the
-  // gradients it computes there and keeps for backward (dh [tokens, C] and dw [V, C], fp32),
+  // gradients it computes there and keeps for backward (dh [tokens, C] and dw [V, C], fp32;
+  // V padded to LmHeadLogitsRow, as the weights' copy in the GEMMs' type the products read),
   // one block of the logits' gradients in the GEMMs' type (the chunks' logits are computed in
   // place there) and one chunk's fp32 log-probabilities (in bf16 on a CPU also the chunk's
   // fp32 copy that LibTorch's log-softmax makes there: 8 bytes a logit; a GPU's reads bf16).
@@ -120,8 +121,12 @@ std::vector<LayerCost> GptCosts(const ModelSpec& m, int64_t micro_batch, Precisi
   const double block = std::min<double>(
       tokens, static_cast<double>(LmHeadBlockRows(m.vocab_size, static_cast<int64_t>(gemm))));
   const double chunk = std::min<double>(tokens, static_cast<double>(kLmHeadChunkRows));
-  head.activation_bytes = a.Bytes(tokens * (C * f + C * gemm + C * 4) + V * C * 4 +
-                                      block * V * gemm + chunk * V * (gemm < f ? 2 * f : f),
+  const double row = static_cast<double>(LmHeadLogitsRow(m.vocab_size));  // padded logits
+  // The weights' padded copy: in fp32 all of it; in bf16 the padding's rows (the tied
+  // embedding's bf16 working copy counts the rest).
+  const double copy = gemm < f ? (row - V) * C * gemm : row * C * f;
+  head.activation_bytes = a.Bytes(tokens * (C * f + C * gemm + C * 4) + row * C * 4 + copy +
+                                      block * row * gemm + chunk * row * (gemm < f ? 2 * f : f),
                                   head.name, "activations");
   head.output_bytes = a.Bytes(tokens * V * f, head.name, "output");
   head.forward_flops = tokens * 2.0 * C * V;

@@ -65,12 +65,15 @@ TEST(CostModelTest, Bf16HalvesMostActivationsAndAddsTheWorkingCopyOfTheWeights) 
   // The head at its peak: the final LayerNorm's fp32 input and its output in the GEMMs' type,
   // the gradients the fused LM head and loss computes in its forward (dh [tokens, C], dw [V,
   // C], fp32), one block of the logits' gradients (all the tokens here) and a chunk's fp32
-  // log-probabilities; in bf16 also the chunk's fp32 copy (on a CPU) and the tied token
-  // embedding's bf16 copy, which it casts for the LM head.
+  // log-probabilities; the copy of the tied token embedding the LM head's products read (in
+  // fp32 padded to LmHeadLogitsRow rows; in bf16 its bf16 copy, which it casts for the LM
+  // head); in bf16 also the chunk's fp32 copy (on a CPU).
   const double V = static_cast<double>(t.model.vocab_size);
+  ASSERT_EQ(LmHeadLogitsRow(t.model.vocab_size), t.model.vocab_size) << "no padding here";
   ASSERT_GE(LmHeadBlockRows(t.model.vocab_size, 2), static_cast<int64_t>(tokens));
-  EXPECT_EQ(fp32.back().activation_bytes,
-            static_cast<int64_t>(tokens * (3 * C + V) * 4 + V * C * 4 + kLmHeadChunkRows * V * 4));
+  EXPECT_EQ(
+      fp32.back().activation_bytes,
+      static_cast<int64_t>(tokens * (3 * C + V) * 4 + 2 * V * C * 4 + kLmHeadChunkRows * V * 4));
   EXPECT_EQ(bf16.back().activation_bytes,
             static_cast<int64_t>(tokens * (4 * C + 2 * C + 4 * C + 2 * V) + V * C * 4 +
                                  kLmHeadChunkRows * V * 8) +

@@ -231,6 +231,14 @@ if [ -n "$GPU" ]; then
     if [ "$PRECISION" = bf16 ]; then
       CFGS+=("0.25 host --optimizer=host" "0.25 host --optimizer=host --bf16-transit")
     fi
+    # HYDRA_BENCH_CONFIGS ("1.0 host;eager auto fused;0.5 host", say): only these runs.
+    if [ -n "${HYDRA_BENCH_CONFIGS:-}" ]; then
+      kept=()
+      for cfg in "${CFGS[@]}"; do
+        [[ ";$HYDRA_BENCH_CONFIGS;" == *";$cfg;"* ]] && kept+=("$cfg")
+      done
+      CFGS=("${kept[@]}")
+    fi
     for cfg in "${CFGS[@]}"; do
       set -- $cfg
       left=$(time_left)

@@ -16,7 +16,8 @@
 # HYDRA_GPU_ONLY=bench: after the build, only the benchmark groups HYDRA_GPU_BENCH names (no
 # tests): for a second call on the same warm machine, which keeps build-gpu. =largest: the
 # largest GPT that trains on the GPU, its state in host memory, then on disk.
-# HYDRA_GPU_BENCH (default: medium,xl,bf16) chooses the benchmark's groups (step 5).
+# HYDRA_GPU_BENCH (default: medium,xl,bf16) chooses the benchmark's groups (step 5);
+# HYDRA_BENCH_CONFIGS (bench/spill.sh) the runs of each.
 # Each group's unspilled run, first run at 50% and PyTorch eager record two more steps' GPU
 # kernels; the report sums them side by side (bench/trace_summary.py), the traces are in the logs.
 # Environment: HYDRA_GPU_SECONDS (default 540: every step after the configuration is killed at
@@ -135,7 +136,10 @@ outcome() {
 }
 gtest_line() { grep -E '^\[  (PASSED|FAILED) +\]|^\[  SKIPPED \] [0-9]+ test' "$1" | paste -sd ' '; }
 
-run_left "$LOGS/build.log" ninja -C "$BUILD" -j"$JOBS"
+# HYDRA_GPU_ONLY: the benchmark needs bench/spill alone (a fresh machine builds it in less time).
+targets=()
+[ -z "${HYDRA_GPU_ONLY:-}" ] || targets=(spill)
+run_left "$LOGS/build.log" ninja -C "$BUILD" -j"$JOBS" "${targets[@]}"
 rc=$?
 if ((rc != 0)); then
   grep -E "error|FAILED" "$LOGS/build.log" | head -n 30

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "agent/executor/compute_device.h"
 #include "agent/executor/gpus.h"
 #include "agent/executor/pilot.h"
 #include "agent/executor/spilling_executor.h"
@@ -295,6 +296,9 @@ int main(int argc, char** argv) {
     }
     loss = m->loss;
   }
+  // A step may return while its last copies out still run (the next step's work queues
+  // behind them): the timed steps end when the GPU is done.
+  hydra::executor::SynchronizeDevice(hydra::executor::TorchDevice(device));
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const auto after = (*exec)->stats();

@@ -43,10 +43,11 @@ struct LayerCost {
 inline constexpr int64_t kLmHeadChunkRows = 256;
 inline constexpr int64_t kLmHeadBlockBytes = int64_t{64} << 20;
 
-/// Elements a row of its logits takes in memory: the vocabulary rounded up to 64, the padding
-/// never read by the products. Rows of GPT-2's 50257 logits (odd) are unaligned for cuBLAS,
+/// Elements a row of its logits takes in memory: the vocabulary rounded up to 64 (the weights'
+/// copy the products read has as many rows, the padding's 0; its logits are -inf for the
+/// log-softmax, its gradients 0). Rows of GPT-2's 50257 logits (odd) are unaligned for cuBLAS,
 /// whose bf16 products then fall back to slow kernels (sm75 `align1` CUTLASS kernels on an H200:
-/// the head's three products took 21 ms of GPT-2 medium's 82 ms step).
+/// the head's three products took 21 ms of GPT-2 medium's 82 ms step; about 4 padded).
 inline int64_t LmHeadLogitsRow(int64_t vocab) { return (vocab + 63) / 64 * 64; }
 
 /// Rows of one such block: a multiple of kLmHeadChunkRows, at least one chunk.

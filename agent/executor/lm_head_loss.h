@@ -7,10 +7,11 @@ namespace hydra::executor {
 
 /// Mean next-token cross-entropy of the logits h · wᵀ without materialising them: rows of `h`
 /// [N, C] are taken in chunks of kLmHeadChunkRows (common/cost_model.h), each chunk's logits
-/// [chunk, V] are reduced to its loss by a log-softmax in fp32 and turned in place into the
-/// gradient of the loss with respect to them (softmax minus the one-hot target, G, rounded
-/// once to the GEMMs' type). The forward gathers G for a block of rows (LmHeadBlockRows: at most
-/// kLmHeadBlockBytes) and turns it into the gradients at once (dh = G · w for the block's rows, dw
+/// [chunk, V] (its rows padded to LmHeadLogitsRow(V) for cuBLAS's aligned kernels) are reduced to
+/// its loss by a log-softmax in fp32 and turned in place into the gradient of the loss with respect
+/// to them (softmax minus the one-hot target, G, rounded once to the GEMMs' type). The forward
+/// gathers G for a block of rows (LmHeadBlockRows: at most kLmHeadBlockBytes) and turns it into the
+/// gradients at once (dh = G · w for the block's rows, dw
 /// += Gᵀ · h), as Liger-Kernel's fused linear cross-entropy does: what outlives the forward is dh
 /// [N, C] and dw [V, C] in fp32, not G [N, V] (1.6 GB in fp32 for GPT-2's vocabulary at 8192
 /// tokens), and backward only scales them by the incoming gradient. Against log-softmax over the

@@ -54,7 +54,10 @@ AllocatorStats ReadAllocator(const hydra::DeviceSpec& device, bool reset) {
 nlohmann::json AdmissionJson(const hydra::Admission& a, int64_t budget,
                              const hydra::DeviceSpec& device) {
   std::string policies, placements;
+  nlohmann::json layers = nlohmann::json::array();  // each shard's, "embed..block5"
   for (const auto& s : a.plan.shards) {
+    layers.push_back(s.first_name == s.last_name ? s.first_name
+                                                 : s.first_name + ".." + s.last_name);
     // "i": recomputes, its input waiting in host memory (ShardPlan::input_offloaded).
     policies += s.input_offloaded ? 'i' : hydra::ActivationPolicyName(s.policy)[0];
     // Resident shards' state stays on the device, stepped there: "R".
@@ -67,6 +70,7 @@ nlohmann::json AdmissionJson(const hydra::Admission& a, int64_t budget,
           {"diskBytes", a.disk_bytes},
           {"estimatedStepSeconds", a.est_step_seconds},
           {"shards", a.plan.shards.size()},
+          {"shardLayers", layers},
           {"policies", policies},
           {"offloadedBytes", a.plan.offloaded_bytes},
           {"selectiveRecompute", a.plan.selective_recompute},

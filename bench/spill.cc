@@ -56,8 +56,7 @@ nlohmann::json AdmissionJson(const hydra::Admission& a, int64_t budget,
   std::string policies, placements;
   nlohmann::json layers = nlohmann::json::array();  // each shard's, "embed..block5"
   for (const auto& s : a.plan.shards) {
-    layers.push_back(s.first_name == s.last_name ? s.first_name
-                                                 : s.first_name + ".." + s.last_name);
+    layers.push_back(hydra::ShardLayers(s));
     // "i": recomputes, its input waiting in host memory (ShardPlan::input_offloaded).
     policies += s.input_offloaded ? 'i' : hydra::ActivationPolicyName(s.policy)[0];
     // Resident shards' state stays on the device, stepped there: "R".

@@ -61,7 +61,8 @@ def summarize(events):
             k = kernels.setdefault(e["name"], [0.0, 0])
             k[0] += e["dur"]
             k[1] += 1
-            cats[category(e["name"])] = cats.get(category(e["name"]), 0.0) + e["dur"]
+            cat = category(e["name"])
+            cats[cat] = cats.get(cat, 0.0) + e["dur"]
         else:
             c = copies.setdefault(e["name"], [0.0, 0, 0])
             c[0] += e["dur"]

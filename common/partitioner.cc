@@ -757,6 +757,11 @@ StatusOr<PartitionPlan> PlanShards(const Trial& trial, const PartitionOptions& o
   return Faster(std::move(kept), plan_for(AttentionMemory::kRecomputed));
 }
 
+std::string ShardLayers(const ShardPlan& shard) {
+  if (shard.first_name == shard.last_name) return shard.first_name;
+  return shard.first_name + ".." + shard.last_name;
+}
+
 std::string FormatPlan(const Trial& trial, const PartitionPlan& plan) {
   std::ostringstream out;
   out << trial.name << " (" << PrecisionName(trial.training.precision)
@@ -804,8 +809,7 @@ std::string FormatPlan(const Trial& trial, const PartitionPlan& plan) {
   out << line;
   for (size_t i = 0; i < plan.shards.size(); ++i) {
     const auto& s = plan.shards[i];
-    std::string layers =
-        s.first_name == s.last_name ? s.first_name : s.first_name + ".." + s.last_name;
+    const std::string layers = ShardLayers(s);
     std::snprintf(
         line, sizeof(line), "  %5zu  %-19s  %10lld  %11s  %11s  %11s  %-9s  %-9s  %8.3f\n", i,
         layers.c_str(), static_cast<long long>(s.parameters), FormatBytes(s.state_bytes).c_str(),

@@ -193,6 +193,9 @@ OptimizerPlacement ChooseOptimizerPlacement(const Trial& trial, const PartitionO
 /// gradients when global clipping parks them on disk, plus the files' 4 KiB alignment.
 int64_t SpillDiskBytes(const Trial& trial, const PartitionPlan& plan);
 
+/// A shard's layers as `hydra plan` names them: "block3", or "embed..block5".
+std::string ShardLayers(const ShardPlan& shard);
+
 /// A multi-line, human-readable rendering of the plan (used by `hydra plan`).
 std::string FormatPlan(const Trial& trial, const PartitionPlan& plan);
 

@@ -54,6 +54,9 @@ struct ExecutorStats {
   /// Activation offload: saved-activation bytes copied out to host memory so far (each comes
   /// back once for its backward).
   int64_t activation_bytes_offloaded = 0;
+  /// Spilled shards held on a discrete device before their plan fetches them so far
+  /// (ExecutorOptions::lookahead): kept after their forward or their step, or fetched early.
+  int64_t lookahead_holds = 0;
 };
 
 /// Trains one trial. Not thread-safe: one thread drives an executor at a time.

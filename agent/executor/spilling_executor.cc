@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <optional>
 #include <utility>
@@ -18,6 +19,7 @@
 #include "agent/executor/gpus.h"
 #include "agent/executor/host_allocator.h"
 #include "agent/executor/inmemory_executor.h"
+#include "agent/executor/lookahead.h"
 #include "agent/executor/offloaded_graph.h"
 #include "agent/executor/optimizer.h"
 #include "agent/executor/precision.h"
@@ -101,6 +103,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
         devices_(options.devices),
         options_bf16_transit_(options.bf16_weight_transit),
         offload_min_bytes_(options.offload_min_bytes),
+        lookahead_wanted_(options.lookahead),
         streams_(on.device),
         ledger_(trial.resources.device_memory_budget.value_or(0)),
         disk_(plan_.state_tier == StateTier::kDisk
@@ -154,6 +157,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     }
     int64_t pinned_bytes = 0;
     for (const auto& [n, t] : pinned_) pinned_bytes += 2 * t.numel() * t.element_size();
+    MakeLookahead();
     return ledger_.Acquire(Tier::kDevice, pinned_bytes, "tied parameters and their gradients");
   }
 
@@ -283,6 +287,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     st.bytes_uploaded = bytes_uploaded_;
     st.weight_casts = weight_casts_;
     st.activation_bytes_offloaded = bytes_offloaded_;
+    st.lookahead_holds = lookahead_holds_;
     return st;
   }
 
@@ -304,6 +309,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   // ---- the interface's work, refused and recorded by failed_ ---------------------------------
 
   Status MoveShards(const Placement& to) {
+    ResetLookahead();  // every spilled shard leaves the device
     try {
       for (size_t k = 0; k < shards_.size(); ++k) {  // newer than their host copies
         for (Part* p : {&shards_[k].weights, &shards_[k].state}) {
@@ -341,15 +347,15 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       DeviceStreams::ComputeScope on_device(streams_);
       auto s = Task(&finished);
       if (!s.ok()) {
-        cur_.reset();
+        AbandonStep();
         return s.WithContext(trial_.name + " step " + std::to_string(step_));
       }
     } catch (const c10::Error& e) {
-      cur_.reset();
+      AbandonStep();
       return TorchErrorStatus(e, "training step " + std::to_string(step_) + " of " + trial_.name,
                               on_.device);
     } catch (const std::exception& e) {  // TorchScript's interpreter throws these
-      cur_.reset();
+      AbandonStep();
       return InternalError("training step " + std::to_string(step_) + " of " + trial_.name + ": " +
                            e.what());
     }
@@ -368,6 +374,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
 
   StatusOr<double> EvaluateShards() {
     UseCpuThreadsFor(trial_.training.precision);
+    ResetLookahead();  // every shard leaves the device
     try {
       torch::NoGradGuard no_grad;
       DeviceStreams::ComputeScope on_device(streams_);
@@ -405,6 +412,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
 
   StatusOr<std::vector<NamedBuffer>> ExportShards() {
     std::vector<NamedBuffer> out;
+    ResetLookahead();  // every shard leaves the device
     try {
       DeviceStreams::ComputeScope on_device(streams_);
       for (const auto& [n, t] : pinned_) out.push_back(TensorToBuffer(n, t));
@@ -459,6 +467,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   }
 
   Status Import(int64_t step, const std::vector<NamedBuffer>& state) {
+    ResetLookahead();  // every shard leaves the device
     RETURN_IF_ERROR(CopyBuffersInto(state, pinned_, /*allow_extra=*/true));
     for (auto& s : shards_) {  // the host optimizer's copies of the tied weights too
       for (size_t i = 0; i < s.pinned_host.size(); ++i) {
@@ -1250,6 +1259,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     const size_t S = shards_.size();
     if (!cur_) RETURN_IF_ERROR(BeginStep());
     const size_t t = cur_->next++;
+    BeginTaskWindow(t);
     const size_t L = S - 1;
     if (t < L) {
       RETURN_IF_ERROR(ForwardTask(t));
@@ -1266,9 +1276,11 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       RETURN_IF_ERROR(FinishWrites(on_.discrete ? 1 : 0));
       cur_->m.loss = StepLoss(*cur_) / static_cast<double>(cur_->A);
       cur_->m.learning_rate = LearningRateAt(tr, step_);
+      EndLookaheadStep();
       *finished = true;
+      return OkStatus();
     }
-    return OkStatus();
+    return FetchEarly(t);
   }
 
   Status BeginStep() {
@@ -1319,13 +1331,15 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     ledger_.Release(Tier::kDevice, shards_[k].plan.workspace_bytes);
     // The graph offloaded before this forward has been copying out beside it.
     ledger_.Release(Tier::kDevice, std::exchange(c.copying_out, 0));
-    if (offload) return Offload(k, saved);
+    if (offload) RETURN_IF_ERROR(Offload(k, saved));
     if (!stash && OffloadsInput(k)) RETURN_IF_ERROR(OffloadInput(k));
     if (stash) {
       RETURN_IF_ERROR(ledger_.Acquire(StashTier(), shards_[k].plan.activation_bytes * c.A,
                                       "stashed activations of shard " + std::to_string(k)));
     }
-    if (stash && on_.discrete) return EvictKeepingGraph(k);
+    // Room until its backward: the weights stay (FetchEarly brings the state up).
+    if (HoldForBackward(k)) return OkStatus();
+    if ((stash || offload) && on_.discrete) return EvictKeepingGraph(k);
     if (stash && disk_) {
       // The stashed graph holds the weights (GEMMs save them for backward): keep them in the
       // host tier rather than dropping them and reading them again for the backward.
@@ -1337,7 +1351,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
 
   /// After shard k's forward (Offloads): the storages its graph saved, but for its weights and
   /// the boundary activations the step keeps, start copying to host memory on the write-back
-  /// stream and leave the device; the weights leave as a stash's do (EvictKeepingGraph).
+  /// stream and leave the device; the weights then leave as a stash's do (EvictKeepingGraph).
   Status Offload(size_t k, const std::vector<torch::Tensor>& saved) {
     StepInProgress& c = *cur_;
     std::vector<torch::Tensor> keep = Values(shards_[k].weights.tensors);
@@ -1345,10 +1359,8 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     for (const auto* boundary : {&c.inputs[k], &c.inputs[k + 1], &c.outputs[k]}) {
       keep.insert(keep.end(), boundary->begin(), boundary->end());
     }
-    RETURN_IF_ERROR(
-        MoveOut(k, std::make_unique<OffloadedGraph>(saved, keep, on_.device, offload_min_bytes_),
-                "offloaded activations of shard " + std::to_string(k)));
-    return EvictKeepingGraph(k);
+    return MoveOut(k, std::make_unique<OffloadedGraph>(saved, keep, on_.device, offload_min_bytes_),
+                   "offloaded activations of shard " + std::to_string(k));
   }
 
   /// Shard k's offloaded storages (`what`: its graph's, or its input) start copying to host
@@ -1493,12 +1505,15 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   /// in host memory, the shard the step ends with (shard 0, which the next one begins with)
   /// stays there: its stepped state is copied out, so the host copies are current for a
   /// checkpoint, a move or an evaluation, but not dropped, so the next step's first forward
-  /// waits neither for that copy out nor for an upload. Any other shard is evicted. (With the disk
-  /// tier shard 0 is written back as usual and stays through its write: FetchPart, and Task, which
-  /// leaves that write running past the step's end.)
+  /// waits neither for that copy out nor for an upload. Any other shard is evicted, unless the
+  /// lookahead keeps it there the same way until after its next forward (Hold). (With the disk
+  /// tier shard 0 is written back as usual and stays through its write: FetchPart, and Task,
+  /// which leaves that write running past the step's end.)
   Status AfterLastUse(size_t k, bool clipping) {
     const bool dirty = !clipping && StepsOnDevice(k);
-    if (k != 0 || !dirty || !on_.discrete || disk_ || Resident(k)) return Evict(k, dirty);
+    const bool stays =
+        k == 0 ? dirty && on_.discrete && !disk_ && !Resident(k) : dirty && HoldIntoNextStep(k);
+    if (!stays) return Evict(k, dirty);
     for (Part* p : {&shards_[k].weights, &shards_[k].state}) {
       if (p->at->where() == Residency::kOnDevice) CopyOut(*p);
     }
@@ -1547,6 +1562,155 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     return FinishWrite(k);
   }
 
+  // ---- lookahead (ExecutorOptions::lookahead) -----------------------------------------------
+
+  /// A spilled shard held on the device before the plan's fetches of it: `bytes` (all it holds)
+  /// until task `until`, where the plan's fetch takes over all but `rest` of them, then `rest`
+  /// until task `rest_until` (those tasks of the next step while next_step).
+  struct EarlyHold {
+    enum class Kind { kNone, kForBackward, kIntoNextStep } kind = Kind::kNone;
+    bool next_step = false;
+    size_t until = 0, rest_until = 0;
+    int64_t bytes = 0, rest = 0;
+    /// What it holds beyond the plan at task t of its step.
+    int64_t At(size_t t) const { return next_step || t < until ? bytes : rest; }
+  };
+
+  /// On a discrete device with the state in host memory, a spilled plan without global
+  /// clipping (whose apply tasks fetch the shards again): room for holds up to the budget less
+  /// 2%, and on a GPU less 32 MiB more (what the ledger does not see: the caching allocator's
+  /// rounding and the segments it cannot split).
+  void MakeLookahead() {
+    if (!lookahead_wanted_ || !on_.discrete || disk_ || shards_.size() < 2 ||
+        trial_.training.grad_clip_norm > 0) {
+      return;
+    }
+    const int64_t budget = ledger_.device_budget();
+    const int64_t margin = budget / 50 + (on_.device.is_cuda() ? int64_t{32} << 20 : 0);
+    lookahead_.emplace(TasksPerStep(),
+                       budget > 0 ? budget - margin : std::numeric_limits<int64_t>::max());
+    early_.assign(shards_.size(), EarlyHold{});
+  }
+
+  /// Task t begins: the holds the plan's fetches take over at t end, the bytes the others have
+  /// on the device are counted, and the ledger's window for t's high-water mark starts.
+  void BeginTaskWindow(size_t t) {
+    if (!lookahead_) return;
+    early_at_start_ = 0;
+    for (size_t k = 0; k < early_.size(); ++k) {
+      EarlyHold& h = early_[k];
+      if (!h.next_step && h.rest_until <= t) h = EarlyHold{};
+      // What it has on the device: a shard kept after its forward brings its state up later.
+      early_at_start_ += std::min(h.At(t), DeviceBytes(k) - DeviceBytes(k, /*missing=*/true));
+    }
+    ledger_.TakeWindowPeak(Tier::kDevice);
+    task_recorded_ = false;
+  }
+
+  /// The task under way's device high-water mark, before what the lookahead holds at its end.
+  void RecordTask() {
+    if (!lookahead_ || task_recorded_ || !cur_) return;
+    lookahead_->Record(cur_->next - 1, ledger_.TakeWindowPeak(Tier::kDevice), early_at_start_);
+    task_recorded_ = true;
+  }
+
+  void EndLookaheadStep() {
+    if (!lookahead_) return;
+    RecordTask();
+    lookahead_->EndStep();
+    for (auto& h : early_) {
+      if (!h.next_step) h = EarlyHold{};
+      h.next_step = false;
+    }
+  }
+
+  /// The shards' places changed outside a step's tasks: what was measured no longer holds.
+  void ResetLookahead() {
+    if (!lookahead_) return;
+    lookahead_->Reset();
+    early_.assign(shards_.size(), EarlyHold{});
+  }
+
+  void AbandonStep() {
+    cur_.reset();
+    ResetLookahead();
+  }
+
+  /// The task whose fetch brings shard k (not the last) up for its backward: the backward of
+  /// shard k + 1, or the last shard's task.
+  size_t BackwardFetchTask(size_t k) const { return 2 * shards_.size() - 3 - k; }
+
+  /// Device bytes shard k holds with its weights and, where it steps there, its optimizer
+  /// state; `missing`: only those not on the device now.
+  int64_t DeviceBytes(size_t k, bool missing = false) const {
+    int64_t bytes = 0;
+    for (const Part* p : {&shards_[k].weights, &shards_[k].state}) {
+      if (p == &shards_[k].state && HostSteps(shards_[k])) continue;
+      if (!missing || p->at->where() != Residency::kOnDevice) bytes += p->at->bytes();
+    }
+    return bytes;
+  }
+
+  /// Whether spilled shard k may stay on the device (or come up) from the next task on as `h`
+  /// says: the ledger has room now for what it lacks, and the lookahead for all of it over the
+  /// tasks h spans.
+  bool Hold(size_t k, EarlyHold h) {
+    if (!lookahead_ || !cur_ || Resident(k)) return false;
+    RecordTask();
+    if (ledger_.current(Tier::kDevice) + DeviceBytes(k, true) > lookahead_->limit()) return false;
+    const size_t end = h.rest_until + (h.next_step ? TasksPerStep() : 0);
+    if (!lookahead_->Grant(cur_->next, end, h.bytes)) return false;
+    early_[k] = h;
+    ++lookahead_holds_;
+    return true;
+  }
+
+  /// Shard k (not the last) from the next task until the plan fetches it for its backward.
+  bool HoldForBackward(size_t k) {
+    const size_t until = BackwardFetchTask(k);
+    return Hold(k, {EarlyHold::Kind::kForBackward, false, until, until, DeviceBytes(k), 0});
+  }
+
+  /// Shard k (not the first) after its last use in the step until the next step's forward of
+  /// it is done: the plan's fetch for that forward takes over its weights (and the last
+  /// shard's state); its optimizer state stays early until the forward ends, where
+  /// HoldForBackward may keep it on.
+  bool HoldIntoNextStep(size_t k) {
+    const bool last = k + 1 == shards_.size();
+    const int64_t state = DeviceBytes(k) - shards_[k].weights.at->bytes();
+    return Hold(k, {EarlyHold::Kind::kIntoNextStep, true, k - 1, last ? k - 1 : k + 1,
+                    DeviceBytes(k), last ? 0 : state});
+  }
+
+  /// After task t, where no forward still waits for an upload: the backward uploads of the
+  /// shards whose forwards are done begin, soonest needed first, while the lookahead has room
+  /// (a shard held since its forward brings its optimizer state). The first refused stops
+  /// them: an upload queued before it would delay it.
+  Status FetchEarly(size_t t) {
+    RecordTask();
+    if (!lookahead_ || !lookahead_->measured()) return OkStatus();
+    const size_t S = shards_.size();
+    for (size_t k = t + 2; k < S; ++k) {
+      if (!Resident(k) && shards_[k].weights.at->where() != Residency::kOnDevice) {
+        return OkStatus();
+      }
+    }
+    for (size_t k = std::min(t, S - 2) + 1; k-- > 0;) {
+      if (Resident(k) || BackwardFetchTask(k) <= t || DeviceBytes(k, true) == 0) continue;
+      bool room = false;
+      switch (early_[k].kind) {
+        case EarlyHold::Kind::kNone: room = HoldForBackward(k); break;
+        case EarlyHold::Kind::kForBackward:  // granted: the ledger must have room now
+          room = ledger_.current(Tier::kDevice) + DeviceBytes(k, true) <= lookahead_->limit();
+          break;
+        case EarlyHold::Kind::kIntoNextStep: break;  // its forward just let it go
+      }
+      if (!room) break;
+      RETURN_IF_ERROR(Fetch(k, true));
+    }
+    return OkStatus();
+  }
+
   Trial trial_;
   std::shared_ptr<const TokenDataset> data_;
   PartitionPlan plan_;
@@ -1554,6 +1718,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   ExecutorDevices devices_;    // the factory's, for MoveTo
   bool options_bf16_transit_;  // ExecutorOptions::bf16_weight_transit
   size_t offload_min_bytes_;   // ExecutorOptions::offload_min_bytes
+  bool lookahead_wanted_;      // ExecutorOptions::lookahead
   DeviceStreams streams_;      // compute, prefetch and write-back streams on it
   TierLedger ledger_;
   std::unique_ptr<DiskTier> disk_;
@@ -1567,10 +1732,15 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   std::map<size_t, torch::Tensor> norms_;  // global parameter index -> gradient norm
   std::optional<StepInProgress> cur_;      // the step under way, if any
   int64_t step_ = 0;
-  FailedStep failed_;            // a step that failed midway: everything after is refused
-  int64_t bytes_uploaded_ = 0;   // ExecutorStats::bytes_uploaded
-  int64_t weight_casts_ = 0;     // ExecutorStats::weight_casts
-  int64_t bytes_offloaded_ = 0;  // ExecutorStats::activation_bytes_offloaded
+  FailedStep failed_;                   // a step that failed midway: everything after is refused
+  int64_t bytes_uploaded_ = 0;          // ExecutorStats::bytes_uploaded
+  int64_t weight_casts_ = 0;            // ExecutorStats::weight_casts
+  int64_t bytes_offloaded_ = 0;         // ExecutorStats::activation_bytes_offloaded
+  std::optional<Lookahead> lookahead_;  // MakeLookahead
+  std::vector<EarlyHold> early_;        // per shard
+  int64_t early_at_start_ = 0;          // bytes early_ held when the task under way began
+  bool task_recorded_ = false;          // the task under way's high-water mark taken
+  int64_t lookahead_holds_ = 0;         // ExecutorStats::lookahead_holds
 };
 
 class ExecutorFactory : public ExecutorFactoryInterface {

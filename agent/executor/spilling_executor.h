@@ -56,6 +56,12 @@ struct ExecutorOptions {
   /// On a discrete device with a measured host link, may the inputs recomputing shards keep
   /// for their backward wait in host memory (PartitionOptions::checkpoint_offload)?
   bool checkpoint_offload = true;
+  /// On a discrete device with the state in host memory (and no global clipping), may a
+  /// spilled shard stay on the device longer than its plan fetches it where the last steps'
+  /// device memory shows room for it (agent/executor/lookahead.h): its weights kept from its
+  /// forward to its backward, its backward's upload begun while the link is idle, the shard
+  /// kept across the step's end for its next forward.
+  bool lookahead = true;
   /// Where trials train (Build's `device` indexes these); empty: one CPU device.
   ExecutorDevices devices = {};
 };

@@ -1,6 +1,7 @@
 #include "agent/executor/tier_ledger.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "common/units.h"
 
@@ -25,6 +26,7 @@ Status TierLedger::Acquire(Tier tier, int64_t bytes, const std::string& what) {
   }
   current_[i] += bytes;
   peak_[i] = std::max(peak_[i], current_[i]);
+  window_[i] = std::max(window_[i], current_[i]);
   return OkStatus();
 }
 
@@ -41,6 +43,12 @@ int64_t TierLedger::current(Tier t) const {
 int64_t TierLedger::peak(Tier t) const {
   std::lock_guard<std::mutex> lock(mu_);
   return peak_[static_cast<size_t>(t)];
+}
+
+int64_t TierLedger::TakeWindowPeak(Tier t) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto i = static_cast<size_t>(t);
+  return std::exchange(window_[i], current_[i]);
 }
 
 }  // namespace hydra::executor

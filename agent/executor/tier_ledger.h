@@ -26,6 +26,9 @@ class TierLedger {
 
   int64_t current(Tier t) const;
   int64_t peak(Tier t) const;
+  /// The most `t` held since the last call (or since construction), and a new window begun at
+  /// what it holds now: a task's high-water mark (SpillingExecutor's lookahead).
+  int64_t TakeWindowPeak(Tier t);
   int64_t device_budget() const { return device_budget_; }
 
  private:
@@ -33,6 +36,7 @@ class TierLedger {
   mutable std::mutex mu_;
   std::array<int64_t, 3> current_{};  // guarded by mu_
   std::array<int64_t, 3> peak_{};     // guarded by mu_
+  std::array<int64_t, 3> window_{};   // guarded by mu_: TakeWindowPeak's
 };
 
 }  // namespace hydra::executor

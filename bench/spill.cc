@@ -177,6 +177,11 @@ int main(int argc, char** argv) {
   app.add_flag("--no-activation-offload", no_activation_offload,
                "on a GPU no shard offloads its forward graph to host memory (plans may otherwise "
                "copy graphs out and back where the measured link keeps pace)");
+  bool no_lookahead = false;
+  app.add_flag("--no-lookahead", no_lookahead,
+               "on a GPU spilled shards come up and leave when their plan says, never earlier or "
+               "later (the executor may otherwise hold them on the GPU where the last steps left "
+               "room: weights kept from forward to backward, uploads begun while the link idles)");
   app.add_flag("--bf16-transit", bf16_transit,
                "bf16 on a GPU with the optimizer on the host: matrix weights travel as bf16");
   app.add_option("--devices", devices, "cpu:1, or a GPU: cuda:0 (the CUDA build)")
@@ -241,6 +246,7 @@ int main(int argc, char** argv) {
   options.selective_recompute = !no_selective_recompute;
   options.resident_state = !no_resident_state;
   options.checkpoint_offload = !no_checkpoint_offload;
+  options.lookahead = !no_lookahead;
   options.fused_attention = !no_fused_attention;
   // Sizing a run (--plan-only), the host and disk bytes do not wait for the GPU pilot.
   const std::string rates = plan_only ? "" : hydra::executor::UseMeasuredLinkRates(&options);
@@ -343,6 +349,10 @@ int main(int argc, char** argv) {
       {"expandableSegments", hydra::executor::CudaExpandableSegments()},
       {"baselineResidentBytes", baseline},
       {"peakResidentBytes", sampler.peak()},
+      {"lookahead", !no_lookahead},
+      {"lookaheadHoldsPerStep",
+       static_cast<double>(after.lookahead_holds - before.lookahead_holds) / steps},
+      {"bytesUploadedPerStep", (after.bytes_uploaded - before.bytes_uploaded) / steps},
       {"activationBytesOffloadedPerStep",
        (after.activation_bytes_offloaded - before.activation_bytes_offloaded) / steps},
       {"diskReadBytesPerStep", (after.disk_bytes_read - before.disk_bytes_read) / steps},

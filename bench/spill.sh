@@ -219,7 +219,9 @@ if [ -n "$GPU" ]; then
     # --no-selective-recompute: the same with every LayerNorm and GELU output kept.
     # --no-resident-state: the same with every shard's state crossing the link each step (the
     # plans keep some shards' state on the GPU where the link would bound the step: bf16).
-    CFGS=("1.0 host" "eager auto" "0.5 host" "0.5 host --no-resident-state"
+    # --no-lookahead: the same with shards coming up and leaving only when the plan says (what
+    # the executor's lookahead buys: weights kept from forward to backward, uploads begun early).
+    CFGS=("1.0 host" "eager auto" "0.5 host" "0.5 host --no-lookahead" "0.5 host --no-resident-state"
       "0.5 host --no-activation-offload"
       "0.5 host --no-selective-recompute" "0.5 host --cap-device"
       "0.5 host --no-device-stash" "0.25 host" "0.25 host --no-activation-offload"
@@ -311,6 +313,9 @@ for name, rs in shapes.items():
         attention += ", LayerNorm/GELU recomputed" if r.get("selectiveRecompute") else ""
         attention += f", {r['residentBytes'] / 2**30:.2f} GiB resident" if r.get("residentBytes") else ""
         attention += f"; {r['args']}" if r.get("args") else ""
+        if r.get("budgetFraction", 1.0) < 1.0 and "bytesUploadedPerStep" in r:
+            attention += f"; {r['bytesUploadedPerStep'] / 1e9:.2f} GB up a step"
+            attention += f", {r.get('lookaheadHoldsPerStep', 0):.1f} lookahead holds" if r.get("lookahead") else ""
         print(f"| {name}: {r['parameters'] / 1e6:.0f}M on {r['deviceModel']} | {r['budgetFraction']:.0%} "
               f"({r['budgetBytes'] / 2**30:.1f} GiB) | {r['offload']} | {r['shards']} "
               f"({r.get('policies', '')}{attention}) | "

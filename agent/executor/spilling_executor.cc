@@ -1600,8 +1600,9 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     for (size_t k = 0; k < early_.size(); ++k) {
       EarlyHold& h = early_[k];
       if (!h.next_step && h.rest_until <= t) h = EarlyHold{};
+      if (h.kind == EarlyHold::Kind::kNone) continue;
       // What it has on the device: a shard kept after its forward brings its state up later.
-      early_at_start_ += std::min(h.At(t), DeviceBytes(k) - DeviceBytes(k, /*missing=*/true));
+      early_at_start_ += std::min(h.At(t), DeviceBytes(k) - MissingBytes(k));
     }
     ledger_.TakeWindowPeak(Tier::kDevice);
     task_recorded_ = false;
@@ -1640,15 +1641,33 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   /// shard k + 1, or the last shard's task.
   size_t BackwardFetchTask(size_t k) const { return 2 * shards_.size() - 3 - k; }
 
-  /// Device bytes shard k holds with its weights and, where it steps there, its optimizer
-  /// state; `missing`: only those not on the device now.
-  int64_t DeviceBytes(size_t k, bool missing = false) const {
+  /// Shard k's parts that come to the device: its weights and, where it steps there, its
+  /// optimizer state.
+  std::vector<const Part*> DeviceParts(size_t k) const {
+    const Shard& s = shards_[k];
+    if (HostSteps(s)) return {&s.weights};
+    return {&s.weights, &s.state};
+  }
+
+  /// Device bytes shard k holds with DeviceParts.
+  int64_t DeviceBytes(size_t k) const {
     int64_t bytes = 0;
-    for (const Part* p : {&shards_[k].weights, &shards_[k].state}) {
-      if (p == &shards_[k].state && HostSteps(shards_[k])) continue;
-      if (!missing || p->at->where() != Residency::kOnDevice) bytes += p->at->bytes();
+    for (const Part* p : DeviceParts(k)) bytes += p->at->bytes();
+    return bytes;
+  }
+
+  /// Of DeviceBytes(k), those not on the device now.
+  int64_t MissingBytes(size_t k) const {
+    int64_t bytes = 0;
+    for (const Part* p : DeviceParts(k)) {
+      if (p->at->where() != Residency::kOnDevice) bytes += p->at->bytes();
     }
     return bytes;
+  }
+
+  /// Whether the ledger has room, under the lookahead's limit, for shard k's missing bytes now.
+  bool RoomNow(size_t k) const {
+    return ledger_.current(Tier::kDevice) + MissingBytes(k) <= lookahead_->limit();
   }
 
   /// Whether spilled shard k may stay on the device (or come up) from the next task on as `h`
@@ -1657,7 +1676,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   bool Hold(size_t k, EarlyHold h) {
     if (!lookahead_ || !cur_ || Resident(k)) return false;
     RecordTask();
-    if (ledger_.current(Tier::kDevice) + DeviceBytes(k, true) > lookahead_->limit()) return false;
+    if (!RoomNow(k)) return false;
     const size_t end = h.rest_until + (h.next_step ? TasksPerStep() : 0);
     if (!lookahead_->Grant(cur_->next, end, h.bytes)) return false;
     early_[k] = h;
@@ -1696,14 +1715,12 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       }
     }
     for (size_t k = std::min(t, S - 2) + 1; k-- > 0;) {
-      if (Resident(k) || BackwardFetchTask(k) <= t || DeviceBytes(k, true) == 0) continue;
+      if (Resident(k) || BackwardFetchTask(k) <= t || MissingBytes(k) == 0) continue;
       bool room = false;
       switch (early_[k].kind) {
         case EarlyHold::Kind::kNone: room = HoldForBackward(k); break;
-        case EarlyHold::Kind::kForBackward:  // granted: the ledger must have room now
-          room = ledger_.current(Tier::kDevice) + DeviceBytes(k, true) <= lookahead_->limit();
-          break;
-        case EarlyHold::Kind::kIntoNextStep: break;  // its forward just let it go
+        case EarlyHold::Kind::kForBackward: room = RoomNow(k); break;  // granted already
+        case EarlyHold::Kind::kIntoNextStep: break;                    // its forward just let it go
       }
       if (!room) break;
       RETURN_IF_ERROR(Fetch(k, true));

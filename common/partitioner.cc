@@ -86,9 +86,13 @@ struct ActivationChoice {
   bool inputs_offloaded = false;
 
   /// Whether shard s's input waits in host memory until its backward: it recomputes, and so
-  /// does the shard before it (whose output it is: no graph of that shard holds it).
+  /// does the shard before it (whose output it is: no graph of that shard holds it); and it is
+  /// not the shard before the last, whose backward follows the last shard's forward and
+  /// backward at once: its input would come back as it left, the last shard's task counting
+  /// it twice (copying out and in), for nothing.
   bool InputOffloaded(size_t s) const {
-    return inputs_offloaded && s > 0 && policy[s] == ActivationPolicy::kRecompute &&
+    return inputs_offloaded && s > 0 && s + 2 < policy.size() &&
+           policy[s] == ActivationPolicy::kRecompute &&
            policy[s - 1] == ActivationPolicy::kRecompute;
   }
 

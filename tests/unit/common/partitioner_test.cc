@@ -515,6 +515,9 @@ TEST(PartitionerTest, OnAGpuRecomputingShardsInputsWaitInHostMemoryWhereOnlyThat
       EXPECT_GT(s, 0u);
       EXPECT_EQ(sh[s].policy, ActivationPolicy::kRecompute);
       EXPECT_EQ(sh[s - 1].policy, ActivationPolicy::kRecompute) << "no graph holds its input";
+      // The shard before the last runs its backward right after the last shard's task, at
+      // whose start its input would come straight back: it keeps it.
+      EXPECT_LT(s + 2, sh.size()) << "shard " << s << " of " << sh.size();
       inputs += 1;
     }
     EXPECT_GT(inputs, 0);

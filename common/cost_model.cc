@@ -81,6 +81,7 @@ std::vector<LayerCost> GptCosts(const ModelSpec& m, int64_t micro_batch, Precisi
   embed.activation_bytes = a.Bytes(tokens * 8, embed.name, "activations");  // token ids
   embed.output_bytes = a.Bytes(tokens * C * f, embed.name, "output");
   embed.forward_flops = tokens * C;
+  embed.backward_bytes = a.Bytes(V * C * f, embed.name, "activations");  // dense, fp32
   layers.push_back(embed);
   for (int64_t i = 0; i < m.n_layer; ++i) {
     LayerCost b;
@@ -105,6 +106,12 @@ std::vector<LayerCost> GptCosts(const ModelSpec& m, int64_t micro_batch, Precisi
     // the GEMMs) and GELU's output (4C, in bf16 bf16 too) are not kept.
     b.recomputable_bytes = a.Bytes(tokens * 6 * C * (bf16 ? 2 : f), b.name, "activations");
     b.recompute_flops = tokens * 6.0 * C * kRecomputeFlopsPerValue;
+    // What the backward allocates beyond that (BackwardTransientBytes), as measured on the CPU:
+    // the MLP's two 4C gradients (fp32 32C bytes a token; bf16 16C, and a C-wide one), in fp32
+    // one H x T gradient of the scores more than kept, with selective recompute its values again.
+    b.backward_bytes = a.Bytes(tokens * C * (bf16 ? 18 : 32), b.name, "activations");
+    b.score_gradient_bytes = bf16 ? 0 : a.Bytes(tokens * H * T * f, b.name, "attention scores");
+    b.selective_backward_bytes = a.Bytes(tokens * C * (bf16 ? 24 : 32), b.name, "activations");
     layers.push_back(b);
   }
   LayerCost head;
@@ -280,11 +287,16 @@ int64_t KeptActivationBytes(const LayerCost& l, AttentionMemory a, bool selectiv
 int64_t AttentionTransientBytes(const LayerCost& l, AttentionMemory a) {
   if (l.attention_bytes == 0) return 0;
   switch (a) {
-    case AttentionMemory::kKept: return 0;
-    case AttentionMemory::kRecomputed: return l.attention_bytes;
+    case AttentionMemory::kKept: return l.score_gradient_bytes;
+    case AttentionMemory::kRecomputed: return l.attention_bytes + l.score_gradient_bytes;
     case AttentionMemory::kFused: return l.output_bytes;
   }
   return 0;
+}
+
+int64_t BackwardTransientBytes(const LayerCost& l, AttentionMemory a, bool selective) {
+  return std::max(AttentionTransientBytes(l, a), l.backward_bytes) +
+         (selective ? l.selective_backward_bytes : 0);
 }
 
 TrialFootprint EstimateTrialFootprint(const Trial& trial, AttentionMemory attention) {
@@ -293,7 +305,7 @@ TrialFootprint EstimateTrialFootprint(const Trial& trial, AttentionMemory attent
   for (const auto& l : ModelLayerCosts(trial, MicroBatch(trial.training))) {
     fp.parameters += l.parameters;
     fp.activation_bytes += KeptActivationBytes(l, attention);
-    transient = std::max(transient, AttentionTransientBytes(l, attention));
+    transient = std::max(transient, BackwardTransientBytes(l, attention, false));
   }
   fp.activation_bytes += transient;
   fp.parameter_bytes = fp.parameters * 4;

@@ -33,6 +33,19 @@ struct LayerCost {
   /// value), per micro-batch; 0 for other layers.
   int64_t recomputable_bytes = 0;
   double recompute_flops = 0;
+  /// Bytes the layer's backward allocates beyond what it keeps, per micro-batch, apart from its
+  /// attention's (AttentionTransientBytes) and selective recompute's: a GPT-2 block's gradients
+  /// of its MLP's 4C hidden, two at once (in bf16 bf16, beside one C wide); the embedding's
+  /// dense gradient of its token embedding, which autograd then adds to the tied weights' own.
+  int64_t backward_bytes = 0;
+  /// An attention layer's gradients of its scores beyond what kKept counts, per micro-batch:
+  /// in fp32 one H x T per token more (the scores themselves are not kept, their gradient and
+  /// the probabilities' are alive at once); in bf16 none.
+  int64_t score_gradient_bytes = 0;
+  /// What a GPT-2 block's backward holds at once with selective recompute beyond the values it
+  /// keeps, per micro-batch: the LayerNorm and GELU outputs computed again and their working
+  /// copies (fp32 32C bytes a token, bf16 24C).
+  int64_t selective_backward_bytes = 0;
 };
 
 /// The fused LM head and loss (agent/executor/lm_head_loss): rows of the final hidden states
@@ -77,9 +90,16 @@ const char* AttentionMemoryName(AttentionMemory a);  ///< "kept", "recomputed", 
 /// Bytes layer `l` keeps for its backward, per micro-batch, when its attention does `a` (and
 /// with `selective` recompute, its recomputable_bytes less).
 int64_t KeptActivationBytes(const LayerCost& l, AttentionMemory a, bool selective = false);
-/// Bytes layer `l`'s backward needs only while it runs (the scores it rebuilds, or the fused
-/// kernel's accumulator), per micro-batch; 0 for kKept and for layers without attention.
+/// Bytes layer `l`'s attention's backward needs only while it runs (the scores it rebuilds and
+/// their gradients, or the fused kernel's accumulator), per micro-batch; 0 for layers without
+/// attention.
 int64_t AttentionTransientBytes(const LayerCost& l, AttentionMemory a);
+/// Bytes layer `l`'s backward needs only while it runs, per micro-batch: its attention's or the
+/// rest's (LayerCost::backward_bytes), whichever is more, and with `selective` recompute the
+/// values it computes again. Measured against the bytes a block's backward allocates on the
+/// CPU (device_memory_test), fp32 and bf16, kept and recomputed scores, with and without
+/// selective recompute.
+int64_t BackwardTransientBytes(const LayerCost& l, AttentionMemory a, bool selective);
 
 /// Per-layer costs of the trial's model, in execution order. For family torchscript they come
 /// from ModelSpec::layers (empty until the module was loaded).

@@ -454,7 +454,7 @@ PartitionOptions PartitionOptionsFor(const Trial& trial) {
 namespace {
 
 /// PlanShards for one choice of what attention layers keep (KeptActivationBytes); the largest
-/// layer's AttentionTransientBytes is the transient of whichever layer runs its backward.
+/// layer's BackwardTransientBytes is the transient of whichever layer runs its backward.
 StatusOr<PartitionPlan> PlanFor(const Trial& trial, const PartitionOptions& o,
                                 const std::vector<LayerCost>& costs, AttentionMemory attention,
                                 bool selective) {
@@ -483,10 +483,9 @@ StatusOr<PartitionPlan> PlanFor(const Trial& trial, const PartitionOptions& o,
   std::vector<LayerNeed> need(n);
   int64_t tied = 0;
   int64_t whole = 0;
-  int64_t transient = 0;  // one layer's scores rebuilt, or fused accumulator, in its backward
+  int64_t transient = 0;  // what one layer's backward allocates while it runs
   for (int i = 0; i < n; ++i) {
-    transient = std::max(transient, AttentionTransientBytes(costs[i], attention));
-    if (selective) transient = std::max(transient, costs[i].recomputable_bytes);
+    transient = std::max(transient, BackwardTransientBytes(costs[i], attention, selective));
     tied += costs[i].tied_parameters;
     need[i].params = costs[i].parameters - costs[i].tied_parameters;
     // Tied weights stay on the device, but their optimizer state moves with the shard.
@@ -527,17 +526,22 @@ StatusOr<PartitionPlan> PlanFor(const Trial& trial, const PartitionOptions& o,
     for (int i = 0; i < n; ++i) {
       const int64_t single = ShardNeed(need, i, i, mb_count);
       if (single > usable) {
-        char buf[512];
-        std::snprintf(
-            buf, sizeof(buf),
-            "layer %s needs %s on the device (%s weights and optimizer state, %s "
-            "gradients, %s activations at micro-batch %lld) but the device budget of "
-            "%s leaves %s after %s of shared (tied) parameters; raise "
-            "spec.resources.deviceMemoryBudget or lower the batch size",
-            costs[i].name.c_str(), FormatBytes(single).c_str(), FormatBytes(need[i].state).c_str(),
-            FormatBytes(need[i].grad).c_str(), FormatBytes(need[i].act).c_str(),
-            static_cast<long long>(micro), FormatBytes(budget).c_str(),
-            FormatBytes(std::max<int64_t>(0, usable)).c_str(), FormatBytes(tied_bytes).c_str());
+        const std::string held = FormatBytes(tied_bytes) + " of shared (tied) parameters" +
+                                 (transient > 0 ? " and " + FormatBytes(transient) +
+                                                      " that a layer's backward needs "
+                                                      "while it runs"
+                                                : "");
+        char buf[640];
+        std::snprintf(buf, sizeof(buf),
+                      "layer %s needs %s on the device (%s weights and optimizer state, %s "
+                      "gradients, %s activations at micro-batch %lld) but the device budget of "
+                      "%s leaves %s after %s; raise "
+                      "spec.resources.deviceMemoryBudget or lower the batch size",
+                      costs[i].name.c_str(), FormatBytes(single).c_str(),
+                      FormatBytes(need[i].state).c_str(), FormatBytes(need[i].grad).c_str(),
+                      FormatBytes(need[i].act).c_str(), static_cast<long long>(micro),
+                      FormatBytes(budget).c_str(),
+                      FormatBytes(std::max<int64_t>(0, usable)).c_str(), held.c_str());
         return ResourceExhaustedError(buf);
       }
     }

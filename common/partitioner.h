@@ -140,8 +140,9 @@ struct PartitionPlan {
   StateTier state_tier = StateTier::kHost;
   /// What every attention layer keeps for its backward. kRecomputed: the shards' activation
   /// bytes leave the scores out, and workspace and peak count one layer's scores, rebuilt in
-  /// its backward; kFused: they leave them out, and peak counts one layer's fused backward
-  /// (AttentionTransientBytes).
+  /// its backward; kFused: they leave them out, and peak counts one layer's fused backward.
+  /// Workspace and peak count the most any one layer's backward allocates while it runs
+  /// (BackwardTransientBytes).
   AttentionMemory attention = AttentionMemory::kKept;
   /// Stashed shards keep their graphs in device memory (PartitionOptions::stash_on_device);
   /// the peak counts them.

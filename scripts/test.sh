@@ -64,6 +64,9 @@ build-cuda/tests/unit/executor/attention_test
 build-cuda/tests/unit/executor/gpt2_test
 # The pilot times a block with the fused attention the executors run (torch 2.11 has it).
 build-cuda/tests/unit/executor/pilot_test
+# What a block and spilled plans allocate against the cost model and the budget, with torch
+# 2.11's CPU kernels (fused attention among them).
+build-cuda/tests/unit/executor/device_memory_test
 # The GPU code paths of the executors on the CPU, against torch 2.11 (build/ has 1.13).
 build-cuda/tests/unit/executor/spilling_executor_test \
   --gtest_filter='*Unsharded*:*Checkpoint*:*Moves*:*Transit*:*Offloaded*'

@@ -59,7 +59,7 @@ TEST(PartitionerTest, SmallerBudgetsGiveMoreShardsThatFit) {
   }
   EXPECT_GE(prev, 4u);
   PartitionOptions tiny;
-  tiny.device_budget = full / 10;  // every layer fits alone, but not beside its neighbours
+  tiny.device_budget = full / 9;  // every layer fits alone, but not beside its neighbours
   auto p = PlanShards(t, tiny);
   EXPECT_EQ(p.status().code(), StatusCode::kResourceExhausted);
   EXPECT_THAT(p.status().message(), HasSubstr("prefetch"));
@@ -303,8 +303,18 @@ TEST(PartitionerTest, FusedAttentionKeepsNoScoresInEveryPlanAndRecomputesNothing
   }
   const int64_t kept = EstimateTrialFootprint(t).total_bytes();
   const int64_t fused = EstimateTrialFootprint(t, AttentionMemory::kFused).total_bytes();
-  // The footprint leaves every layer's scores out and counts one fused backward's accumulator.
-  EXPECT_EQ(fused, kept - attention + largest_output);
+  // The footprint leaves every layer's scores out and counts the most one layer's backward
+  // allocates: with kept scores their gradients, fused the kernel's accumulator or the rest of
+  // the block's backward.
+  int64_t kept_transient = 0, fused_transient = 0;
+  for (const auto& c : ModelLayerCosts(t, t.training.batch_size)) {
+    kept_transient =
+        std::max(kept_transient, BackwardTransientBytes(c, AttentionMemory::kKept, false));
+    fused_transient =
+        std::max(fused_transient, BackwardTransientBytes(c, AttentionMemory::kFused, false));
+  }
+  EXPECT_GE(fused_transient, largest_output);
+  EXPECT_EQ(fused, kept - attention - kept_transient + fused_transient);
   for (const int64_t budget : {int64_t{0}, fused, kept / 2, kept / 4}) {
     PartitionOptions o = OnAGpu(budget);
     o.fused_attention = true;
@@ -667,7 +677,7 @@ TEST(PartitionerTest, OnAGpuShardsStashWhatTheBudgetHoldsAndRecomputeTheRest) {
   const Trial t = LongContext();
   const int64_t full = EstimateTrialFootprint(t).total_bytes();
   size_t plans_stashing = 0;
-  for (int percent : {35, 30, 25, 20}) {
+  for (int percent : {35, 30, 25}) {
     SCOPED_TRACE(std::to_string(percent) + "% of the footprint");
     PartitionOptions o = OnAGpu(full * percent / 100);
     PartitionOptions recompute = o;  // as GPUs planned before: every shard but the last

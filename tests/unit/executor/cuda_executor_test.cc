@@ -466,34 +466,28 @@ void ExpectChosenPlansTrainWithinTheirBudget(
     ASSERT_TRUE(data.ok());
     // Unsharded training with and without selective recompute, as each plan computes.
     std::map<bool, std::vector<double>> expected;
-    size_t tried = 0;
-    for (int percent = 95; percent > 5 && tried < 2; percent -= 2) {
-      Trial t = base;
-      const int64_t budget = EstimateTrialFootprint(t).total_bytes() * percent / 100;
-      t.resources.device_memory_budget = budget;
-      auto admitted = factory->Admit(t, **data);
-      if (!admitted.ok() || !chosen(*admitted)) continue;
-      ++tried;
-      SCOPED_TRACE(std::to_string(percent) + "% of the footprint:\n" +
-                   FormatPlan(t, admitted->plan));
-      const bool selective = admitted->plan.selective_recompute;
-      if (!expected.count(selective))
-        expected[selective] = UnshardedLosses(gpu, base, true, selective);
-      auto exec = factory->Build(t, *data, *admitted, 0);
-      ASSERT_TRUE(exec.ok()) << exec.status();
-      const AllocatorPeak peak =
-          TrainedAllocatorPeak(gpu, exec->get(), expected[selective], precision);
-      const ExecutorStats st = (*exec)->stats();
-      std::printf(
-          "budget %lld (%s, %d%% of the footprint, %s), allocator peak %lld, ledger peak "
-          "%lld, cuBLAS workspaces %lld\n",
-          static_cast<long long>(budget), PrecisionName(precision), percent, what,
-          static_cast<long long>(peak.allocated), static_cast<long long>(st.peak_device_bytes),
-          static_cast<long long>(peak.workspaces));
-      EXPECT_LE(peak.allocated, budget + peak.workspaces);
-      also(st);
-    }
-    EXPECT_GT(tried, 0u) << "no budget made a plan with " << what;
+    const int tried = testing::ForChosenBudgets(
+        factory, base, **data, chosen, 2,
+        [&](const Trial& t, int percent, const Admission& admitted) {
+          const int64_t budget = *t.resources.device_memory_budget;
+          const bool selective = admitted.plan.selective_recompute;
+          if (!expected.count(selective))
+            expected[selective] = UnshardedLosses(gpu, base, true, selective);
+          auto exec = factory->Build(t, *data, admitted, 0);
+          ASSERT_TRUE(exec.ok()) << exec.status();
+          const AllocatorPeak peak =
+              TrainedAllocatorPeak(gpu, exec->get(), expected[selective], precision);
+          const ExecutorStats st = (*exec)->stats();
+          std::printf(
+              "budget %lld (%s, %d%% of the footprint, %s), allocator peak %lld, ledger peak "
+              "%lld, cuBLAS workspaces %lld\n",
+              static_cast<long long>(budget), PrecisionName(precision), percent, what,
+              static_cast<long long>(peak.allocated), static_cast<long long>(st.peak_device_bytes),
+              static_cast<long long>(peak.workspaces));
+          EXPECT_LE(peak.allocated, budget + peak.workspaces);
+          also(st);
+        });
+    EXPECT_GT(tried, 0) << "no budget made a plan with " << what;
   }
 }
 #endif

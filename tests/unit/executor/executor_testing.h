@@ -4,10 +4,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "agent/executor/executor.h"
+#include "common/cost_model.h"
+#include "common/partitioner.h"
 
 namespace hydra::executor::testing {
 
@@ -51,6 +54,26 @@ inline std::vector<double> StepLosses(TrialExecutorInterface* e, int steps) {
     out.push_back(m->loss);
   }
   return out;
+}
+
+/// For up to `plans` budgets of `base` (from 95% of its footprint down, in 2% steps) whose
+/// admission by `factory` is `chosen`: `each(trial, percent, admission)`, the trial's budget set
+/// to that one, under a trace naming the budget and the plan. Returns how many there were.
+inline int ForChosenBudgets(ExecutorFactoryInterface* factory, const Trial& base,
+                            const TokenDataset& data,
+                            const std::function<bool(const Admission&)>& chosen, int plans,
+                            const std::function<void(const Trial&, int, const Admission&)>& each) {
+  int tried = 0;
+  for (int percent = 95; percent > 5 && tried < plans; percent -= 2) {
+    Trial t = base;
+    t.resources.device_memory_budget = EstimateTrialFootprint(t).total_bytes() * percent / 100;
+    auto admitted = factory->Admit(t, data);
+    if (!admitted.ok() || !chosen(*admitted)) continue;
+    ++tried;
+    SCOPED_TRACE(std::to_string(percent) + "% of the footprint:\n" + FormatPlan(t, admitted->plan));
+    each(t, percent, *admitted);
+  }
+  return tried;
 }
 
 }  // namespace hydra::executor::testing

@@ -55,7 +55,7 @@ class CountingCpuAllocator final : public at::Allocator {
 
  private:
   struct Block {
-    CountingCpuAllocator* owner;
+    const CountingCpuAllocator* owner;
     void* data;
     int64_t bytes;
   };
@@ -67,19 +67,19 @@ class CountingCpuAllocator final : public at::Allocator {
     delete b;
   }
 
+  // const: LibTorch 1.13's allocate() is.
   at::DataPtr Make(size_t n) const {
-    auto* self = const_cast<CountingCpuAllocator*>(this);
     void* data = c10::alloc_cpu(n);
-    const int64_t now = self->current_ += static_cast<int64_t>(n);
-    int64_t peak = self->peak_.load();
-    while (now > peak && !self->peak_.compare_exchange_weak(peak, now)) {
+    const int64_t now = current_ += static_cast<int64_t>(n);
+    int64_t peak = peak_.load();
+    while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
     }
-    return {data, new Block{self, data, static_cast<int64_t>(n)}, &Release,
+    return {data, new Block{this, data, static_cast<int64_t>(n)}, &Release,
             at::Device(at::DeviceType::CPU)};
   }
 
-  std::atomic<int64_t> current_{0};
-  std::atomic<int64_t> peak_{0};
+  mutable std::atomic<int64_t> current_{0};
+  mutable std::atomic<int64_t> peak_{0};
 };
 
 /// What one GPT-2 block's training allocates, measured on its second forward and backward (the
@@ -122,8 +122,8 @@ TEST(DeviceMemoryTest, ABlocksTrainingAllocatesNoMoreThanTheCostModelCounts) {
   // KeptActivationBytes + BackwardTransientBytes: attention-heavy (context 256 against width
   // 64), MLP-heavy (32 against 256) and between, fp32 and bf16, scores kept and recomputed (and
   // fused, where LibTorch has the kernel: the CUDA build's, here on the CPU), with and without
-  // selective recompute. Before BackwardTransientBytes the fp32 blocks
-  // allocated up to 7 MB (30%) more than counted.
+  // selective recompute. Before BackwardTransientBytes the fp32 blocks allocated up to 7 MB
+  // (30%) more than counted.
   struct Shape {
     int64_t width, context;
   };

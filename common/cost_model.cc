@@ -147,8 +147,13 @@ std::vector<LayerCost> ModelCosts(const ModelSpec& m, int64_t micro_batch, Preci
   return GptCosts(m, micro_batch, precision, a);
 }
 
+/// What an image layer's backward allocates per parameter while it runs: its gradients (fp32),
+/// in bf16 first in bf16 (autocast's copies of the weights) and then cast to fp32.
+double WeightGradientBytes(Precision precision) { return precision == Precision::kBf16 ? 6 : 4; }
+
+/// `grad` as WeightGradientBytes.
 std::vector<LayerCost> MlpCosts(const ModelSpec& m, const std::vector<int64_t>& shape, int64_t B,
-                                Accountant& a) {
+                                double grad, Accountant& a) {
   const double pixels =
       static_cast<double>(shape[0]) * static_cast<double>(shape[1]) * static_cast<double>(shape[2]);
   const double W = static_cast<double>(m.n_embd), K = static_cast<double>(m.num_classes);
@@ -162,6 +167,10 @@ std::vector<LayerCost> MlpCosts(const ModelSpec& m, const std::vector<int64_t>& 
     c.activation_bytes = a.Bytes(batch * (in + (relu ? 2 * out : out)) * 4, name, "activations");
     c.output_bytes = a.Bytes(batch * out * 4, name, "output");
     c.forward_flops = 2.0 * batch * in * out;
+    // Its weights' new gradients and those of its input and pre-ReLU output (measured on the
+    // CPU: device_memory_test).
+    c.backward_bytes =
+        a.Bytes((in * out + out) * grad + batch * (in + out) * 4, name, "activations");
     layers.push_back(c);
   };
   dense("input", pixels, W, true);
@@ -170,8 +179,9 @@ std::vector<LayerCost> MlpCosts(const ModelSpec& m, const std::vector<int64_t>& 
   return layers;
 }
 
+/// `grad` as WeightGradientBytes.
 std::vector<LayerCost> ResNetCosts(const ModelSpec& m, const std::vector<int64_t>& shape,
-                                   int64_t micro_batch, Accountant& a) {
+                                   int64_t micro_batch, double grad, Accountant& a) {
   // Channels double every third block: a deep enough ResNet is too wide for int64, so
   // everything is counted in double and checked by the accountant.
   const double B = static_cast<double>(micro_batch), in_channels = static_cast<double>(shape[0]);
@@ -187,6 +197,14 @@ std::vector<LayerCost> ResNetCosts(const ModelSpec& m, const std::vector<int64_t
   stem.activation_bytes =
       a.Bytes(B * in_channels * area() * 4 + 3 * stem_out, stem.name, "activations");
   stem.forward_flops = 2.0 * 9 * B * in_channels * width * area();
+  // A layer's backward holds its weights' new gradients and, at its peak, two of its input's
+  // and of its output's sizes (the convolutions', GroupNorms' and ReLUs' gradients; measured on
+  // the CPU: device_memory_test).
+  auto backward = [&](double parameters, double in_bytes, double out_bytes, const std::string& n) {
+    return a.Bytes(parameters * grad + 2 * (in_bytes + out_bytes), n, "activations");
+  };
+  stem.backward_bytes = backward(static_cast<double>(stem.parameters), B * in_channels * area() * 4,
+                                 stem_out, stem.name);
   layers.push_back(stem);
   for (int64_t i = 0; i < m.n_layer; ++i) {
     const bool down = i % 3 == 2;
@@ -204,6 +222,7 @@ std::vector<LayerCost> ResNetCosts(const ModelSpec& m, const std::vector<int64_t
         a.Bytes(in_bytes + (7 + (down ? 1 : 0)) * out_bytes, b.name, "activations");
     b.forward_flops = 2.0 * 9 * B * (width * out + out * out) * area() +
                       (down ? 2.0 * B * width * out * area() : 0.0);
+    b.backward_bytes = backward(static_cast<double>(b.parameters), in_bytes, out_bytes, b.name);
     layers.push_back(b);
     width = out;
   }
@@ -214,6 +233,8 @@ std::vector<LayerCost> ResNetCosts(const ModelSpec& m, const std::vector<int64_t
   head.activation_bytes = a.Bytes(B * (width * area() + width) * 4, head.name, "activations");
   head.output_bytes = a.Bytes(B * K * 4, head.name, "output");
   head.forward_flops = B * width * area() + 2.0 * B * width * K;
+  head.backward_bytes =
+      backward(static_cast<double>(head.parameters), B * width * area() * 4, B * K * 4, head.name);
   layers.push_back(head);
   return layers;
 }
@@ -221,10 +242,12 @@ std::vector<LayerCost> ResNetCosts(const ModelSpec& m, const std::vector<int64_t
 std::vector<LayerCost> FamilyCosts(const Trial& trial, int64_t micro_batch, Accountant& a) {
   const auto& shape = trial.dataset.image_shape;
   if (shape.size() == 3 && trial.model.family == "mlp") {
-    return MlpCosts(trial.model, shape, micro_batch, a);
+    return MlpCosts(trial.model, shape, micro_batch, WeightGradientBytes(trial.training.precision),
+                    a);
   }
   if (shape.size() == 3 && trial.model.family == "resnet") {
-    return ResNetCosts(trial.model, shape, micro_batch, a);
+    return ResNetCosts(trial.model, shape, micro_batch,
+                       WeightGradientBytes(trial.training.precision), a);
   }
   return ModelCosts(trial.model, micro_batch, trial.training.precision, a);
 }

@@ -36,7 +36,10 @@ struct LayerCost {
   /// Bytes the layer's backward allocates beyond what it keeps, per micro-batch, apart from its
   /// attention's (AttentionTransientBytes) and selective recompute's: a GPT-2 block's gradients
   /// of its MLP's 4C hidden, two at once (in bf16 bf16, beside one C wide); the embedding's
-  /// dense gradient of its token embedding, which autograd then adds to the tied weights' own.
+  /// dense gradient of its token embedding, which autograd then adds to the tied weights' own;
+  /// an image layer's (mlp, resnet) new weight gradients (in bf16 also their bf16 copies) and
+  /// its input's and output's gradients (a ResNet layer's convolutions and GroupNorms: twice
+  /// each). TorchScript layers count none.
   int64_t backward_bytes = 0;
   /// An attention layer's gradients of its scores beyond what kKept counts, per micro-batch:
   /// in fp32 one H x T per token more (the scores themselves are not kept, their gradient and

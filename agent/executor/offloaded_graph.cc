@@ -74,8 +74,8 @@ SavedTensorCapture::SavedTensorCapture(std::vector<torch::Tensor>* saved) : prev
 SavedTensorCapture::~SavedTensorCapture() { tls_saved = previous_; }
 
 OffloadedGraph::OffloadedGraph(const std::vector<torch::Tensor>& saved,
-                               const std::vector<torch::Tensor>& keep, const torch::Device& device,
-                               size_t min_bytes) {
+                               const std::vector<torch::Tensor>& keep,
+                               const torch::Device& device) {
   std::set<const c10::StorageImpl*> seen;
   for (const auto& t : keep) {
     if (t.defined() && t.has_storage()) seen.insert(t.storage().unsafeGetStorageImpl());
@@ -85,7 +85,7 @@ OffloadedGraph::OffloadedGraph(const std::vector<torch::Tensor>& saved,
     if (!t.defined() || !t.has_storage() || t.device() != device) continue;
     const c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
     const size_t n = t.storage().nbytes();
-    if (!seen.insert(s).second || n == 0 || n < min_bytes) continue;
+    if (!seen.insert(s).second || n == 0) continue;
     views_.push_back(StorageBytes(t));
     bytes_ += static_cast<int64_t>(n);
   }

@@ -102,7 +102,6 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
         on_(on),
         devices_(options.devices),
         options_bf16_transit_(options.bf16_weight_transit),
-        offload_min_bytes_(options.offload_min_bytes),
         lookahead_wanted_(options.lookahead),
         streams_(on.device),
         ledger_(trial.resources.device_memory_budget.value_or(0)),
@@ -1359,7 +1358,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     for (const auto* boundary : {&c.inputs[k], &c.inputs[k + 1], &c.outputs[k]}) {
       keep.insert(keep.end(), boundary->begin(), boundary->end());
     }
-    return MoveOut(k, std::make_unique<OffloadedGraph>(saved, keep, on_.device, offload_min_bytes_),
+    return MoveOut(k, std::make_unique<OffloadedGraph>(saved, keep, on_.device),
                    "offloaded activations of shard " + std::to_string(k));
   }
 
@@ -1382,10 +1381,10 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   /// graph's storages do; it comes back beside the backward after it (BringBackGraph) into the
   /// same storage, which the backward's recompute then reads.
   Status OffloadInput(size_t k) {
-    return MoveOut(k,
-                   std::make_unique<OffloadedGraph>(cur_->inputs[k], std::vector<torch::Tensor>{},
-                                                    on_.device, /*min_bytes=*/0),
-                   "offloaded input of shard " + std::to_string(k));
+    return MoveOut(
+        k,
+        std::make_unique<OffloadedGraph>(cur_->inputs[k], std::vector<torch::Tensor>{}, on_.device),
+        "offloaded input of shard " + std::to_string(k));
   }
 
   /// Starts copying shard k's offloaded graph back to the device (beside the backward before
@@ -1734,7 +1733,6 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   Placement on_;               // the device computed on; discrete: separate device copies
   ExecutorDevices devices_;    // the factory's, for MoveTo
   bool options_bf16_transit_;  // ExecutorOptions::bf16_weight_transit
-  size_t offload_min_bytes_;   // ExecutorOptions::offload_min_bytes
   bool lookahead_wanted_;      // ExecutorOptions::lookahead
   DeviceStreams streams_;      // compute, prefetch and write-back streams on it
   TierLedger ledger_;

@@ -43,9 +43,6 @@ struct ExecutorOptions {
   /// With device_stash and a measured host link, may shards offload their forward graphs to
   /// host memory and back instead of recomputing them (PartitionOptions::activation_offload)?
   bool activation_offload = true;
-  /// Saved storages smaller than this stay on the device when a graph is offloaded (a copy's
-  /// launch costs more than their memory is worth); tests lower it.
-  size_t offload_min_bytes = size_t{256} << 10;
   /// On a discrete device, may plans recompute GPT-2 blocks' LayerNorm and GELU outputs in
   /// backward (PartitionOptions::selective_recompute)?
   bool selective_recompute = true;

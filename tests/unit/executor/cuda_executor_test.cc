@@ -501,7 +501,6 @@ TEST_F(CudaExecutorTest, OffloadedGraphsLeaveTheGpuAndComeBackForTheirBackward) 
   REQUIRE_GPU(gpu);
 #ifdef HYDRA_WITH_CUDA
   ExecutorOptions o = DeviceStepped(gpu, 25e9);
-  o.offload_min_bytes = 0;
   auto factory = MakeExecutorFactory(o);
   ExpectChosenPlansTrainWithinTheirBudget(
       gpu, testing::GptTrial("offload", "adamw", 8, 512, 8, 32, 5, 3e-4), factory.get(),

@@ -688,7 +688,6 @@ TEST_F(SpillingExecutorTest, OnADiscreteDeviceOffloadedGraphsComeBackForTheirBac
     o.host_link_bytes_per_second = 1e12;
     o.devices.simulate_discrete = true;
     o.activation_offload = offload;
-    o.offload_min_bytes = 0;
     return o;
   };
   auto offloading = MakeExecutorFactory(options(true));

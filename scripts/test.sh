@@ -16,35 +16,37 @@
 #   5. every benchmark at smoke size.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Each stage's heading says how long the run has taken so far (CI has 90 minutes).
+stage() { echo "== $* ($((SECONDS / 60)) min $((SECONDS % 60)) s into the run)"; }
 bash scripts/setup.sh
 bash scripts/build.sh
 
-echo "== Kubernetes test control plane (tests/envtest: kube-apiserver + etcd, cached)"
+stage "Kubernetes test control plane (tests/envtest: kube-apiserver + etcd, cached)"
 tests/envtest/build >/dev/null
-echo "== test tools from Go modules (helm, Prometheus's PromQL parser, the test kubelet, Kueue; cached)"
+stage "test tools from Go modules (helm, Prometheus's PromQL parser, the test kubelet, Kueue; cached)"
 tests/helm/build >/dev/null
 tests/promql/build >/dev/null
 tests/kubelet/build >/dev/null
 tests/kueue/build >/dev/null
 
-echo "== the Hugging Face venv (transformers, tokenizers from PyPI; cached)"
+stage "the Hugging Face venv (transformers, tokenizers from PyPI; cached)"
 HYDRA_HF_PYTHON="$(bash scripts/hf-venv.sh)"
 export HYDRA_HF_PYTHON  # hf_transformers_test fails, not skips, if it does not work
 
-echo "== tests"
+stage "tests"
 (cd build && ctest --output-on-failure --timeout 900 -j1)
 
-echo "== sanitizers (ASan + UBSan, torch-free libraries)"
+stage "sanitizers (ASan + UBSan, torch-free libraries)"
 HYDRA_BUILD_DIR=build-asan bash scripts/build.sh -DHYDRA_WITH_TORCH=OFF \
   -DHYDRA_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=Debug
 (cd build-asan && LSAN_OPTIONS="suppressions=$PWD/../tests/sanitizers/lsan.supp" \
   ctest --output-on-failure --timeout 900 -j2)
 
-echo "== fuzzing (libFuzzer, ASan + UBSan, repeatable: a fixed seed and number of inputs)"
+stage "fuzzing (libFuzzer, ASan + UBSan, repeatable: a fixed seed and number of inputs)"
 HYDRA_FUZZ_SEED="${HYDRA_FUZZ_SEED:-1}" HYDRA_FUZZ_RUNS="${HYDRA_FUZZ_RUNS:-200000}" \
   bash scripts/fuzz.sh "${HYDRA_FUZZ_SECONDS:-120}"
 
-echo "== CUDA build (compile and link against PyPI's CUDA LibTorch; no GPU needed)"
+stage "CUDA build (compile and link against PyPI's CUDA LibTorch; no GPU needed)"
 bash scripts/build-cuda.sh
 build-cuda/tests/unit/executor/std_binding_test  # libstdc++'s std::filesystem, not the wheel's
 build-cuda/tests/unit/executor/std_binding_static_first_test  # so where -lstdc++ finds libstdc++.a
@@ -76,5 +78,6 @@ build-cuda/cli/hydra run examples/tiny-sweep.yaml -o "$cuda_run/out" --progress 
 test -s "$cuda_run/out/results.json"
 rm -rf "$cuda_run"
 
-echo "== benchmarks (smoke size)"
+stage "benchmarks (smoke size)"
 bash bench/run_all.sh --smoke
+stage "done"

@@ -107,7 +107,7 @@ int main(int argc, char** argv) {
   t.model.vocab_size = 256;
   t.training.batch_size = 8;
   t.training.learning_rate = 1e-4;
-  int warmup = 1, threads = 2;
+  int warmup = 1, threads = 0;
   double fraction = 1.0;
   int64_t budget_bytes = 0, host_budget = -1;
   std::string offload = "host", spill_dir = "/tmp/hydra-bench-spill", init;
@@ -121,7 +121,9 @@ int main(int argc, char** argv) {
   app.add_option("--accumulation", t.training.gradient_accumulation_steps)->capture_default_str();
   app.add_option("--steps", t.training.steps, "timed steps")->capture_default_str();
   app.add_option("--warmup", warmup, "untimed steps first")->capture_default_str();
-  app.add_option("--threads", threads)->capture_default_str();
+  app.add_option("--threads", threads,
+                 "CPU threads (default: 2 on a CPU device; every core beside a GPU, as hydra run "
+                 "gives a GPU: the host optimizer's and the disk tier's)");
   app.add_option("--budget-fraction", fraction, "device budget as a fraction of the footprint")
       ->capture_default_str();
   app.add_option("--budget-bytes", budget_bytes, "device budget in bytes (overrides the fraction)");
@@ -226,7 +228,6 @@ int main(int argc, char** argv) {
     return 1;
   }
   hydra::executor::ExecutorOptions options;
-  options.threads = threads;
   options.spill_dir = spill_dir;
   auto found = [&]() -> hydra::StatusOr<std::vector<hydra::DeviceSpec>> {
     ASSIGN_OR_RETURN(auto request, hydra::ParseDevicesRequest(devices));
@@ -238,6 +239,12 @@ int main(int argc, char** argv) {
     return 1;
   }
   const hydra::DeviceSpec device = found->front();
+  if (threads <= 0) {
+    threads = device.kind == hydra::DeviceKind::kCuda
+                  ? static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))
+                  : 2;
+  }
+  options.threads = threads;
   options.devices.devices = {device};
   options.bf16_weight_transit = bf16_transit;
   options.attention_recompute = !no_attention_recompute;

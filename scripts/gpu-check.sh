@@ -139,7 +139,7 @@ gtest_line() { grep -E '^\[  (PASSED|FAILED) +\]|^\[  SKIPPED \] [0-9]+ test' "$
 # HYDRA_GPU_ONLY: the benchmark needs bench/spill and the libstdc++ check (2b) alone (a fresh
 # machine builds them in half the time).
 targets=()
-[ -z "${HYDRA_GPU_ONLY:-}" ] || targets=(spill std_binding_test)
+[ -z "${HYDRA_GPU_ONLY:-}" ] || targets=(spill host_adamw std_binding_test)
 run_left "$LOGS/build.log" ninja -C "$BUILD" -j"$JOBS" "${targets[@]}"
 rc=$?
 if ((rc != 0)); then
@@ -241,6 +241,17 @@ bench_groups() {
     esac
   done
 }
+
+# --- 2c. the host optimizer's rate on this machine's cores ------------------------------------
+# What a shard stepped on the host runs (ZeRO-Offload's CPU Adam), per instruction set and
+# thread count, beside LibTorch's own updates: the pilot's "host AdamW" rate comes from it.
+run_left "$LOGS/host_adamw.log" 90 "$BUILD/bench/host_adamw" --params $((32 << 20))
+rc=$?
+((rc == 0)) || failed=1
+say "2c. bench/host_adamw ($(outcome "$LOGS/host_adamw.log" $rc)):"
+say ""
+grep -E '^(\||[0-9]+ parameters)' "$LOGS/host_adamw.log" | tee -a "$MD"
+say ""
 
 # HYDRA_GPU_ONLY=bench: the benchmark groups and nothing else (largest: the largest GPT's two).
 case "${HYDRA_GPU_ONLY:-}" in

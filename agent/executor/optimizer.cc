@@ -4,6 +4,8 @@
 
 #include <cmath>
 
+#include "agent/executor/adamw_kernel.h"
+
 // LibTorch's fused multi-tensor AdamW for CPU and CUDA tensors: 2.4 and later.
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
 #define HYDRA_TORCH_FUSED_ADAMW 1
@@ -16,25 +18,12 @@ bool FusableOnCpu(const torch::Tensor& t) {
   return t.device().is_cpu() && t.scalar_type() == torch::kFloat && t.is_contiguous();
 }
 
-/// One pass over parameter, gradient and both moments (DeepSpeed's CPU Adam idea) instead of
-/// the eight tensor-wide passes and three temporaries of the unfused update. Same operations in
-/// the same order as torch.optim.AdamW; the build does not contract them into FMAs.
-void FusedAdamWCpu(float* p, const float* g, float* m, float* v, int64_t n, float decay_factor,
-                   float beta1, float beta2, float step_size, float bc2_sqrt, float eps) {
-  const float one_minus_beta1 = 1.0f - beta1;
-  const float one_minus_beta2 = 1.0f - beta2;
+/// AdamWUpdate (the widest instruction set this CPU runs) over chunks of the parameter on
+/// LibTorch's intra-op threads.
+void FusedAdamWCpu(float* p, const float* g, float* m, float* v, int64_t n,
+                   const AdamWScalars& scalars) {
   at::parallel_for(0, n, 1 << 15, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const float gi = g[i];
-      float mi = m[i] * beta1;
-      mi = mi + one_minus_beta1 * gi;
-      float vi = v[i] * beta2;
-      vi = vi + one_minus_beta2 * gi * gi;
-      const float denom = std::sqrt(vi) / bc2_sqrt + eps;
-      m[i] = mi;
-      v[i] = vi;
-      p[i] = p[i] * decay_factor + (-step_size) * mi / denom;
-    }
+    AdamWUpdate(p + begin, g + begin, m + begin, v + begin, end - begin, scalars);
   });
 }
 
@@ -89,11 +78,15 @@ void Optimizer::AdamWPerSlot(double lr, int64_t step) {
     const double decay_factor = s.decay && t.weight_decay > 0 ? 1.0 - lr * t.weight_decay : 1.0;
     if (kernel_ == AdamWKernel::kAuto && FusableOnCpu(s.param) && FusableOnCpu(g) &&
         FusableOnCpu(s.m) && FusableOnCpu(s.v)) {
+      AdamWScalars scalars;
+      scalars.decay_factor = static_cast<float>(decay_factor);
+      scalars.beta1 = static_cast<float>(t.beta1);
+      scalars.beta2 = static_cast<float>(t.beta2);
+      scalars.step_size = static_cast<float>(step_size);
+      scalars.bc2_sqrt = static_cast<float>(bc2_sqrt);
+      scalars.eps = static_cast<float>(t.epsilon);
       FusedAdamWCpu(s.param.data_ptr<float>(), g.data_ptr<float>(), s.m.data_ptr<float>(),
-                    s.v.data_ptr<float>(), s.param.numel(), static_cast<float>(decay_factor),
-                    static_cast<float>(t.beta1), static_cast<float>(t.beta2),
-                    static_cast<float>(step_size), static_cast<float>(bc2_sqrt),
-                    static_cast<float>(t.epsilon));
+                    s.v.data_ptr<float>(), s.param.numel(), scalars);
       continue;
     }
     if (decay_factor != 1.0) s.param.mul_(decay_factor);

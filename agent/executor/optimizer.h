@@ -14,7 +14,8 @@ namespace hydra::executor {
 
 /// How AdamW's update runs.
 enum class AdamWKernel {
-  /// fp32 CPU tensors: one fused pass per parameter (FusedAdamWCpu); GPU tensors: LibTorch's
+  /// fp32 CPU tensors: one fused pass per parameter (AdamWUpdate, vectorized for the CPU, on
+  /// LibTorch's intra-op threads); GPU tensors: LibTorch's
   /// fused multi-tensor kernel (`_fused_adamw_`, LibTorch 2.4 and later: the CUDA build), a few
   /// launches for a whole shard instead of nine per parameter; otherwise per tensor.
   kAuto,

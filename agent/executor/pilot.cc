@@ -189,6 +189,8 @@ StatusOr<LinkRates> MeasureLinkRates(const DeviceSpec& device) {
 std::string UseMeasuredLinkRates(ExecutorOptions* options) {
   const auto& devices = options->devices.devices;
   if (devices.empty() || devices.front().kind != DeviceKind::kCuda) return "";
+  // The host optimizer is timed on the threads the executors will give it.
+  if (options->threads > 0) ConfigureCpuThreads(options->threads);
   auto rates = MeasureLinkRates(devices.front());
   if (!rates.ok()) {
     return "warning: " + rates.status().message() +

@@ -74,7 +74,8 @@ StatusOr<LinkRates> MeasureLinkRates(const DeviceSpec& device);
 /// bf16_flops_per_second from them (the block's rates; the matrix products' where a block
 /// failed) (where spilled shards' optimizers step, and the shards'
 /// estimated seconds). Returns a line for the log: what was measured, or, from "warning: ",
-/// why the optimizers step on the device; empty for CPU devices.
+/// why the optimizers step on the device; empty for CPU devices. With `options->threads` set,
+/// configures the CPU threads first (ConfigureCpuThreads): the host optimizer is timed on them.
 std::string UseMeasuredLinkRates(ExecutorOptions* options);
 
 }  // namespace hydra::executor

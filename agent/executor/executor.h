@@ -57,6 +57,10 @@ struct ExecutorStats {
   /// Spilled shards held on a discrete device before their plan fetches them so far
   /// (ExecutorOptions::lookahead): kept after their forward or their step, or fetched early.
   int64_t lookahead_holds = 0;
+  /// Host-stepped shards' optimizer steps (all but shard 0's) run after the next shard's
+  /// backward was queued, so far: on a GPU the host steps while the device computes
+  /// (ZeRO-Offload's overlap); on a CPU the backward is done by then, the order the same.
+  int64_t host_steps_deferred = 0;
 };
 
 /// Trains one trial. Not thread-safe: one thread drives an executor at a time.

@@ -287,6 +287,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     st.weight_casts = weight_casts_;
     st.activation_bytes_offloaded = bytes_offloaded_;
     st.lookahead_holds = lookahead_holds_;
+    st.host_steps_deferred = host_steps_deferred_;
     return st;
   }
 
@@ -1165,15 +1166,36 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       }
       return OkStatus();
     }
+    RunPendingHostStep();
     if (HostSteps(s)) {
       // ZeRO-Offload: gradients down, the host's fused optimizer on the host copies, the tied
       // weights up (the others go up at the next fetch).
       std::vector<torch::Tensor> grads;
       GradsToHost(k, &grads, /*tied=*/!s.pinned.empty());
       for (size_t i = 0; i < grads.size(); ++i) s.weights.host[i].mutable_grad() = grads[i];
+      if (k > 0) {
+        // Its step waits until shard k - 1's backward is queued on the device and runs beside
+        // it (BackwardTask); its gradients have left the device memory.
+        ledger_.Release(Tier::kDevice, s.grad_bytes);
+        cur_->pending_host_step = k;
+        return OkStatus();
+      }
     }
     StepOptimizer(k);
     return OkStatus();
+  }
+
+  /// A host-stepped shard's optimizer step that AfterBackward left for later (it has no tied
+  /// parameters: those are shard 0's), now: the host copies are changed before any fetch reads
+  /// them, since the backward of the shard before it comes first in every step.
+  void RunPendingHostStep() {
+    if (!cur_ || !cur_->pending_host_step) return;
+    const size_t k = *std::exchange(cur_->pending_host_step, std::nullopt);
+    Shard& s = shards_[k];
+    HostCopiesChanged(k);  // first: a step that throws may have begun
+    s.optimizer->Step(LearningRateAt(trial_.training, step_), step_ + 1);
+    s.optimizer->ReleaseGrads();
+    ++host_steps_deferred_;
   }
 
   /// Shard k's optimizer step on the gradients where it steps, then its gradients go; the
@@ -1198,6 +1220,9 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     /// backward is done but whose copy in may still read their host memory.
     std::vector<std::unique_ptr<OffloadedGraph>> offloaded, retiring;
     int64_t copying_out = 0;  ///< device bytes of the last offloaded graph, its copy out running
+    /// A host-stepped shard (not shard 0) whose gradients are on the host and whose optimizer
+    /// step runs during the next shard's backward (RunPendingHostStep).
+    std::optional<size_t> pending_host_step;
     std::vector<torch::Tensor> grad_out, targets;
     torch::Tensor loss_sum;  // on the device, in double: read once the step ends
     /// On a GPU, loss_sum on its way to pinned host memory since the last shard's task
@@ -1487,6 +1512,9 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       c.grad_out[a] = k > 0 ? in.grad() : torch::Tensor();
       c.inputs[k][a] = torch::Tensor();  // with a stashed graph's leaf, its gradient
     }
+    // On a GPU the backward above is queued, not done: the host optimizer steps shard k + 1
+    // while the device computes (ZeRO-Offload's overlap), before AfterBackward waits for it.
+    RunPendingHostStep();
     ledger_.Release(Tier::kDevice, shards_[k].plan.workspace_bytes);
     if (stash && !on_.discrete) ledger_.Release(Tier::kHost, stashed);
     if (offloaded) {
@@ -1756,6 +1784,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   int64_t early_at_start_ = 0;          // bytes early_ held when the task under way began
   bool task_recorded_ = false;          // the task under way's high-water mark taken
   int64_t lookahead_holds_ = 0;         // ExecutorStats::lookahead_holds
+  int64_t host_steps_deferred_ = 0;     // ExecutorStats::host_steps_deferred
 };
 
 class ExecutorFactory : public ExecutorFactoryInterface {

@@ -151,9 +151,9 @@ std::vector<LayerCost> ModelCosts(const ModelSpec& m, int64_t micro_batch, Preci
 /// in bf16 first in bf16 (autocast's copies of the weights) and then cast to fp32.
 double WeightGradientBytes(Precision precision) { return precision == Precision::kBf16 ? 6 : 4; }
 
-/// `grad` as WeightGradientBytes.
 std::vector<LayerCost> MlpCosts(const ModelSpec& m, const std::vector<int64_t>& shape, int64_t B,
-                                double grad, Accountant& a) {
+                                Precision precision, Accountant& a) {
+  const double grad = WeightGradientBytes(precision);
   const double pixels =
       static_cast<double>(shape[0]) * static_cast<double>(shape[1]) * static_cast<double>(shape[2]);
   const double W = static_cast<double>(m.n_embd), K = static_cast<double>(m.num_classes);
@@ -179,9 +179,9 @@ std::vector<LayerCost> MlpCosts(const ModelSpec& m, const std::vector<int64_t>& 
   return layers;
 }
 
-/// `grad` as WeightGradientBytes.
 std::vector<LayerCost> ResNetCosts(const ModelSpec& m, const std::vector<int64_t>& shape,
-                                   int64_t micro_batch, double grad, Accountant& a) {
+                                   int64_t micro_batch, Precision precision, Accountant& a) {
+  const double grad = WeightGradientBytes(precision);
   // Channels double every third block: a deep enough ResNet is too wide for int64, so
   // everything is counted in double and checked by the accountant.
   const double B = static_cast<double>(micro_batch), in_channels = static_cast<double>(shape[0]);
@@ -242,12 +242,10 @@ std::vector<LayerCost> ResNetCosts(const ModelSpec& m, const std::vector<int64_t
 std::vector<LayerCost> FamilyCosts(const Trial& trial, int64_t micro_batch, Accountant& a) {
   const auto& shape = trial.dataset.image_shape;
   if (shape.size() == 3 && trial.model.family == "mlp") {
-    return MlpCosts(trial.model, shape, micro_batch, WeightGradientBytes(trial.training.precision),
-                    a);
+    return MlpCosts(trial.model, shape, micro_batch, trial.training.precision, a);
   }
   if (shape.size() == 3 && trial.model.family == "resnet") {
-    return ResNetCosts(trial.model, shape, micro_batch,
-                       WeightGradientBytes(trial.training.precision), a);
+    return ResNetCosts(trial.model, shape, micro_batch, trial.training.precision, a);
   }
   return ModelCosts(trial.model, micro_batch, trial.training.precision, a);
 }

@@ -55,6 +55,7 @@ build-cuda/tests/unit/executor/cuda_executor_test  # skips: no GPU here
 # torch 2.11's fused AdamW (a GPU's) against the per-parameter update, and storages freed and
 # refilled in place under 2.11's autograd, on the CPU.
 build-cuda/tests/unit/executor/optimizer_test
+build-cuda/tests/unit/executor/adamw_kernel_test  # the host optimizer's pass, as that build compiles it
 build-cuda/tests/unit/executor/storage_in_place_test
 # Saved-tensor hooks from C++ (the engine installed before main) under torch 2.11's autograd.
 build-cuda/tests/unit/executor/offloaded_graph_test

@@ -121,14 +121,13 @@ int main(int argc, char** argv) {
   for (int n : widths)
     rows.push_back(
         {"Optimizer::Step (the kernel on the pool)", n, optimizer_with(AdamWKernel::kAuto, n)});
-  rows.push_back({"torch.optim.AdamW's per-tensor operations", threads,
-                  optimizer_with(AdamWKernel::kPerTensor, threads)});
+  const double per_tensor = optimizer_with(AdamWKernel::kPerTensor, threads);
+  rows.push_back({"torch.optim.AdamW's per-tensor operations", threads, per_tensor});
   if (hydra::executor::TorchFusedAdamW()) {
     rows.push_back({"LibTorch's _fused_adamw_ (CPU)", threads,
                     optimizer_with(AdamWKernel::kTorchFused, threads)});
   }
   const double reference = rows.front().gbps;
-  const double per_tensor = rows[rows.size() - (hydra::executor::TorchFusedAdamW() ? 2 : 1)].gbps;
   std::printf("%lld parameters in %d tensors, best of %d rounds, %d threads at most\n\n",
               static_cast<long long>(params), tensors, rounds, threads);
   std::printf(

@@ -1190,24 +1190,25 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   /// them, since the backward of the shard before it comes first in every step.
   void RunPendingHostStep() {
     if (!cur_ || !cur_->pending_host_step) return;
-    const size_t k = *std::exchange(cur_->pending_host_step, std::nullopt);
-    Shard& s = shards_[k];
-    HostCopiesChanged(k);  // first: a step that throws may have begun
-    s.optimizer->Step(LearningRateAt(trial_.training, step_), step_ + 1);
-    s.optimizer->ReleaseGrads();
+    StepShard(*std::exchange(cur_->pending_host_step, std::nullopt));
     ++host_steps_deferred_;
+  }
+
+  /// Shard k's optimizer step, then its gradients go from the device's ledger.
+  void StepOptimizer(size_t k) {
+    StepShard(k);
+    ledger_.Release(Tier::kDevice, shards_[k].grad_bytes);
   }
 
   /// Shard k's optimizer step on the gradients where it steps, then its gradients go; the
   /// tied weights a host step changed go up.
-  void StepOptimizer(size_t k) {
+  void StepShard(size_t k) {
     Shard& s = shards_[k];
     if (HostSteps(s)) HostCopiesChanged(k);  // first: a step that throws may have begun
     if (on_.discrete) ComputeWaitsCopiesOut(k);
     s.optimizer->Step(LearningRateAt(trial_.training, step_), step_ + 1);
     s.optimizer->ReleaseGrads();
     if (HostSteps(s)) TiedToDevice(s);
-    ledger_.Release(Tier::kDevice, s.grad_bytes);
   }
 
   /// The step under way, between its tasks.

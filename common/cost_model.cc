@@ -135,7 +135,9 @@ std::vector<LayerCost> GptCosts(const ModelSpec& m, int64_t micro_batch, Precisi
   head.activation_bytes = a.Bytes(tokens * (C * f + C * gemm + C * 4) + row * C * 4 + copy +
                                       block * row * gemm + chunk * row * (gemm < f ? 2 * f : f),
                                   head.name, "activations");
-  head.output_bytes = a.Bytes(tokens * V * f, head.name, "output");
+  // Its output is the loss: the fused head never holds the [tokens, V] logits (in training and
+  // evaluation alike, LayersLoss), so a last shard's boundary does not count them.
+  head.output_bytes = 4;
   head.forward_flops = tokens * 2.0 * C * V;
   layers.push_back(head);
   return layers;

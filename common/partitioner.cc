@@ -21,16 +21,38 @@ struct LayerNeed {
   double step_flops = 0;  // forward, backward and what the plan recomputes of it, per micro-batch
 };
 
-int64_t ShardNeed(const std::vector<LayerNeed>& l, int a, int b, int64_t micro_batches) {
-  int64_t state = 0, grad = 0, act = 0;
+/// The most device bytes layers a..b's activations (one micro-batch's) and gradients take at
+/// once. The backward runs b..a, and autograd frees what a layer saved once its backward has
+/// run: while layer j's runs, the layers before it keep their activations and the layers after
+/// it have their gradients, so with one micro-batch the peak is the largest act[a..j] +
+/// grad[j..b], not act + grad (GPT-2 medium in bf16 on an H200: the allocator's peak was 1.17
+/// GiB under that sum, its gradients 1.32 GiB). With more micro-batches every gradient exists
+/// from the first one's backward on while the next recomputes all its activations: act + grad.
+int64_t LiveBytes(const std::vector<LayerNeed>& l, int a, int b, int64_t micro_batches) {
+  int64_t act = 0, grad = 0;
   for (int i = a; i <= b; ++i) {
-    state += l[i].state;
-    grad += l[i].grad;
     act += l[i].act;
+    grad += l[i].grad;
   }
-  // Boundary activations: this shard's input and output for every micro-batch.
-  const int64_t boundary = (l[b].out + (a > 0 ? l[a - 1].out : 0)) * micro_batches;
-  return state + grad + act + boundary;
+  if (micro_batches > 1) return act + grad;
+  int64_t live = 0, before = act, after = 0;  // act[a..j], grad[j..b]
+  for (int j = b; j >= a; --j) {
+    after += l[j].grad;
+    live = std::max(live, before + after);
+    before -= l[j].act;
+  }
+  return live;
+}
+
+/// Boundary activations of layers a..b: their input and output for every micro-batch.
+int64_t BoundaryBytes(const std::vector<LayerNeed>& l, int a, int b, int64_t micro_batches) {
+  return (l[b].out + (a > 0 ? l[a - 1].out : 0)) * micro_batches;
+}
+
+int64_t ShardNeed(const std::vector<LayerNeed>& l, int a, int b, int64_t micro_batches) {
+  int64_t state = 0;
+  for (int i = a; i <= b; ++i) state += l[i].state;
+  return state + LiveBytes(l, a, b, micro_batches) + BoundaryBytes(l, a, b, micro_batches);
 }
 
 /// One field of layers a..b summed: `ShardSum(l, a, b, &LayerNeed::state)`.
@@ -39,6 +61,13 @@ T ShardSum(const std::vector<LayerNeed>& l, int a, int b, T LayerNeed::*field) {
   T sum = 0;
   for (int i = a; i <= b; ++i) sum += l[i].*field;
   return sum;
+}
+
+/// What layers a..b's activations and gradients take less at their peak than both at once
+/// (LiveBytes): ShardPlan::backward_freed_bytes.
+int64_t FreedBytes(const std::vector<LayerNeed>& l, int a, int b, int64_t micro_batches) {
+  return ShardSum(l, a, b, &LayerNeed::act) + ShardSum(l, a, b, &LayerNeed::grad) -
+         LiveBytes(l, a, b, micro_batches);
 }
 
 /// Greedy contiguous packing with each shard's need capped at `cap`, from the last layer back:
@@ -499,9 +528,10 @@ StatusOr<PartitionPlan> PlanFor(const Trial& trial, const PartitionOptions& o,
         3 * costs[i].forward_flops +
         (attention == AttentionMemory::kRecomputed ? costs[i].attention_flops : 0) +
         (selective ? costs[i].recompute_flops : 0);
-    whole += costs[i].parameters * (8 + opt) + need[i].act;
+    whole += costs[i].parameters * (4 + opt) + costs[i].tied_parameters * 4;
   }
-  whole += transient;
+  // Unsharded: the tied parameters' gradients all the backward (the head's comes first).
+  whole += LiveBytes(need, 0, n - 1, mb_count) + transient;
   const int64_t tied_bytes = tied * 8;  // weights and gradients, resident all step
   const int64_t budget = o.device_budget;
   const int64_t usable = budget - tied_bytes - transient;  // for the shards' own needs
@@ -616,10 +646,9 @@ StatusOr<PartitionPlan> PlanFor(const Trial& trial, const PartitionOptions& o,
     sp.optimizer = sharded ? placement : OptimizerPlacement::kDevice;
     sp.resident = sharded && choice.resident[s];
     if (sp.resident) plan.resident_bytes += sp.state_bytes;
-    sp.workspace_bytes = ShardNeed(need, sp.first_layer, sp.last_layer, mb_count) -
-                         ShardSum(need, sp.first_layer, sp.last_layer, &LayerNeed::state) -
-                         ShardSum(need, sp.first_layer, sp.last_layer, &LayerNeed::grad) +
-                         transient;
+    sp.workspace_bytes = sp.activation_bytes +
+                         BoundaryBytes(need, sp.first_layer, sp.last_layer, mb_count) + transient;
+    sp.backward_freed_bytes = FreedBytes(need, sp.first_layer, sp.last_layer, mb_count);
     plan.shards.push_back(sp);
     plan.total_state_bytes += sp.state_bytes;
   }

@@ -62,6 +62,11 @@ struct ShardPlan {
   /// Device bytes of the shard's compute beyond its state and gradients: its activations and
   /// the boundary activations of every micro-batch.
   int64_t workspace_bytes = 0;
+  /// What the backward frees of workspace + gradients before its peak: autograd frees each
+  /// layer's activations once its backward has run, while the layers before it still make
+  /// their gradients (with one micro-batch; 0 with more). The backward's device bytes beyond
+  /// the state are workspace_bytes + gradient_bytes less this.
+  int64_t backward_freed_bytes = 0;
 };
 
 /// Where shards' state lives when they are not on the device.

@@ -203,18 +203,6 @@ class InMemoryExecutorFactory : public ExecutorFactoryInterface {
     Trial trial = WithDeviceBudget(given, options_.devices);
     RETURN_IF_ERROR(ResolveModel(&trial));
     const AttentionMemory attention = ExecutorAttention(options_.fused_attention);
-    const TrialFootprint fp = EstimateTrialFootprint(trial, attention);
-    if (trial.resources.device_memory_budget &&
-        fp.total_bytes() > *trial.resources.device_memory_budget) {
-      return ResourceExhaustedError(
-          "trial " + trial.name + " needs " + FormatBytes(fp.total_bytes()) +
-          " of device memory (" + FormatBytes(fp.parameter_bytes) + " parameters, " +
-          FormatBytes(fp.gradient_bytes) + " gradients, " + FormatBytes(fp.optimizer_bytes) +
-          " optimizer state, " + FormatBytes(fp.activation_bytes) +
-          " activations) but spec.resources.deviceMemoryBudget is " +
-          FormatBytes(*trial.resources.device_memory_budget) +
-          "; the in-memory executor does not spill");
-    }
     // The plan of what this executor runs: one shard, its state in the host tier.
     PartitionOptions po = PartitionOptionsFor(trial);
     po.device_budget = 0;
@@ -223,6 +211,22 @@ class InMemoryExecutorFactory : public ExecutorFactoryInterface {
     po.flops_per_second = options_.flops_per_second;
     po.fused_attention = attention == AttentionMemory::kFused;
     ASSIGN_OR_RETURN(Admission admission, PlanAdmission(trial, po));
+    // Its peak: the footprint less the activations its backward frees before the last
+    // gradients appear (ShardPlan::backward_freed_bytes).
+    const int64_t peak = admission.plan.peak_device_bytes;
+    if (trial.resources.device_memory_budget && peak > *trial.resources.device_memory_budget) {
+      const TrialFootprint fp = EstimateTrialFootprint(trial, attention);
+      return ResourceExhaustedError(
+          "trial " + trial.name + " needs " + FormatBytes(peak) + " of device memory (" +
+          FormatBytes(fp.parameter_bytes) + " parameters, " + FormatBytes(fp.gradient_bytes) +
+          " gradients, " + FormatBytes(fp.optimizer_bytes) + " optimizer state, " +
+          FormatBytes(fp.activation_bytes) + " activations, less " +
+          FormatBytes(admission.plan.shards[0].backward_freed_bytes) +
+          " freed in backward before the last gradients appear) but "
+          "spec.resources.deviceMemoryBudget is " +
+          FormatBytes(*trial.resources.device_memory_budget) +
+          "; the in-memory executor does not spill");
+    }
     HostBytesOnGpus(options_.devices, &admission);
     return admission;
   }

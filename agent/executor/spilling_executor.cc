@@ -1437,9 +1437,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     RETURN_IF_ERROR(Wait(L));
     if (L > 0) RETURN_IF_ERROR(Fetch(L - 1, true));
     if (L > 0) RETURN_IF_ERROR(BringBackGraph(L - 1));
-    RETURN_IF_ERROR(ledger_.Acquire(Tier::kDevice,
-                                    shards_[L].plan.workspace_bytes + shards_[L].grad_bytes,
-                                    "activations and gradients of shard " + std::to_string(L)));
+    RETURN_IF_ERROR(AcquireBackward(L));
     for (int64_t a = 0; a < c.A; ++a) {
       auto in = Leaf(c.inputs[L][a], L);
       auto loss = ShardLoss(L, in, c.targets[a]);
@@ -1450,10 +1448,26 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       c.inputs[L][a] = torch::Tensor();  // nothing reads it again this step
     }
     LossToHost(c);
-    ledger_.Release(Tier::kDevice, shards_[L].plan.workspace_bytes);
+    ReleaseBackward(L);
     ledger_.Release(Tier::kDevice, std::exchange(c.copying_out, 0));
     RETURN_IF_ERROR(AfterBackward(L, clipping));
     return AfterLastUse(L, clipping);
+  }
+
+  /// The device bytes shard k's backward takes beyond its state at its peak: its workspace and
+  /// gradients, less what autograd frees of the activations before the last gradients appear
+  /// (ShardPlan::backward_freed_bytes).
+  Status AcquireBackward(size_t k) {
+    const ShardPlan& p = shards_[k].plan;
+    return ledger_.Acquire(Tier::kDevice,
+                           p.workspace_bytes - p.backward_freed_bytes + shards_[k].grad_bytes,
+                           "activations and gradients of shard " + std::to_string(k));
+  }
+
+  /// After shard k's backward: all but its gradients, which its optimizer step releases.
+  void ReleaseBackward(size_t k) {
+    const ShardPlan& p = shards_[k].plan;
+    ledger_.Release(Tier::kDevice, p.workspace_bytes - p.backward_freed_bytes);
   }
 
   /// On a GPU the step's loss, complete once the last shard's micro-batches are done, starts
@@ -1495,9 +1509,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       streams_.ComputeWaits(offloaded->in_done());
       ledger_.Release(Tier::kDevice, offloaded->bytes());
     }
-    RETURN_IF_ERROR(ledger_.Acquire(Tier::kDevice,
-                                    shards_[k].plan.workspace_bytes + shards_[k].grad_bytes,
-                                    "activations and gradients of shard " + std::to_string(k)));
+    RETURN_IF_ERROR(AcquireBackward(k));
     for (int64_t a = 0; a < c.A; ++a) {
       torch::Tensor in, out;
       if (stash || (offloaded && Offloads(k))) {
@@ -1516,7 +1528,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     // On a GPU the backward above is queued, not done: the host optimizer steps shard k + 1
     // while the device computes (ZeRO-Offload's overlap), before AfterBackward waits for it.
     RunPendingHostStep();
-    ledger_.Release(Tier::kDevice, shards_[k].plan.workspace_bytes);
+    ReleaseBackward(k);
     if (stash && !on_.discrete) ledger_.Release(Tier::kHost, stashed);
     if (offloaded) {
       ledger_.Release(Tier::kHost, offloaded->bytes());

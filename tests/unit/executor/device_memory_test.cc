@@ -288,6 +288,28 @@ TEST(DeviceMemoryTest, PlansWhoseRecomputingShardsOffloadTheirInputsAllocateWith
       "inputs offloaded");
 }
 
+TEST(DeviceMemoryTest, UnshardedPlansUnderActivationsPlusGradientsAllocateWithinTheBudget) {
+  // Wide, with a short context, so the gradients weigh against the activations: with one
+  // micro-batch the plan counts only what coexists in the backward (a layer's activations are
+  // freed once its backward has run), and trains unsharded at budgets under the footprint's sum
+  // of both (before, 95% and 93% of it made sharded plans).
+  ExpectChosenPlansAllocateWithinTheirBudget(
+      testing::GptTrial("unsharded", "adamw", 4, 256, 4, 16, 5, 3e-4),
+      {Precision::kFp32, Precision::kBf16},
+      [](const Admission& a) { return a.plan.shards.size() == 1; }, "unsharded");
+}
+
+TEST(DeviceMemoryTest, PlansWhoseLastShardHoldsGpt2sHeadAllocateWithinTheBudget) {
+  // GPT-2's vocabulary: the fused head and loss never hold the [tokens, 50257] logits (206 MB
+  // here). Before the last shard's need left them out, no budget under 95% of the footprint
+  // made a plan (the logits alone were more than the footprint).
+  Trial t = testing::GptTrial("vocabulary", "adamw", 2, 64, 4, 128, 5, 3e-4);
+  t.model.vocab_size = 50257;
+  ExpectChosenPlansAllocateWithinTheirBudget(
+      t, {Precision::kFp32}, [](const Admission& a) { return a.plan.shards.size() > 1; },
+      "GPT-2's vocabulary");
+}
+
 TEST(DeviceMemoryTest, PlansThatRecomputeLayerNormsAndGeluAllocateWithinTheBudget) {
   // fp32: in bf16 no budget of this trial's makes a spilled plan that chooses it.
   ExpectChosenPlansAllocateWithinTheirBudget(

@@ -21,6 +21,14 @@ struct LayerNeed {
   double step_flops = 0;  // forward, backward and what the plan recomputes of it, per micro-batch
 };
 
+/// One field of layers a..b summed: `ShardSum(l, a, b, &LayerNeed::state)`.
+template <typename T>
+T ShardSum(const std::vector<LayerNeed>& l, int a, int b, T LayerNeed::*field) {
+  T sum = 0;
+  for (int i = a; i <= b; ++i) sum += l[i].*field;
+  return sum;
+}
+
 /// The most device bytes layers a..b's activations (one micro-batch's) and gradients take at
 /// once. The backward runs b..a, and autograd frees what a layer saved once its backward has
 /// run: while layer j's runs, the layers before it keep their activations and the layers after
@@ -29,12 +37,8 @@ struct LayerNeed {
 /// GiB under that sum, its gradients 1.32 GiB). With more micro-batches every gradient exists
 /// from the first one's backward on while the next recomputes all its activations: act + grad.
 int64_t LiveBytes(const std::vector<LayerNeed>& l, int a, int b, int64_t micro_batches) {
-  int64_t act = 0, grad = 0;
-  for (int i = a; i <= b; ++i) {
-    act += l[i].act;
-    grad += l[i].grad;
-  }
-  if (micro_batches > 1) return act + grad;
+  const int64_t act = ShardSum(l, a, b, &LayerNeed::act);
+  if (micro_batches > 1) return act + ShardSum(l, a, b, &LayerNeed::grad);
   int64_t live = 0, before = act, after = 0;  // act[a..j], grad[j..b]
   for (int j = b; j >= a; --j) {
     after += l[j].grad;
@@ -50,17 +54,8 @@ int64_t BoundaryBytes(const std::vector<LayerNeed>& l, int a, int b, int64_t mic
 }
 
 int64_t ShardNeed(const std::vector<LayerNeed>& l, int a, int b, int64_t micro_batches) {
-  int64_t state = 0;
-  for (int i = a; i <= b; ++i) state += l[i].state;
-  return state + LiveBytes(l, a, b, micro_batches) + BoundaryBytes(l, a, b, micro_batches);
-}
-
-/// One field of layers a..b summed: `ShardSum(l, a, b, &LayerNeed::state)`.
-template <typename T>
-T ShardSum(const std::vector<LayerNeed>& l, int a, int b, T LayerNeed::*field) {
-  T sum = 0;
-  for (int i = a; i <= b; ++i) sum += l[i].*field;
-  return sum;
+  return ShardSum(l, a, b, &LayerNeed::state) + LiveBytes(l, a, b, micro_batches) +
+         BoundaryBytes(l, a, b, micro_batches);
 }
 
 /// What layers a..b's activations and gradients take less at their peak than both at once

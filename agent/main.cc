@@ -25,6 +25,7 @@
 #include "common/devices.h"
 #include "common/host_memory.h"
 #include "common/http/http_server.h"
+#include "common/partitioner.h"
 #include "common/units.h"
 
 namespace {
@@ -107,6 +108,10 @@ int main(int argc, char** argv) {
                  "Devices and their memory budget: cpu:N or cpu:N,budget=4Gi (default budget: "
                  "the host memory for trials); cuda, cuda:0,2 or cuda:0,budget=20Gi name GPUs "
                  "(the CUDA build, scripts/build-cuda.sh)")
+      ->capture_default_str();
+  std::string optimizer = "auto";
+  app.add_option("--optimizer", optimizer, hydra::kOptimizerFlagHelp)
+      ->check(CLI::IsMember({"auto", "device", "host"}))
       ->capture_default_str();
   app.add_option("--threads", threads, "CPU threads for training, shared by the devices")
       ->check(CLI::Range(1, 1024))
@@ -211,6 +216,7 @@ int main(int argc, char** argv) {
   hydra::executor::ExecutorOptions exec_options;
   exec_options.threads = per_device_threads;
   exec_options.devices.devices = *devices;
+  exec_options.optimizer_placement = *hydra::ParseOptimizerFlag(optimizer);  // checked by CLI11
   if (auto capped = hydra::executor::CapGpuMemory(*devices); !capped.ok()) {
     std::cerr << "error: " << capped.message() << "\n";
     return 2;

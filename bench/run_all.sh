@@ -14,6 +14,8 @@ if [ "${1:-}" = "--smoke" ]; then
   echo "== bench/spill --gpu (a CPU device standing in)"
   HYDRA_BENCH_PYTHON=/usr/bin/python3 bash bench/spill.sh --gpu cpu:1 --smoke --precision bf16
 fi
+echo "== bench/plans (the planner's plans for a GPU at an H200's rates; estimates)"
+bash bench/plans.sh "${ARGS[@]}"
 echo "== bench/host_adamw"
 if [ "${1:-}" = "--smoke" ]; then ./build/bench/host_adamw --smoke; else ./build/bench/host_adamw; fi
 echo "== bench/schedule"

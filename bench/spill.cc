@@ -68,6 +68,7 @@ nlohmann::json AdmissionJson(const hydra::Admission& a, int64_t budget,
           {"hostBytes", a.host_bytes},
           {"diskBytes", a.disk_bytes},
           {"estimatedStepSeconds", a.est_step_seconds},
+          {"plannedPeakDeviceBytes", a.plan.peak_device_bytes},
           {"shards", a.plan.shards.size()},
           {"shardLayers", layers},
           {"policies", policies},
@@ -134,9 +135,30 @@ int main(int argc, char** argv) {
   app.add_flag("--cap-device", cap_device,
                "cap LibTorch's caching allocator on the GPU at the trial's device budget, as a GPU "
                "shared by trials is: its cached and fragmented memory then counts against it");
-  app.add_flag("--plan-only", plan_only,
-               "print the admission (shards, host and disk bytes, estimated step; at the default "
-               "rates, without the GPU pilot) as a JSON line and exit without building the model");
+  auto* plan_only_flag = app.add_flag(
+      "--plan-only", plan_only,
+      "print the admission (shards, host and disk bytes, estimated step; at the default rates or "
+      "the --*-rate ones, without the GPU pilot) as a JSON line and exit without building the "
+      "model");
+  // Rates to plan with instead of the pilot's: a GPU's plans reproduced where there is none
+  // (--simulate-gpu; bench/plans.sh), or a run on a GPU planned at rates of one's choosing.
+  double link_rate = 0, fp32_rate = 0, bf16_rate = 0, adamw_rate = 0;
+  app.add_option("--link-rate", link_rate, "host <-> GPU bytes/s to plan with (not the pilot's)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--fp32-rate", fp32_rate, "the device's fp32 FLOP/s to plan with")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--bf16-rate", bf16_rate, "the device's bf16 FLOP/s to plan with")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--host-adamw-rate", adamw_rate,
+                 "bytes/s the host's fused AdamW streams (weights, gradients, state) to plan with")
+      ->check(CLI::PositiveNumber);
+  bool simulate_gpu = false;
+  app.add_flag("--simulate-gpu", simulate_gpu,
+               "plan on the CPU device as on a GPU (its memory apart from the host's, as "
+               "ExecutorDevices::simulate_discrete) at the --*-rate rates: a GPU's plans on a "
+               "machine without one")
+      ->needs(plan_only_flag)
+      ->excludes("--budget-device");
   app.add_option("--host-budget", host_budget,
                  "bytes of RAM for stashed activations; -1: unlimited, 0: recompute every shard")
       ->capture_default_str();
@@ -188,8 +210,7 @@ int main(int argc, char** argv) {
                "bf16 on a GPU with the optimizer on the host: matrix weights travel as bf16");
   app.add_option("--devices", devices, "cpu:1, or a GPU: cuda:0 (the CUDA build)")
       ->capture_default_str();
-  app.add_option("--optimizer", optimizer,
-                 "where spilled shards' optimizers step: auto (by the measured link), device, host")
+  app.add_option("--optimizer", optimizer, hydra::kOptimizerFlagHelp)
       ->check(CLI::IsMember({"auto", "device", "host"}))
       ->capture_default_str();
   std::string profile_trace;
@@ -258,10 +279,12 @@ int main(int argc, char** argv) {
   // Sizing a run (--plan-only), the host and disk bytes do not wait for the GPU pilot.
   const std::string rates = plan_only ? "" : hydra::executor::UseMeasuredLinkRates(&options);
   if (!rates.empty()) std::cerr << rates << "\n";  // stdout is the JSON line
-  if (optimizer != "auto") {
-    options.optimizer_placement =
-        optimizer == "host" ? hydra::OptimizerPlacement::kHost : hydra::OptimizerPlacement::kDevice;
-  }
+  options.devices.simulate_discrete = simulate_gpu;
+  if (link_rate > 0) options.host_link_bytes_per_second = link_rate;
+  if (fp32_rate > 0) options.flops_per_second = fp32_rate;
+  if (bf16_rate > 0) options.bf16_flops_per_second = bf16_rate;
+  if (adamw_rate > 0) options.host_optimizer_bytes_per_second = adamw_rate;
+  options.optimizer_placement = *hydra::ParseOptimizerFlag(optimizer);  // checked by CLI11
   auto factory = hydra::executor::MakeExecutorFactory(options);
   // The plan the executor runs (on a GPU: graphs kept in its memory where the budget holds
   // them, and the optimizer where the link says).

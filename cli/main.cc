@@ -258,6 +258,7 @@ int Simulate(const SimulateArgs& a) {
 
 struct RunArgs {
   std::string manifest, output, progress = "auto", spill_dir, devices = "auto", host_memory, chart;
+  std::string optimizer = "auto";  // --optimizer (ParseOptimizerFlag)
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   bool restart = false;
 };
@@ -333,6 +334,7 @@ int Run(const RunArgs& a) {
   hydra::executor::ExecutorOptions exec_options;
   exec_options.threads = threads;
   exec_options.devices.devices = device_specs;
+  exec_options.optimizer_placement = *hydra::ParseOptimizerFlag(a.optimizer);  // checked by CLI11
   if (gpus) {
     if (auto capped = hydra::executor::CapGpuMemory(device_specs); !capped.ok()) {
       std::cerr << "error: " << capped.message() << "\n";
@@ -462,6 +464,9 @@ int main(int argc, char** argv) {
                   "Host memory the admitted trials may use (e.g. 16Gi); others wait in order "
                   "(default: 75% of the machine's memory, or of its cgroup's limit if less)");
   run->add_option("--chart", ra.chart, "Write a Gantt chart of the run's schedule to this PNG");
+  run->add_option("--optimizer", ra.optimizer, hydra::kOptimizerFlagHelp)
+      ->check(CLI::IsMember({"auto", "device", "host"}))
+      ->capture_default_str();
 
   std::string plan_manifest;
   bool plan_pilot = false;

@@ -449,6 +449,13 @@ const char* OptimizerPlacementName(OptimizerPlacement p) {
   return p == OptimizerPlacement::kDevice ? "device" : "host";
 }
 
+StatusOr<std::optional<OptimizerPlacement>> ParseOptimizerFlag(const std::string& value) {
+  if (value == "auto") return std::optional<OptimizerPlacement>();
+  if (value == "device") return std::optional(OptimizerPlacement::kDevice);
+  if (value == "host") return std::optional(OptimizerPlacement::kHost);
+  return InvalidArgumentError("--optimizer: \"" + value + "\" is not auto, device or host");
+}
+
 OptimizerPlacement ChooseOptimizerPlacement(const Trial& trial, const PartitionOptions& o) {
   if (o.state_tier == StateTier::kDisk) return OptimizerPlacement::kDevice;
   if (o.optimizer_placement) return *o.optimizer_placement;

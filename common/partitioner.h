@@ -29,6 +29,16 @@ const char* ActivationPolicyName(ActivationPolicy p);
 /// which go up at the next fetch; the device never holds the optimizer state.
 enum class OptimizerPlacement { kDevice, kHost };
 const char* OptimizerPlacementName(OptimizerPlacement p);
+/// The --optimizer flag of hydra run, hydra-agent and bench/spill: "auto" (unset: the cost model
+/// chooses), "device" or "host". INVALID_ARGUMENT naming the choices for anything else.
+StatusOr<std::optional<OptimizerPlacement>> ParseOptimizerFlag(const std::string& value);
+/// The flag's help, the same in every binary that takes it.
+inline constexpr const char* kOptimizerFlagHelp =
+    "where spilled trials' optimizers step: auto (the cost model, from the pilot's measured host "
+    "link and host AdamW rate; on a CPU device: the device), device (the state moves with its "
+    "shard), host (ZeRO-Offload: the state stays in host memory and the host's fused AdamW steps "
+    "it, so the device budget holds larger shards); trials that fit the device unsharded, and "
+    "those whose state is on disk, step on the device";
 
 /// One shard: a contiguous range of layers and what it needs on the device.
 struct ShardPlan {

@@ -22,11 +22,13 @@ struct AgentProcess {
 /// address), which the controller then dials. A port picked free can be taken by another
 /// process (a parallel test's client) before the agent binds it; an agent that exits while
 /// starting is started again on fresh ports, up to 5 times, each attempt's log kept as
-/// `work/<node>.<attempt>.log`. The returned pid is -1 if no attempt came up.
+/// `work/<node>.<attempt>.log`. The returned pid is -1 if no attempt came up. `extra_args`
+/// (flags the others do not set) follow them.
 inline AgentProcess StartAgentProcess(const std::string& node, const std::string& devices,
                                       const std::filesystem::path& work,
                                       const std::filesystem::path& data_root,
-                                      const std::filesystem::path& checkpoint_root) {
+                                      const std::filesystem::path& checkpoint_root,
+                                      const std::vector<std::string>& extra_args = {}) {
   const std::string log = (work / (node + ".log")).string();
   for (int attempt = 1;; ++attempt) {
     AgentProcess a;
@@ -34,14 +36,26 @@ inline AgentProcess StartAgentProcess(const std::string& node, const std::string
     a.grpc = FreePort();
     a.metrics = FreePort();
     a.health = FreePort();
-    a.proc =
-        Start(std::string(HYDRA_BINARY_DIR) + "/agent/hydra-agent",
-              {"--node-name", node, "--grpc-bind-address", a.endpoint(), "--metrics-bind-address",
-               "127.0.0.1:" + std::to_string(a.metrics), "--health-probe-bind-address",
-               "127.0.0.1:" + std::to_string(a.health), "--devices", devices, "--threads", "1",
-               "--data-root", data_root.string(), "--checkpoint-root", checkpoint_root.string(),
-               "--spill-dir", (work / ("spill-" + node)).string()},
-              log);
+    std::vector<std::string> args = {"--node-name",
+                                     node,
+                                     "--grpc-bind-address",
+                                     a.endpoint(),
+                                     "--metrics-bind-address",
+                                     "127.0.0.1:" + std::to_string(a.metrics),
+                                     "--health-probe-bind-address",
+                                     "127.0.0.1:" + std::to_string(a.health),
+                                     "--devices",
+                                     devices,
+                                     "--threads",
+                                     "1",
+                                     "--data-root",
+                                     data_root.string(),
+                                     "--checkpoint-root",
+                                     checkpoint_root.string(),
+                                     "--spill-dir",
+                                     (work / ("spill-" + node)).string()};
+    args.insert(args.end(), extra_args.begin(), extra_args.end());
+    a.proc = Start(std::string(HYDRA_BINARY_DIR) + "/agent/hydra-agent", args, log);
     if (a.proc.pid <= 0) return a;
     int code = -1;  // stays -1 while the agent runs
     if (WaitForOutput(a.proc, "/metrics, probes on", std::chrono::seconds(60), &code)) return a;

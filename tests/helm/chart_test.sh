@@ -123,7 +123,7 @@ render scrape-job-own-prometheus --set monitoring.agentScrapeJob=kubernetes-pods
 grep -q '^kind: Issuer' "$WORK/tls-cert-manager-issuer.yaml" && fail "an Issuer rendered beside issuerRef.name"
 
 # The values schema refuses unknown keys and bad enums.
-for bad in agent.bogus=1 agent.spill.type=nfs controller.workers=0 monitoring.serviceMonitor.agentKind=Probe \
+for bad in agent.bogus=1 agent.spill.type=nfs agent.optimizer=gpu controller.workers=0 monitoring.serviceMonitor.agentKind=Probe \
     agent.grpcAdvertise=podDNS clusterDomain=cluster.local tls.serverName=Bad_Name; do
   if helm template hydra "$CHART" --set "$bad" >/dev/null 2>&1; then
     fail "the values schema accepted --set $bad"
@@ -154,6 +154,10 @@ refuse "used only with tls.source=existingSecret" --api-versions cert-manager.io
   --set tls.source=certManager --set tls.existingSecret=hydra-certs
 refuse "must be a lower-case DNS name" --set tls.clientIdentity=Controller_1
 log "values schema and templates refuse bad values"
+helm template hydra "$CHART" --set agent.optimizer=host >"$WORK/optimizer-host.yaml" ||
+  fail "helm template --set agent.optimizer=host"
+grep -q -- '- --optimizer=host$' "$WORK/optimizer-host.yaml" ||
+  fail "agent.optimizer=host: the agent's args have no --optimizer=host"
 
 # The Prometheus Operator's objects render only where the cluster serves them.
 MON="$CHART/ci/aks-spot-mtls-monitoring-values.yaml"

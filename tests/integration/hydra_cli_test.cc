@@ -159,6 +159,45 @@ TEST_F(HydraCliTest, MissingDatasetIsAClearError) {
   EXPECT_THAT(out, HasSubstr("No such file"));
 }
 
+TEST_F(HydraCliTest, OptimizerHostFitsLargerShardsAndTrainsTheSameModels) {
+  // At this budget (under the 13.4 MiB the trial needs unsharded) the trial's 4 shards hold
+  // their AdamW state on the device; --optimizer host keeps the state in host memory, stepped
+  // there, so the budget holds larger shards (here 1).
+  std::ofstream(dir_ / "spilled.yaml") << R"(apiVersion: hydra.dev/v1alpha1
+kind: MultiModelJob
+metadata:
+  name: spilled
+spec:
+  model: {family: gpt2, nLayer: 4, nEmbd: 128, nHead: 2, contextLength: 16, vocabSize: 256}
+  dataset: {format: text, path: corpus.txt, validationFraction: 0.05}
+  search: {grid: {learningRate: [1.0e-3]}}
+  training: {steps: 20, batchSize: 4, seed: 3, evalEverySteps: 10}
+  resources: {deviceMemoryBudget: 9Mi}
+)";
+  std::map<std::string, nlohmann::json> trial;
+  for (const std::string choice : {"device", "host"}) {
+    std::string out;
+    const fs::path o = dir_ / choice;
+    ASSERT_EQ(RunHydra({"run", (dir_ / "spilled.yaml").string(), "-o", o.string(), "--optimizer",
+                        choice, "--threads", "1", "--devices", "cpu:1"},
+                       &out),
+              0)
+        << out;
+    trial[choice] = nlohmann::json::parse(Slurp((o / "results.json").string()))["trials"][0];
+  }
+  EXPECT_GT(trial["device"]["shards"].get<int>(), 1);
+  EXPECT_LT(trial["host"]["shards"].get<int>(), trial["device"]["shards"].get<int>());
+  // AdamW on the host (adamw_kernel) and on a CPU device (the same kernel over the device's
+  // tensors): the same updates, whatever the shards.
+  const double device_loss = trial["device"]["finalTrainLoss"].get<double>();
+  EXPECT_NEAR(trial["host"]["finalTrainLoss"].get<double>(), device_loss,
+              1e-4 * std::abs(device_loss));
+
+  std::string out;
+  EXPECT_NE(RunHydra({"run", (dir_ / "spilled.yaml").string(), "--optimizer", "gpu"}, &out), 0);
+  EXPECT_THAT(out, HasSubstr("--optimizer"));
+}
+
 /// `--devices cuda` in the CPU build says so, and names the GPUs the NVIDIA driver manages
 /// (through NVML: here a fake libnvidia-ml.so.1 found on LD_LIBRARY_PATH) so the user sees that
 /// a CUDA build would use them. In a CUDA build (build-cuda/) the GPU tests cover --devices.

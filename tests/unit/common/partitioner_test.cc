@@ -176,6 +176,17 @@ TEST(PartitionerTest, TheOptimizerStepsWhereTheCostModelSaysItIsCheaper) {
   EXPECT_THAT(refused.status().message(), HasSubstr("host tier"));
 }
 
+TEST(PartitionerTest, TheOptimizerFlagLeavesAutoToTheCostModelAndNamesItsChoices) {
+  EXPECT_EQ(*ParseOptimizerFlag("auto"), std::nullopt);
+  EXPECT_EQ(*ParseOptimizerFlag("device"), OptimizerPlacement::kDevice);
+  EXPECT_EQ(*ParseOptimizerFlag("host"), OptimizerPlacement::kHost);
+  for (const char* bad : {"", "Host", "cpu"}) {
+    auto parsed = ParseOptimizerFlag(bad);
+    EXPECT_EQ(parsed.status().code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(parsed.status().message(), HasSubstr("auto, device or host"));
+  }
+}
+
 TEST(PartitionerTest, AShardWithEnoughComputeToHideItsStatesCopiesStepsOnTheDevice) {
   Trial t = Gpt2(6, 128);
   t.training.optimizer = "adamw";

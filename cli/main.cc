@@ -116,62 +116,67 @@ hydra::StatusOr<hydra::DeviceSpec> PilotDevice(const std::string& flag) {
   return devices->front();
 }
 
-int Plan(const std::string& path, bool pilot, const std::string& pilot_device, int threads) {
+/// The executor options `hydra run` would plan with on the pilot's device: the pilot's rate, and
+/// on a GPU the rates `hydra run` measures there (UseMeasuredLinkRates), which it prints. 0:
+/// ready (`*pilot_line` says what the pilot measured); otherwise the exit code.
+int PilotOptions(const hydra::Trial& first, const std::string& pilot_device,
+                 hydra::executor::ExecutorOptions* options, std::string* pilot_line) {
+  auto device = PilotDevice(pilot_device.empty() ? "cpu" : pilot_device);
+  if (!device.ok()) {
+    std::cerr << "error: " << device.status().message() << "\n";
+    return 2;
+  }
+  hydra::executor::ConfigureCudaAllocator();
+  hydra::executor::ConfigureCpuThreads(options->threads);
+  auto p = hydra::executor::RunPilot(first, *device);
+  if (!p.ok()) {
+    std::cerr << "error: " << p.status().message() << "\n";
+    return 1;
+  }
+  options->flops_per_second = p->flops_per_second;
+  if (device->kind == hydra::DeviceKind::kCuda) {
+    options->devices.devices = {*device};
+    const std::string rates = hydra::executor::UseMeasuredLinkRates(options);
+    if (rates.rfind("warning: ", 0) == 0) {
+      std::cerr << "error: " << rates.substr(9) << "\n";
+      return 1;
+    }
+    std::cout << rates << "\n";
+  }
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "pilot (%s) on %s: layer %s forward+backward (attention %s) took %.4f s; the cost "
+                "model's %.3g FLOPs at 100 GFLOP/s predict %.4f s (measured/predicted %.2f)",
+                first.name.c_str(), p->device.c_str(), p->layer.c_str(),
+                hydra::AttentionMemoryName(p->attention), p->layer_seconds, p->layer_flops,
+                p->layer_flops / 1e11, p->layer_seconds / (p->layer_flops / 1e11));
+  *pilot_line = line;
+  return 0;
+}
+
+int Plan(const std::string& path, bool pilot, const std::string& pilot_device, int threads,
+         const std::string& optimizer) {
   hydra::MultiModelJob job;
   std::vector<hydra::Trial> trials;
   if (int rc = LoadOrExplain(path, &job, &trials)) return rc;
-  int rc = 0;
-  double flops = 1e11;
-  // On a GPU, plan as the executors there do: stashed graphs stay in the GPU's memory, and the
-  // host link's measured rates.
-  std::optional<hydra::executor::LinkRates> link;
+  // The options `hydra run` gives its executors, so that these plans are the ones it trains.
+  hydra::executor::ExecutorOptions options;
+  options.threads = threads;
+  options.optimizer_placement = *hydra::ParseOptimizerFlag(optimizer);  // checked by CLI11
   if (pilot || !pilot_device.empty()) {
-    auto device = PilotDevice(pilot_device.empty() ? "cpu" : pilot_device);
-    if (!device.ok()) {
-      std::cerr << "error: " << device.status().message() << "\n";
-      return 2;
+    std::string pilot_line;
+    if (int rc = PilotOptions(trials.front(), pilot_device, &options, &pilot_line)) return rc;
+    std::string bf16;  // on a GPU, the measured bf16 rate bf16 trials plan with
+    if (options.bf16_flops_per_second > 0) {
+      bf16 = " (bf16 trials: " + std::to_string(options.bf16_flops_per_second / 1e12) + " TFLOP/s)";
     }
-    hydra::executor::ConfigureCudaAllocator();
-    hydra::executor::ConfigureCpuThreads(threads);
-    auto p = hydra::executor::RunPilot(trials.front(), *device);
-    if (!p.ok()) {
-      std::cerr << "error: " << p.status().message() << "\n";
-      return 1;
-    }
-    flops = p->flops_per_second;
-    if (device->kind == hydra::DeviceKind::kCuda) {
-      auto rates = hydra::executor::MeasureLinkRates(*device);
-      if (!rates.ok()) {
-        std::cerr << "error: " << rates.status().message() << "\n";
-        return 1;
-      }
-      link = *rates;
-      std::printf("host link %.1f GB/s, host AdamW %.1f GB/s\n",
-                  rates->host_link_bytes_per_second / 1e9,
-                  rates->host_optimizer_bytes_per_second / 1e9);
-    }
-    std::printf(
-        "pilot (%s) on %s: layer %s forward+backward (attention %s) took %.4f s; the cost "
-        "model's %.3g FLOPs at 100 GFLOP/s predict %.4f s (measured/predicted %.2f); estimates "
-        "below use the measured %.1f GFLOP/s\n\n",
-        trials.front().name.c_str(), p->device.c_str(), p->layer.c_str(),
-        hydra::AttentionMemoryName(p->attention), p->layer_seconds, p->layer_flops,
-        p->layer_flops / 1e11, p->layer_seconds / (p->layer_flops / 1e11), flops / 1e9);
+    std::printf("%s; estimates below use %.1f GFLOP/s%s\n\n", pilot_line.c_str(),
+                options.flops_per_second / 1e9, bf16.c_str());
   }
-  for (const auto& t : trials) {
-    auto po = hydra::PartitionOptionsFor(t);
-    po.flops_per_second = flops;
-    if (link) {
-      po.stash_on_device = true;  // as the executors on a GPU plan
-      po.activation_offload = hydra::executor::SavedTensorCaptureAvailable();
-      po.selective_recompute = true;
-      po.resident_state = true;
-      po.checkpoint_offload = true;
-      po.fused_attention = hydra::executor::FusedAttentionAvailable();
-      po.host_link_bytes_per_second = link->host_link_bytes_per_second;
-      po.host_optimizer_bytes_per_second = link->host_optimizer_bytes_per_second;
-    }
-    auto plan = hydra::PlanShards(t, po);
+  int rc = 0;
+  for (const auto& given : trials) {
+    const hydra::Trial t = hydra::executor::WithDeviceBudget(given, options.devices);
+    auto plan = hydra::PlanShards(t, hydra::executor::ExecutorPartitionOptions(t, options));
     if (!plan.ok()) {
       std::cout << t.name << ": cannot be planned: " << plan.status().message() << "\n";
       rc = 1;
@@ -180,7 +185,7 @@ int Plan(const std::string& path, bool pilot, const std::string& pilot_device, i
     std::cout << hydra::FormatPlan(t, *plan) << "\n";
   }
   std::printf("(est. s: forward + backward (+ recompute) seconds per step at %.1f GFLOP/s%s)\n",
-              flops / 1e9, pilot ? ", measured" : "; --pilot measures it");
+              options.flops_per_second / 1e9, pilot ? ", measured" : "; --pilot measures it");
   return rc;
 }
 
@@ -481,8 +486,14 @@ int main(int argc, char** argv) {
                  "rate for the estimates");
   plan->add_option("--pilot-device", plan_pilot_device,
                    "Where --pilot times (implies it): cpu (default), or a GPU of the CUDA build: "
-                   "cuda (the first) or cuda:I, whose host link is measured too and planned "
-                   "with as the executors there do (stashed graphs kept in the GPU's memory)");
+                   "cuda (the first) or cuda:I, whose host link, host AdamW and block rates "
+                   "are measured too and planned with as `hydra run` does there (stashed "
+                   "graphs kept in the GPU's memory; a trial without a device budget gets the "
+                   "GPU's)");
+  std::string plan_optimizer = "auto";
+  plan->add_option("--optimizer", plan_optimizer, hydra::kOptimizerFlagHelp)
+      ->check(CLI::IsMember({"auto", "device", "host"}))
+      ->capture_default_str();
 
   SimulateArgs sim;
   auto* simulate = app.add_subcommand(
@@ -561,7 +572,9 @@ int main(int argc, char** argv) {
 
   CLI11_PARSE(app, argc, argv);
   if (run->parsed()) return Run(ra);
-  if (plan->parsed()) return Plan(plan_manifest, plan_pilot, plan_pilot_device, ra.threads);
+  if (plan->parsed()) {
+    return Plan(plan_manifest, plan_pilot, plan_pilot_device, ra.threads, plan_optimizer);
+  }
   if (simulate->parsed()) {
     if (sim.manifest.empty() == sim.profile.empty()) {
       std::cerr << "error: hydra simulate takes a manifest or --profile FILE (one of them)\n";

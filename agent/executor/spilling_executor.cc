@@ -1800,6 +1800,40 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   int64_t host_steps_deferred_ = 0;     // ExecutorStats::host_steps_deferred
 };
 
+}  // namespace
+
+PartitionOptions ExecutorPartitionOptions(const Trial& trial, const ExecutorOptions& options) {
+  PartitionOptions po = PartitionOptionsFor(trial);
+  po.flops_per_second =
+      trial.training.precision == Precision::kBf16 && options.bf16_flops_per_second > 0
+          ? options.bf16_flops_per_second
+          : options.flops_per_second;
+  po.host_link_bytes_per_second = options.host_link_bytes_per_second;
+  po.host_optimizer_bytes_per_second = options.host_optimizer_bytes_per_second;
+  po.attention_recompute = options.attention_recompute;
+  po.fused_attention = ExecutorAttention(options.fused_attention) == AttentionMemory::kFused;
+  if (options.optimizer_placement && po.state_tier == StateTier::kHost) {
+    po.optimizer_placement = options.optimizer_placement;
+  }
+  // On a discrete device a stashed autograd graph stays in its memory (EvictKeepingGraph),
+  // or with device_stash off no shard but the last stashes. Weights that travel as bf16
+  // change the parameters' type on the device: their shards recompute (Stashes).
+  if (options.devices.DiscreteMemoryBytes() > 0 || options.devices.simulate_discrete) {
+    const bool transit =
+        options.bf16_weight_transit && trial.training.precision == Precision::kBf16;
+    po.stash_on_device = options.device_stash && !transit;
+    po.activation_offload =
+        po.stash_on_device && options.activation_offload && SavedTensorCaptureAvailable();
+    po.selective_recompute = options.selective_recompute;
+    po.resident_state = po.stash_on_device && options.resident_state;
+    po.checkpoint_offload = po.stash_on_device && options.checkpoint_offload;
+    if (!po.stash_on_device) po.host_activation_budget = 0;
+  }
+  return po;
+}
+
+namespace {
+
 class ExecutorFactory : public ExecutorFactoryInterface {
  public:
   explicit ExecutorFactory(ExecutorOptions options)
@@ -1815,33 +1849,7 @@ class ExecutorFactory : public ExecutorFactoryInterface {
     RETURN_IF_ERROR(CheckModelAndData(given, data));
     Trial trial = WithDeviceBudget(given, options_.devices);
     RETURN_IF_ERROR(ResolveModel(&trial));
-    PartitionOptions po = PartitionOptionsFor(trial);
-    po.flops_per_second =
-        trial.training.precision == Precision::kBf16 && options_.bf16_flops_per_second > 0
-            ? options_.bf16_flops_per_second
-            : options_.flops_per_second;
-    po.host_link_bytes_per_second = options_.host_link_bytes_per_second;
-    po.host_optimizer_bytes_per_second = options_.host_optimizer_bytes_per_second;
-    po.attention_recompute = options_.attention_recompute;
-    po.fused_attention = ExecutorAttention(options_.fused_attention) == AttentionMemory::kFused;
-    if (options_.optimizer_placement && po.state_tier == StateTier::kHost) {
-      po.optimizer_placement = options_.optimizer_placement;
-    }
-    // On a discrete device a stashed autograd graph stays in its memory (EvictKeepingGraph),
-    // or with device_stash off no shard but the last stashes. Weights that travel as bf16
-    // change the parameters' type on the device: their shards recompute (Stashes).
-    if (options_.devices.DiscreteMemoryBytes() > 0 || options_.devices.simulate_discrete) {
-      const bool transit =
-          options_.bf16_weight_transit && trial.training.precision == Precision::kBf16;
-      po.stash_on_device = options_.device_stash && !transit;
-      po.activation_offload =
-          po.stash_on_device && options_.activation_offload && SavedTensorCaptureAvailable();
-      po.selective_recompute = options_.selective_recompute;
-      po.resident_state = po.stash_on_device && options_.resident_state;
-      po.checkpoint_offload = po.stash_on_device && options_.checkpoint_offload;
-      if (!po.stash_on_device) po.host_activation_budget = 0;
-    }
-    auto admission = PlanAdmission(trial, po);
+    auto admission = PlanAdmission(trial, ExecutorPartitionOptions(trial, options_));
     if (!admission.ok()) return admission.status().WithContext("trial " + trial.name);
     HostBytesOnGpus(options_.devices, &*admission);
     if (admission->plan.state_tier == StateTier::kDisk) {

@@ -63,6 +63,13 @@ struct ExecutorOptions {
   ExecutorDevices devices = {};
 };
 
+/// The partitioner's options for `trial` (its device budget set: WithDeviceBudget) as the
+/// factory's executors plan it: the options' rates (bf16's for a bf16 trial), their optimizer
+/// override where the state is in the host tier, their attention, and on a discrete device the
+/// GPU's plan choices (graphs stashed on the device, offloads, selective recompute, resident
+/// shards). `hydra plan` plans with these, so its plans are the ones `hydra run` trains.
+PartitionOptions ExecutorPartitionOptions(const Trial& trial, const ExecutorOptions& options);
+
 /// The executor factory `hydra run` and the agent use. Plans each trial's shards against
 /// spec.resources.deviceMemoryBudget (partitioner in common/partitioner.h): a trial that fits
 /// with its state in host memory trains on the plain in-memory executor (no recompute, no

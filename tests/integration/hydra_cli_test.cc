@@ -177,6 +177,12 @@ spec:
   std::map<std::string, nlohmann::json> trial;
   for (const std::string choice : {"device", "host"}) {
     std::string out;
+    // hydra plan shows the plan hydra run trains.
+    ASSERT_EQ(RunHydra({"plan", (dir_ / "spilled.yaml").string(), "--optimizer", choice}, &out), 0)
+        << out;
+    EXPECT_THAT(out, HasSubstr(choice == "host" ? "spilled-lr1e-3 (fp32): 1 shard,"
+                                                : "spilled-lr1e-3 (fp32): 4 shards,"));
+    EXPECT_THAT(out, HasSubstr(" stash      " + choice + " "));
     const fs::path o = dir_ / choice;
     ASSERT_EQ(RunHydra({"run", (dir_ / "spilled.yaml").string(), "-o", o.string(), "--optimizer",
                         choice, "--threads", "1", "--devices", "cpu:1"},

@@ -296,8 +296,8 @@ runs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 shapes = {}
 for r in runs:
     shapes.setdefault(r.get("shape") or "", []).append(r)
-print("| shape | budget | state tier | shards (s: stash, r: recompute, i: recompute, input in host memory, o: offload) | optimizer per shard (d/h; R: on the device, state resident) | tokens/s | ratio to unspilled | device peak: ledger / allocator / reserved |")
-print("|---|---|---|---|---|---|---|---|")
+print("| shape | budget | state tier | shards (s: stash, r: recompute, i: recompute, input in host memory, o: offload) | optimizer per shard (d/h; R: on the device, state resident) | tokens/s | ratio to unspilled | step: planned (link) / measured | device peak: planned / ledger / allocator / reserved |")
+print("|---|---|---|---|---|---|---|---|---|")
 for name, rs in shapes.items():
     spill = [r for r in rs if r.get("impl") != "pytorch-eager"]
     eager = [r for r in rs if r.get("impl") == "pytorch-eager"]
@@ -307,7 +307,7 @@ for name, rs in shapes.items():
             error = r.get('error', '').strip()
             outcome = error if error.startswith("skipped") else f"failed: {error[-100:]}"
             print(f"| {name} | {r['budgetFraction']:.0%} | {r['offload']} | - | {r.get('args') or '-'} | "
-                  f"{outcome} | - | - |")
+                  f"{outcome} | - | - | - |")
             continue
         ratio = f"{r['tokensPerSecond'] / base['tokensPerSecond']:.2f}" if base else "-"
         attention = f", attention {r['attention']}" if r.get("attention", "kept") != "kept" else ""
@@ -322,6 +322,11 @@ for name, rs in shapes.items():
               f"({r.get('policies', '')}{attention}) | "
               f"{r['optimizerPlacements']}{' + bf16 transit' if r.get('bf16Transit') else ''} | "
               f"{r['tokensPerSecond']:.0f} | {ratio} | "
+              # The planner's estimate of a step (its link part where it weighed the link)
+              # beside the step measured: what calibrates the estimate.
+              f"{r.get('estimatedStepSeconds', 0) * 1e3:.1f} ({r.get('linkSeconds', 0) * 1e3:.1f}) / "
+              f"{r['secondsPerStep'] * 1e3:.1f} ms | "
+              f"{r.get('plannedPeakDeviceBytes', 0) / 2**30:.2f} / "
               f"{r['peakDeviceBytes'] / 2**30:.2f} / {r.get('allocatorPeakBytes', 0) / 2**30:.2f} / "
               f"{r.get('reservedPeakBytes', 0) / 2**30:.2f} GiB"
               f"{', %d allocator retries' % r['allocatorRetries'] if r.get('allocatorRetries') else ''} |")
@@ -331,13 +336,13 @@ for name, rs in shapes.items():
         if "error" in e:
             error = e['error'].strip()
             outcome = error if error.startswith("skipped") else f"failed: {error[-100:]}"
-            print(f"| {label} | - | - | - | - | {outcome} | - | - |")
+            print(f"| {label} | - | - | - | - | {outcome} | - | - | - |")
             continue
         # Against Hydra's unspilled run with the same attention.
         same = next((r for r in spill if r.get("budgetFraction") == 1.0 and "tokensPerSecond" in r and
                      (r.get("attention") == "fused") == (e.get("attention") == "sdpa")), None)
         vs = f"Hydra unspilled / eager: {same['tokensPerSecond'] / e['tokens_per_second']:.2f}" if same else "-"
-        print(f"| {label} | - | - | - | - | {e['tokens_per_second']:.0f} | {vs} | "
+        print(f"| {label} | - | - | - | - | {e['tokens_per_second']:.0f} | {vs} | - | "
               f"{e.get('peak_allocated_bytes', 0) / 2**30:.1f} GiB (allocator) |")
 gpu = [r for r in runs if str(r.get("device", "")).startswith("cuda") and "expandableSegments" in r]
 if gpu:

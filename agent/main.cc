@@ -281,7 +281,9 @@ int main(int argc, char** argv) {
   std::cout << "hydra-agent: " << devices->size() << " device(s) of "
             << hydra::FormatBytes(devices->front().memory_bytes) << ", "
             << hydra::FormatBytes(host_bytes) << " host memory for trials, spill dir " << spill_dir
-            << "\n"
+            << ", spilled trials' optimizers on "
+            << (optimizer == "auto" ? "the cost model's choice" : "the " + optimizer)
+            << " (--optimizer)\n"
             << std::flush;
 
   struct sigaction sa {};

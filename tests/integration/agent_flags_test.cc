@@ -182,6 +182,9 @@ TEST_F(AgentFlagsTest, OptimizerHostStepsEveryShardsOptimizerOnTheHost) {
     EXPECT_EQ(hydra::fakes::Stop(agent.proc, SIGTERM), 0);
     ASSERT_FALSE(placements.empty()) << hydra::fakes::Slurp(agent.proc.out_path);
     EXPECT_EQ(placements, choice == "host" ? "h" : "dddd") << "--optimizer " << choice;
+    EXPECT_THAT(hydra::fakes::Slurp(agent.proc.out_path),
+                HasSubstr(choice == "host" ? "optimizers on the host (--optimizer)"
+                                           : "optimizers on the cost model's choice"));
   }
 }
 

@@ -14,7 +14,6 @@
 #include <optional>
 #include <thread>
 
-#include "agent/executor/cpu_threads.h"
 #include "agent/executor/gpus.h"
 #include "agent/executor/pilot.h"
 #include "agent/executor/spilling_executor.h"
@@ -212,7 +211,6 @@ int main(int argc, char** argv) {
   }
 
   const int per_device_threads = std::max(1, threads / static_cast<int>(devices->size()));
-  hydra::executor::ConfigureCpuThreads(per_device_threads);
   hydra::executor::ExecutorOptions exec_options;
   exec_options.threads = per_device_threads;
   exec_options.devices.devices = *devices;

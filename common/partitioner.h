@@ -34,7 +34,7 @@ const char* OptimizerPlacementName(OptimizerPlacement p);
 StatusOr<std::optional<OptimizerPlacement>> ParseOptimizerFlag(const std::string& value);
 /// The flag's help, the same in every binary that takes it.
 inline constexpr const char* kOptimizerFlagHelp =
-    "where spilled trials' optimizers step: auto (the cost model, from the pilot's measured host "
+    "Where spilled trials' optimizers step: auto (the cost model, from the pilot's measured host "
     "link and host AdamW rate; on a CPU device: the device), device (the state moves with its "
     "shard), host (ZeRO-Offload: the state stays in host memory and the host's fused AdamW steps "
     "it, so the device budget holds larger shards); trials that fit the device unsharded, and "

@@ -166,12 +166,13 @@ int Plan(const std::string& path, bool pilot, const std::string& pilot_device, i
   if (pilot || !pilot_device.empty()) {
     std::string pilot_line;
     if (int rc = PilotOptions(trials.front(), pilot_device, &options, &pilot_line)) return rc;
-    std::string bf16;  // on a GPU, the measured bf16 rate bf16 trials plan with
+    char bf16[64] = "";  // on a GPU, the measured rate bf16 trials plan with
     if (options.bf16_flops_per_second > 0) {
-      bf16 = " (bf16 trials: " + std::to_string(options.bf16_flops_per_second / 1e12) + " TFLOP/s)";
+      std::snprintf(bf16, sizeof bf16, " (bf16 trials: %.1f GFLOP/s)",
+                    options.bf16_flops_per_second / 1e9);
     }
     std::printf("%s; estimates below use %.1f GFLOP/s%s\n\n", pilot_line.c_str(),
-                options.flops_per_second / 1e9, bf16.c_str());
+                options.flops_per_second / 1e9, bf16);
   }
   int rc = 0;
   for (const auto& given : trials) {

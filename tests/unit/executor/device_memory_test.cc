@@ -127,6 +127,16 @@ LayerBytes MeasureLayer(SequentialLayer& layer, const torch::Tensor& x0, Precisi
   return bytes;
 }
 
+/// What LibTorch's bf16 CPU kernels may allocate beyond the layer's tensors, by CPU: where the
+/// CPU has AVX-512 BF16, oneDNN's bf16 kernels in LibTorch 2.11 (the CUDA build) allocated, on
+/// an AMD EPYC, 3.3 KB more than counted for a block of width 256 and context 32 (kept 260 KB
+/// less, backward 264 KB more) and 1.7 KB more for an MLP's head of width 64; on CPUs without it
+/// and in LibTorch 1.13 nothing. A GPU's kernels keep their scratch in cuBLAS's workspaces,
+/// which cuda_executor_test allows apart. fp32: none.
+int64_t CpuKernelScratch(Precision precision) {
+  return precision == Precision::kBf16 ? int64_t{4096} : 0;
+}
+
 LayerBytes MeasureBlock(const Trial& t, AttentionMemory how, bool selective) {
   torch::manual_seed(0);
   auto model = BuildGpt2(t.model, 1);
@@ -163,7 +173,7 @@ TEST(DeviceMemoryTest, ABlocksTrainingAllocatesNoMoreThanTheCostModelCounts) {
                        std::to_string(shape.context) + ", " + PrecisionName(precision) +
                        ", scores " + AttentionMemoryName(how) +
                        (selective ? ", selective recompute" : ""));
-          EXPECT_LE(measured.saved + measured.transient, counted)
+          EXPECT_LE(measured.saved + measured.transient, counted + CpuKernelScratch(precision))
               << "kept " << measured.saved << " (counted "
               << KeptActivationBytes(cost, how, selective) << "), backward " << measured.transient
               << " (counted " << BackwardTransientBytes(cost, how, selective) << ")";
@@ -216,7 +226,8 @@ TEST(DeviceMemoryTest, AnImageLayersTrainingAllocatesNoMoreThanTheCostModelCount
         const AttentionMemory how = AttentionMemory::kKept;
         const int64_t kept = KeptActivationBytes(costs[i], how);
         const int64_t transient = BackwardTransientBytes(costs[i], how, false);
-        EXPECT_LE(measured.saved + measured.transient, kept + transient)
+        EXPECT_LE(measured.saved + measured.transient,
+                  kept + transient + CpuKernelScratch(precision))
             << "kept " << measured.saved << " (counted " << kept << "), backward "
             << measured.transient << " (counted " << transient << ")";
         torch::NoGradGuard no_grad;

@@ -110,7 +110,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   std::string optimizer = "auto";
   app.add_option("--optimizer", optimizer, hydra::kOptimizerFlagHelp)
-      ->check(CLI::IsMember({"auto", "device", "host"}))
+      ->check(CLI::IsMember(hydra::kOptimizerFlagChoices))
       ->capture_default_str();
   app.add_option("--threads", threads, "CPU threads for training, shared by the devices")
       ->check(CLI::Range(1, 1024))

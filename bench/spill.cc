@@ -211,7 +211,7 @@ int main(int argc, char** argv) {
   app.add_option("--devices", devices, "cpu:1, or a GPU: cuda:0 (the CUDA build)")
       ->capture_default_str();
   app.add_option("--optimizer", optimizer, hydra::kOptimizerFlagHelp)
-      ->check(CLI::IsMember({"auto", "device", "host"}))
+      ->check(CLI::IsMember(hydra::kOptimizerFlagChoices))
       ->capture_default_str();
   std::string profile_trace;
   int profile_steps = 2;

@@ -471,7 +471,7 @@ int main(int argc, char** argv) {
                   "(default: 75% of the machine's memory, or of its cgroup's limit if less)");
   run->add_option("--chart", ra.chart, "Write a Gantt chart of the run's schedule to this PNG");
   run->add_option("--optimizer", ra.optimizer, hydra::kOptimizerFlagHelp)
-      ->check(CLI::IsMember({"auto", "device", "host"}))
+      ->check(CLI::IsMember(hydra::kOptimizerFlagChoices))
       ->capture_default_str();
 
   std::string plan_manifest;
@@ -493,7 +493,7 @@ int main(int argc, char** argv) {
                    "GPU's)");
   std::string plan_optimizer = "auto";
   plan->add_option("--optimizer", plan_optimizer, hydra::kOptimizerFlagHelp)
-      ->check(CLI::IsMember({"auto", "device", "host"}))
+      ->check(CLI::IsMember(hydra::kOptimizerFlagChoices))
       ->capture_default_str();
 
   SimulateArgs sim;

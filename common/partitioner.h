@@ -32,6 +32,8 @@ const char* OptimizerPlacementName(OptimizerPlacement p);
 /// The --optimizer flag of hydra run, hydra-agent and bench/spill: "auto" (unset: the cost model
 /// chooses), "device" or "host". INVALID_ARGUMENT naming the choices for anything else.
 StatusOr<std::optional<OptimizerPlacement>> ParseOptimizerFlag(const std::string& value);
+/// The flag's values, for CLI11's IsMember in every binary that takes it.
+inline const std::vector<std::string> kOptimizerFlagChoices = {"auto", "device", "host"};
 /// The flag's help, the same in every binary that takes it.
 inline constexpr const char* kOptimizerFlagHelp =
     "Where spilled trials' optimizers step: auto (the cost model, from the pilot's measured host "

@@ -180,6 +180,7 @@ TEST_F(AgentFlagsTest, OptimizerHostStepsEveryShardsOptimizerOnTheHost) {
     }
     const std::string placements = OptimizerPlacements(agent.endpoint(), t.name);
     EXPECT_EQ(hydra::fakes::Stop(agent.proc, SIGTERM), 0);
+    started_.pop_back();  // reaped: its pid may be another process's by TearDown
     ASSERT_FALSE(placements.empty()) << hydra::fakes::Slurp(agent.proc.out_path);
     EXPECT_EQ(placements, choice == "host" ? "h" : "dddd") << "--optimizer " << choice;
     EXPECT_THAT(hydra::fakes::Slurp(agent.proc.out_path),

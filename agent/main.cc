@@ -259,7 +259,7 @@ int main(int argc, char** argv) {
   const std::string endpoint =
       advertise.empty() ? hydra::agent::DefaultAdvertiseAddress(grpc_bind, grpc_port, node_name)
                         : advertise;
-  metrics.SetGrpcEndpoint(endpoint, dedicated ? dedicated->uid : "");
+  metrics.SetInfo({endpoint, dedicated ? dedicated->uid : "", optimizer});
   std::cout << "hydra-agent " << HYDRA_VERSION << " on node " << node_name << ": gRPC on "
             << WithPort(grpc_bind, grpc_port) << " ("
             << (tls_cert.empty()        ? "plaintext"

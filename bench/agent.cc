@@ -158,7 +158,7 @@ int main(int argc, char** argv) {
 
   // 1. Scrape.
   hydra::agent::AgentMetrics metrics("bench-node", "0.1.0");
-  metrics.SetGrpcEndpoint("bench-node:9443");
+  metrics.SetInfo({"bench-node:9443", "", "auto"});
   for (int d = 0; d < 4; ++d) {
     metrics.SetDevice(hydra::CpuDevice(d, int64_t{16} << 30), int64_t{16} << 30, int64_t{8} << 30,
                       int64_t{8} << 30, 0.97);

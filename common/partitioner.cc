@@ -565,14 +565,16 @@ StatusOr<PartitionPlan> PlanFor(const Trial& trial, const PartitionOptions& o,
                                                 : "");
         char buf[640];
         std::snprintf(buf, sizeof(buf),
-                      "layer %s needs %s on the device (%s weights and optimizer state, %s "
+                      "layer %s needs %s on the device (%s %s, %s "
                       "gradients, %s activations at micro-batch %lld) but the device budget of "
                       "%s leaves %s after %s; raise "
                       "spec.resources.deviceMemoryBudget or lower the batch size",
                       costs[i].name.c_str(), FormatBytes(single).c_str(),
-                      FormatBytes(need[i].state).c_str(), FormatBytes(need[i].grad).c_str(),
-                      FormatBytes(need[i].act).c_str(), static_cast<long long>(micro),
-                      FormatBytes(budget).c_str(),
+                      FormatBytes(need[i].state).c_str(),
+                      opt_on_device > 0 ? "weights and optimizer state"
+                                        : "weights, its optimizer stepping on the host",
+                      FormatBytes(need[i].grad).c_str(), FormatBytes(need[i].act).c_str(),
+                      static_cast<long long>(micro), FormatBytes(budget).c_str(),
                       FormatBytes(std::max<int64_t>(0, usable)).c_str(), held.c_str());
         return ResourceExhaustedError(buf);
       }
@@ -598,7 +600,8 @@ StatusOr<PartitionPlan> PlanFor(const Trial& trial, const PartitionOptions& o,
         return ResourceExhaustedError(
             "no sharding fits the device budget of " + FormatBytes(budget) +
             " with a prefetch buffer; one layer per shard needs " +
-            FormatBytes(PackPeak(need, all, mb_count) + tied_bytes + transient));
+            FormatBytes(PackPeak(need, all, mb_count) + tied_bytes + transient) +
+            (placement == OptimizerPlacement::kHost ? ", its optimizer stepping on the host" : ""));
       }
       starts = all;
     }
@@ -750,9 +753,8 @@ StatusOr<PartitionPlan> Faster(StatusOr<PartitionPlan> plain, StatusOr<Partition
   return plain;
 }
 
-}  // namespace
-
-StatusOr<PartitionPlan> PlanShards(const Trial& trial, const PartitionOptions& o) {
+/// PlanShards with the optimizer placed as `o` says (or as ChooseOptimizerPlacement chooses).
+StatusOr<PartitionPlan> PlanPlaced(const Trial& trial, const PartitionOptions& o) {
   const int64_t micro = trial.training.batch_size / trial.training.gradient_accumulation_steps;
   const auto costs = ModelLayerCosts(trial, micro);
   if (costs.empty()) {
@@ -794,6 +796,22 @@ StatusOr<PartitionPlan> PlanShards(const Trial& trial, const PartitionOptions& o
   // (the estimated compute of a step decides; fewer shards also move less), or where the
   // trial fits no other way.
   return Faster(std::move(kept), plan_for(AttentionMemory::kRecomputed));
+}
+
+}  // namespace
+
+StatusOr<PartitionPlan> PlanShards(const Trial& trial, const PartitionOptions& o) {
+  auto plan = PlanPlaced(trial, o);
+  // Left to the cost model, the optimizer also steps on the host where its state on the
+  // device is what does not fit: a trial an operator's --optimizer=host would train is not
+  // refused under auto.
+  const bool may_fall_back = !plan.ok() && plan.status().code() == StatusCode::kResourceExhausted &&
+                             !o.optimizer_placement && o.state_tier == StateTier::kHost &&
+                             ChooseOptimizerPlacement(trial, o) == OptimizerPlacement::kDevice;
+  if (!may_fall_back) return plan;
+  PartitionOptions host = o;
+  host.optimizer_placement = OptimizerPlacement::kHost;
+  return PlanPlaced(trial, host);
 }
 
 std::string ShardLayers(const ShardPlan& shard) {

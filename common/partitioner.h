@@ -37,7 +37,8 @@ inline const std::vector<std::string> kOptimizerFlagChoices = {"auto", "device",
 /// The flag's help, the same in every binary that takes it.
 inline constexpr const char* kOptimizerFlagHelp =
     "Where spilled trials' optimizers step: auto (the cost model, from the pilot's measured host "
-    "link and host AdamW rate; on a CPU device: the device), device (the state moves with its "
+    "link and host AdamW rate; on a CPU device: the device; the host where a trial fits the "
+    "device budget no other way), device (the state moves with its "
     "shard), host (ZeRO-Offload: the state stays in host memory and the host's fused AdamW steps "
     "it, so the device budget holds larger shards); trials that fit the device unsharded, and "
     "those whose state is on disk, step on the device";
@@ -188,8 +189,10 @@ PartitionOptions PartitionOptionsFor(const Trial& trial);
 /// next shard's prefetch buffer fits the budget, then chooses each shard's activation policy
 /// from the cost model, and whether attention scores are recomputed (options.
 /// attention_recompute) by the estimated compute of a step with and without (or, with
-/// options.fused_attention, counts them fused). RESOURCE_EXHAUSTED
-/// naming the layer and bytes when one layer cannot fit; INVALID_ARGUMENT for unusable explicit
+/// options.fused_attention, counts them fused). Where options leave the optimizer's placement
+/// to the cost model and the plan with it on the device does not fit (the state in the host
+/// tier), every shard's optimizer steps on the host if that fits. RESOURCE_EXHAUSTED naming
+/// the layer and bytes when one layer cannot fit; INVALID_ARGUMENT for unusable explicit
 /// boundaries.
 StatusOr<PartitionPlan> PlanShards(const Trial& trial, const PartitionOptions& options);
 
@@ -202,8 +205,9 @@ double EstimatedStepSeconds(const PartitionPlan& plan);
 /// back (2 x its bytes over the host link); the host streams weights, gradients and state in
 /// and weights and state out. On the device when either rate is unknown (a CPU device: the
 /// link is free) or the state is on disk (host stepping from disk is not built). PlanShards
-/// packs the shards for this choice, then moves a shard's optimizer to the device where its
-/// compute (at options.flops_per_second) hides the state's copies and the plan still fits.
+/// packs the shards for this choice (or for the host, where the device's plan does not fit), then
+/// moves a shard's optimizer to the device where its compute (at options.flops_per_second) hides
+/// the state's copies and the plan still fits.
 OptimizerPlacement ChooseOptimizerPlacement(const Trial& trial, const PartitionOptions& options);
 
 /// Disk bytes the trial's spill files may take at once: 0 with the state in the host tier;

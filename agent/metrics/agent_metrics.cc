@@ -140,13 +140,14 @@ AgentMetrics::AgentMetrics(const std::string& node, const std::string& version)
 
 AgentMetrics::~AgentMetrics() = default;
 
-void AgentMetrics::SetGrpcEndpoint(const std::string& grpc_endpoint,
-                                   const std::string& dedicated_job_uid) {
+void AgentMetrics::SetInfo(const Info& info) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   if (impl_->info_series) impl_->info.Remove(impl_->info_series);
-  prometheus::Labels labels{
-      {"node", impl_->node}, {"grpc_endpoint", grpc_endpoint}, {"version", impl_->version}};
-  if (!dedicated_job_uid.empty()) labels["dedicated_job_uid"] = dedicated_job_uid;
+  prometheus::Labels labels{{"node", impl_->node},
+                            {"grpc_endpoint", info.grpc_endpoint},
+                            {"version", impl_->version},
+                            {"optimizer", info.optimizer}};
+  if (!info.dedicated_job_uid.empty()) labels["dedicated_job_uid"] = info.dedicated_job_uid;
   impl_->info_series = &impl_->info.Add(labels);
   impl_->info_series->Set(1);
 }

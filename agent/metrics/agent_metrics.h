@@ -16,17 +16,26 @@ namespace hydra::agent {
 /// Thread-safe.
 class AgentMetrics {
  public:
-  /// `node` labels every series; hydra_agent_info appears once SetGrpcEndpoint is called.
+  /// `node` labels every series; hydra_agent_info appears once SetInfo is called.
   AgentMetrics(const std::string& node, const std::string& version);
   ~AgentMetrics();
 
   /// The text exposition format (version 0.0.4), as a scrape returns it.
   std::string Render() const;
 
-  /// hydra_agent_info{node, grpc_endpoint, version} = 1 for this endpoint (replacing any other);
-  /// an agent dedicated to one job (--dedicated-job) also carries dedicated_job_uid, so the
-  /// controller's shared pool leaves it out.
-  void SetGrpcEndpoint(const std::string& grpc_endpoint, const std::string& dedicated_job_uid = "");
+  /// What hydra_agent_info says of the agent beyond its node and version.
+  struct Info {
+    std::string grpc_endpoint;
+    /// An agent dedicated to one job (--dedicated-job): the controller's shared pool leaves it
+    /// out. "": none.
+    std::string dedicated_job_uid;
+    /// --optimizer (auto, device or host): where the controller's placement lets spilled
+    /// trials' optimizers step when it plans them on this agent.
+    std::string optimizer = "auto";
+  };
+  /// hydra_agent_info{node, grpc_endpoint, version, optimizer[, dedicated_job_uid]} = 1
+  /// (replacing any earlier one).
+  void SetInfo(const Info& info);
 
   /// A device's memory and busy ratio, labelled `device` ("cuda:0"), and for a GPU also `gpu`
   /// (its index) and `UUID`, the labels dcgm-exporter's series carry, so queries join them.

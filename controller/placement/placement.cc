@@ -189,6 +189,9 @@ StatusOr<std::vector<AgentInventory>> FetchInventory(const PrometheusClient& pro
     a.node = node;
     a.endpoint = endpoint;
     a.version = Label(s, "version");
+    if (auto optimizer = ParseOptimizerFlag(Label(s, "optimizer")); optimizer.ok()) {
+      a.optimizer = *optimizer;
+    }
   }
   std::map<std::pair<std::string, std::string>, DeviceInventory> devices;
   for (const auto& s : total) {
@@ -233,6 +236,9 @@ double EstimatedRemainingSeconds(const Trial& trial, int64_t steps_done) {
 
 PartitionOptions PlanOptionsOn(const Trial& trial, const AgentInventory& agent) {
   PartitionOptions po = PartitionOptionsFor(trial);
+  // As the agent does (ExecutorPartitionOptions): trials with their state on disk step on the
+  // device whatever the flag.
+  if (po.state_tier == StateTier::kHost) po.optimizer_placement = agent.optimizer;
   const bool gpus =
       std::any_of(agent.devices.begin(), agent.devices.end(),
                   [](const DeviceInventory& d) { return d.name.rfind("cuda", 0) == 0; });

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,10 @@ struct AgentInventory {
   std::string endpoint;  ///< gRPC host:port (hydra_agent_info's grpc_endpoint)
   std::string version;
   std::vector<DeviceInventory> devices;
+  /// Where the agent lets spilled trials' optimizers step (its --optimizer, hydra_agent_info's
+  /// `optimizer` label): nullopt for auto (the cost model, the host where only that fits);
+  /// the device for an agent whose info does not say (older agents planned that way).
+  std::optional<OptimizerPlacement> optimizer = OptimizerPlacement::kDevice;
 
   int64_t MaxDeviceBytes() const;  ///< the largest UsableBytes: what a shard plan may use
   int64_t FreeBytes() const;       ///< the devices' AvailableBytes, summed
@@ -83,11 +88,11 @@ struct Placement {
 };
 
 /// How the controller plans `trial` on `agent` to see whether it fits there: the trial's own
-/// options (PartitionOptionsFor), and on an agent with GPUs ("cuda" devices) what a GPU agent's
-/// plans may do whatever its link (fused attention, graphs kept in the GPU's memory, selective
-/// recompute), so that a trial that fits a GPU only that way is not kept waiting. The agent
-/// makes the plan it trains with (AssignTrial sends the controller's only for a manifest's
-/// shardBoundaries).
+/// options (PartitionOptionsFor) with the agent's optimizer placement, and on an agent with GPUs
+/// ("cuda" devices) what a GPU agent's plans may do whatever its link (fused attention, graphs kept
+/// in the GPU's memory, selective recompute), so that a trial that fits a GPU only that way is not
+/// kept waiting. The agent makes the plan it trains with (AssignTrial sends the controller's only
+/// for a manifest's shardBoundaries).
 PartitionOptions PlanOptionsOn(const Trial& trial, const AgentInventory& agent);
 
 /// Places trials longest-remaining-first, each onto the agent with the most free device memory

@@ -58,8 +58,10 @@ class AgentPrometheusTest : public ::testing::Test {
     fs::remove_all(dir_);
   }
 
-  void StartAgent(const std::string& node, const std::string& devices) {
-    Agent a = fakes::StartAgentProcess(node, devices, dir_, dir_ / "data", dir_ / "ckpt");
+  void StartAgent(const std::string& node, const std::string& devices,
+                  const std::vector<std::string>& extra_args = {}) {
+    Agent a =
+        fakes::StartAgentProcess(node, devices, dir_, dir_ / "data", dir_ / "ckpt", extra_args);
     ASSERT_GT(a.proc.pid, 0);
     agents_.push_back(std::move(a));
     stubs_.push_back(v1::AgentService::NewStub(
@@ -150,7 +152,7 @@ double Value(const nlohmann::json& series) {
 TEST_F(AgentPrometheusTest, TwoAgentsTrainAndPrometheusSeesTheirMemoryAndProgress) {
   ASSERT_TRUE(fs::exists(kPrometheus)) << "Debian's prometheus package is required";
   StartAgent("node-a", "cpu:1,budget=512Mi");
-  StartAgent("node-b", "cpu:2,budget=256Mi");
+  StartAgent("node-b", "cpu:2,budget=256Mi", {"--optimizer", "host"});
   for (auto& a : agents_) ASSERT_TRUE(WaitReady(a)) << fakes::Slurp(a.proc.out_path);
   StartPrometheus();
 
@@ -205,6 +207,13 @@ TEST_F(AgentPrometheusTest, TwoAgentsTrainAndPrometheusSeesTheirMemoryAndProgres
   std::set<std::string> endpoints;
   for (const auto& s : joined) endpoints.insert(s["metric"]["grpc_endpoint"].get<std::string>());
   EXPECT_EQ(endpoints, (std::set<std::string>{a.endpoint(), b.endpoint()}));
+  // Where each agent lets spilled trials' optimizers step, for the controller's placement.
+  std::map<std::string, std::string> optimizer;
+  for (const auto& s : Query("hydra_agent_info")) {
+    optimizer[s["metric"]["node"].get<std::string>()] = s["metric"].value("optimizer", "");
+  }
+  EXPECT_EQ(optimizer,
+            (std::map<std::string, std::string>{{"node-a", "auto"}, {"node-b", "host"}}));
 
   // Progress, through Prometheus.
   auto steps =

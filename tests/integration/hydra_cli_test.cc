@@ -202,6 +202,24 @@ spec:
   std::string out;
   EXPECT_NE(RunHydra({"run", (dir_ / "spilled.yaml").string(), "--optimizer", "gpu"}, &out), 0);
   EXPECT_THAT(out, HasSubstr("--optimizer"));
+
+  // At 5Mi no plan fits with AdamW's state on the device; left to the cost model (auto, the
+  // default), the optimizer steps on the host instead of the trial being refused.
+  std::string manifest = Slurp((dir_ / "spilled.yaml").string());
+  manifest.replace(manifest.find("9Mi"), 3, "5Mi");
+  std::ofstream(dir_ / "small.yaml") << manifest;
+  const std::string small = (dir_ / "small.yaml").string();
+  EXPECT_EQ(RunHydra({"plan", small, "--optimizer", "device"}, &out), 1) << out;
+  EXPECT_THAT(out, HasSubstr("no sharding fits the device budget of 5.00 MiB"));
+  ASSERT_EQ(RunHydra({"plan", small}, &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr(" stash      host "));
+  const fs::path o = dir_ / "auto";
+  ASSERT_EQ(
+      RunHydra({"run", small, "-o", o.string(), "--threads", "1", "--devices", "cpu:1"}, &out), 0)
+      << out;
+  const auto fallback = nlohmann::json::parse(Slurp((o / "results.json").string()))["trials"][0];
+  EXPECT_EQ(fallback["state"], "Succeeded") << fallback;
+  EXPECT_NEAR(fallback["finalTrainLoss"].get<double>(), device_loss, 1e-4 * std::abs(device_loss));
 }
 
 /// `--devices cuda` in the CPU build says so, and names the GPUs the NVIDIA driver manages

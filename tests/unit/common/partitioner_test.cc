@@ -118,6 +118,7 @@ TEST(PartitionerTest, SmallerBudgetsGiveMoreShardsThatFit) {
   EXPECT_GE(prev, 4u);
   PartitionOptions tiny;
   tiny.device_budget = full / 9;  // every layer fits alone, but not beside its neighbours
+  tiny.optimizer_placement = OptimizerPlacement::kDevice;  // (the host's optimizer would fit)
   auto p = PlanShards(t, tiny);
   EXPECT_EQ(p.status().code(), StatusCode::kResourceExhausted);
   EXPECT_THAT(p.status().message(), HasSubstr("prefetch"));
@@ -259,6 +260,44 @@ TEST(PartitionerTest, AnOptimizerOnTheHostLeavesItsStateOffTheDevice) {
   ASSERT_EQ(one->shards.size(), 1u);
   EXPECT_EQ(one->shards[0].optimizer, OptimizerPlacement::kHost);
   EXPECT_LE(one->peak_device_bytes, o.device_budget);
+}
+
+TEST(PartitionerTest, LeftToTheCostModelTheOptimizerStepsOnTheHostWhereOnlyThatFits) {
+  Trial t = Gpt2(12, 256);
+  t.training.optimizer = "adamw";
+  PartitionOptions o;  // a CPU device: the cost model's choice is the device
+  ASSERT_EQ(ChooseOptimizerPlacement(t, o), OptimizerPlacement::kDevice);
+  // The largest budget at which no plan fits with AdamW's state on the device.
+  PartitionOptions device = o;
+  device.optimizer_placement = OptimizerPlacement::kDevice;
+  device.device_budget = EstimateTrialFootprint(t).total_bytes();
+  while (PlanShards(t, device).ok()) device.device_budget = device.device_budget * 15 / 16;
+  EXPECT_EQ(PlanShards(t, device).status().code(), StatusCode::kResourceExhausted)
+      << "an operator's --optimizer=device is not second-guessed";
+  o.device_budget = device.device_budget;
+  auto chosen = PlanShards(t, o);
+  ASSERT_TRUE(chosen.ok()) << chosen.status();
+  SCOPED_TRACE(FormatPlan(t, *chosen));
+  ExpectContiguousCover(*chosen, 14);
+  EXPECT_LE(chosen->peak_device_bytes, o.device_budget);
+  for (const auto& s : chosen->shards) EXPECT_EQ(s.optimizer, OptimizerPlacement::kHost);
+  PartitionOptions host = o;
+  host.optimizer_placement = OptimizerPlacement::kHost;
+  auto forced = PlanShards(t, host);
+  ASSERT_TRUE(forced.ok()) << forced.status();
+  EXPECT_EQ(chosen->shards.size(), forced->shards.size());
+  EXPECT_EQ(chosen->peak_device_bytes, forced->peak_device_bytes);
+  // With the state on disk the optimizer steps on the device (host stepping from disk is not
+  // built): no fallback.
+  PartitionOptions disk = o;
+  disk.state_tier = StateTier::kDisk;
+  EXPECT_EQ(PlanShards(t, disk).status().code(), StatusCode::kResourceExhausted);
+  // Where even the host's optimizer does not make a layer fit, the error counts what the
+  // layer needs that way: its weights, without the optimizer's state.
+  o.device_budget = 1 << 20;
+  auto refused = PlanShards(t, o);
+  EXPECT_EQ(refused.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.status().message(), HasSubstr("its optimizer stepping on the host"));
 }
 
 TEST(PartitionerTest, SlowHostLinkChoosesRecompute) {

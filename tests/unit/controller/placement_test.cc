@@ -91,6 +91,44 @@ TEST(PlacementTest, OnAGpuAgentATrialIsPlannedAsTheGpusPlansMayRunIt) {
   EXPECT_FALSE(PlanOptionsOn(t, cpu).fused_attention);
 }
 
+TEST(PlacementTest, ATrialThatFitsOnlyWithItsOptimizerOnTheHostGoesToAnAgentThatAllowsIt) {
+  Trial t = MakeTrial("wide", 6, 100);
+  t.model.n_embd = 256;
+  // An agent's memory at which no plan fits with AdamW's state on the device.
+  PartitionOptions device;
+  device.optimizer_placement = OptimizerPlacement::kDevice;
+  device.device_budget = EstimateTrialFootprint(t).total_bytes();
+  while (PlanShards(t, device).ok()) device.device_budget = device.device_budget * 15 / 16;
+  const int64_t bytes = device.device_budget;
+  AgentInventory older = Agent("older", 1, bytes, bytes);  // its info has no optimizer label
+  AgentInventory pinned = Agent("pinned", 1, bytes, bytes);
+  pinned.optimizer = OptimizerPlacement::kDevice;
+  AgentInventory automatic = Agent("automatic", 1, bytes, bytes);
+  automatic.optimizer = std::nullopt;
+  AgentInventory host = Agent("host", 1, bytes, bytes);
+  host.optimizer = OptimizerPlacement::kHost;
+  const std::vector<TrialToPlace> trials = {{t, EstimatedRemainingSeconds(t, 0)}};
+  for (const AgentInventory& refuses : {older, pinned}) {
+    std::map<std::string, int> load;
+    std::map<std::string, std::string> waiting;
+    EXPECT_TRUE(PlaceTrials(trials, {refuses}, &load, &waiting).empty()) << refuses.node;
+    EXPECT_THAT(waiting["wide"], HasSubstr(refuses.node + ": no sharding fits"));
+  }
+  for (const AgentInventory& takes : {automatic, host}) {
+    std::map<std::string, int> load;
+    std::map<std::string, std::string> waiting;
+    auto placed = PlaceTrials(trials, {takes}, &load, &waiting);
+    ASSERT_EQ(placed.size(), 1u) << takes.node << ": " << waiting["wide"];
+    EXPECT_LE(placed[0].plan.peak_device_bytes, bytes);
+    for (const auto& s : placed[0].plan.shards) {
+      EXPECT_EQ(s.optimizer, OptimizerPlacement::kHost) << takes.node;
+    }
+  }
+  // With the state on disk the agent steps on the device whatever its flag (as it plans).
+  t.resources.offload = "disk";
+  EXPECT_EQ(PlanOptionsOn(t, host).optimizer_placement, std::nullopt);
+}
+
 TEST(PlacementTest, TrialsThatFitNoAgentWaitWithTheReason) {
   std::vector<AgentInventory> agents = {Agent("tiny", 1, 1 << 20, 1 << 20)};
   Trial huge = MakeTrial("huge", 4, 10);
@@ -219,8 +257,8 @@ TEST(InventoryTest, AgentsDevicesAndDcgmFromPrometheus) {
   };
   const std::string prom_replies[3] = {
       result(
-          R"({"metric":{"__name__":"hydra_agent_info","node":"n1","grpc_endpoint":"n1:9443","version":"0.1.0"},"value":[1,"1"]},
-                          {"metric":{"__name__":"hydra_agent_info","node":"n2","grpc_endpoint":"n2:9443"},"value":[1,"1"]},
+          R"({"metric":{"__name__":"hydra_agent_info","node":"n1","grpc_endpoint":"n1:9443","version":"0.1.0","optimizer":"host"},"value":[1,"1"]},
+                          {"metric":{"__name__":"hydra_agent_info","node":"n2","grpc_endpoint":"n2:9443","optimizer":"auto"},"value":[1,"1"]},
                           {"metric":{"__name__":"hydra_agent_info","node":"n3","grpc_endpoint":"n3:9443"},"value":[1,"1"]},
                           {"metric":{"__name__":"hydra_agent_info","node":"n4","grpc_endpoint":"10.9.0.4:9443","dedicated_job_uid":"u-9"},"value":[1,"1"]})"),
       result(
@@ -258,6 +296,8 @@ TEST(InventoryTest, AgentsDevicesAndDcgmFromPrometheus) {
   EXPECT_EQ(n1.devices[0].UsableBytes(), int64_t{10} << 30);
   EXPECT_EQ(n1.MaxDeviceBytes(), int64_t{10} << 30);
   EXPECT_EQ(n1.FreeBytes(), int64_t{3072} << 20);
+  EXPECT_EQ(n1.optimizer, OptimizerPlacement::kHost);
+  EXPECT_EQ((*inv)[1].optimizer, std::nullopt) << "n2's --optimizer is auto";
   EXPECT_EQ((*inv)[1].devices[0].dcgm_free_bytes, -1) << "n2's CPU device has no UUID";
   EXPECT_EQ((*inv)[1].FreeBytes(), 0) << "an unreadable value counts as nothing free";
   EXPECT_EQ(n1.devices[1].process_bytes, -1) << "no allocator series (the query got a 500)";

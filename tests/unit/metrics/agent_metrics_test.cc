@@ -30,11 +30,21 @@ TEST(AgentMetricsTest, GpuSeriesCarryDcgmExportersGpuAndUuidLabels) {
 
 TEST(AgentMetricsTest, ADedicatedAgentsInfoNamesItsJobSoTheSharedPoolSkipsIt) {
   AgentMetrics shared("node-a", "test");
-  shared.SetGrpcEndpoint("10.0.0.1:9443");
+  shared.SetInfo({"10.0.0.1:9443", "", "auto"});
   EXPECT_THAT(shared.Render(), Not(HasSubstr("dedicated_job_uid")));
   AgentMetrics dedicated("node-b", "test");
-  dedicated.SetGrpcEndpoint("10.0.0.2:9443", "uid-7");
+  dedicated.SetInfo({"10.0.0.2:9443", "uid-7", "auto"});
   EXPECT_THAT(dedicated.Render(), HasSubstr("dedicated_job_uid=\"uid-7\""));
+}
+
+TEST(AgentMetricsTest, TheInfoSaysWhereSpilledTrialsOptimizersStep) {
+  AgentMetrics m("node-a", "test");
+  m.SetInfo(AgentMetrics::Info{});
+  EXPECT_THAT(m.Render(), HasSubstr("optimizer=\"auto\"")) << "the default";
+  m.SetInfo({"10.0.0.1:9443", "", "host"});
+  const std::string text = m.Render();
+  EXPECT_THAT(text, HasSubstr("optimizer=\"host\""));
+  EXPECT_THAT(text, Not(HasSubstr("optimizer=\"auto\""))) << "one info series: the latest";
 }
 
 }  // namespace

@@ -456,6 +456,10 @@ StatusOr<std::optional<OptimizerPlacement>> ParseOptimizerFlag(const std::string
   return InvalidArgumentError("--optimizer: \"" + value + "\" is not auto, device or host");
 }
 
+void ApplyOptimizerFlag(std::optional<OptimizerPlacement> flag, PartitionOptions* options) {
+  if (options->state_tier == StateTier::kHost) options->optimizer_placement = flag;
+}
+
 OptimizerPlacement ChooseOptimizerPlacement(const Trial& trial, const PartitionOptions& o) {
   if (o.state_tier == StateTier::kDisk) return OptimizerPlacement::kDevice;
   if (o.optimizer_placement) return *o.optimizer_placement;

@@ -185,6 +185,12 @@ struct PartitionPlan {
 /// activations), explicit boundaries, state tier and micro-batches.
 PartitionOptions PartitionOptionsFor(const Trial& trial);
 
+/// An --optimizer flag's value (ParseOptimizerFlag) on one trial's options: trials whose state
+/// is on disk step on the device whatever it says (host stepping from disk is not built). The
+/// agent's plans (ExecutorPartitionOptions) and the controller's plans of a trial on an agent
+/// (PlanOptionsOn) both apply it here.
+void ApplyOptimizerFlag(std::optional<OptimizerPlacement> flag, PartitionOptions* options);
+
 /// Cuts the trial's layers into contiguous shards so that each shard's device need plus the
 /// next shard's prefetch buffer fits the budget, then chooses each shard's activation policy
 /// from the cost model, and whether attention scores are recomputed (options.

@@ -1812,9 +1812,7 @@ PartitionOptions ExecutorPartitionOptions(const Trial& trial, const ExecutorOpti
   po.host_optimizer_bytes_per_second = options.host_optimizer_bytes_per_second;
   po.attention_recompute = options.attention_recompute;
   po.fused_attention = ExecutorAttention(options.fused_attention) == AttentionMemory::kFused;
-  if (options.optimizer_placement && po.state_tier == StateTier::kHost) {
-    po.optimizer_placement = options.optimizer_placement;
-  }
+  ApplyOptimizerFlag(options.optimizer_placement, &po);
   // On a discrete device a stashed autograd graph stays in its memory (EvictKeepingGraph),
   // or with device_stash off no shard but the last stashes. Weights that travel as bf16
   // change the parameters' type on the device: their shards recompute (Stashes).

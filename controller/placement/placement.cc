@@ -236,9 +236,7 @@ double EstimatedRemainingSeconds(const Trial& trial, int64_t steps_done) {
 
 PartitionOptions PlanOptionsOn(const Trial& trial, const AgentInventory& agent) {
   PartitionOptions po = PartitionOptionsFor(trial);
-  // As the agent does (ExecutorPartitionOptions): trials with their state on disk step on the
-  // device whatever the flag.
-  if (po.state_tier == StateTier::kHost) po.optimizer_placement = agent.optimizer;
+  ApplyOptimizerFlag(agent.optimizer, &po);  // as the agent plans
   const bool gpus =
       std::any_of(agent.devices.begin(), agent.devices.end(),
                   [](const DeviceInventory& d) { return d.name.rfind("cuda", 0) == 0; });

@@ -186,6 +186,12 @@ TEST(PartitionerTest, TheOptimizerFlagLeavesAutoToTheCostModelAndNamesItsChoices
     EXPECT_EQ(parsed.status().code(), StatusCode::kInvalidArgument) << bad;
     EXPECT_THAT(parsed.status().message(), HasSubstr("auto, device or host"));
   }
+  PartitionOptions host_tier, disk;
+  disk.state_tier = StateTier::kDisk;
+  ApplyOptimizerFlag(OptimizerPlacement::kHost, &host_tier);
+  ApplyOptimizerFlag(OptimizerPlacement::kHost, &disk);
+  EXPECT_EQ(host_tier.optimizer_placement, OptimizerPlacement::kHost);
+  EXPECT_EQ(disk.optimizer_placement, std::nullopt) << "state on disk steps on the device";
 }
 
 TEST(PartitionerTest, AShardWithEnoughComputeToHideItsStatesCopiesStepsOnTheDevice) {

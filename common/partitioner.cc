@@ -488,11 +488,17 @@ PartitionOptions PartitionOptionsFor(const Trial& trial) {
 
 namespace {
 
+/// Where PlanFor places the optimizer: as the options say (ChooseOptimizerPlacement), or on the
+/// host because with its state on the device no sharding fits (PlanShards' fallback; the
+/// per-shard refinement still brings a shard's state onto the device where that is faster and
+/// fits).
+enum class Placing { kAsOptions, kHostToFit };
+
 /// PlanShards for one choice of what attention layers keep (KeptActivationBytes); the largest
 /// layer's BackwardTransientBytes is the transient of whichever layer runs its backward.
 StatusOr<PartitionPlan> PlanFor(const Trial& trial, const PartitionOptions& o,
                                 const std::vector<LayerCost>& costs, AttentionMemory attention,
-                                bool selective) {
+                                bool selective, Placing placing) {
   const int64_t mb_count = std::max<int64_t>(1, o.micro_batches);
   const int64_t micro = trial.training.batch_size / trial.training.gradient_accumulation_steps;
   const int64_t opt = OptimizerBytesPerParameter(trial.training);
@@ -508,7 +514,10 @@ StatusOr<PartitionPlan> PlanFor(const Trial& trial, const PartitionOptions& o,
     return InvalidArgumentError(
         "the optimizer steps on the host only with the state in the host tier, not on disk");
   }
-  const OptimizerPlacement placement = ChooseOptimizerPlacement(trial, o);
+  const OptimizerPlacement placement = placing == Placing::kHostToFit
+                                           ? OptimizerPlacement::kHost
+                                           : ChooseOptimizerPlacement(trial, o);
+  plan.optimizer_on_host_to_fit = placing == Placing::kHostToFit;
   // Shards stay resident only where their state would otherwise cross the link every step and
   // their optimizer steps on the device.
   PartitionOptions ro = o;
@@ -700,8 +709,9 @@ StatusOr<PartitionPlan> PlanFor(const Trial& trial, const PartitionOptions& o,
   // Per shard, the optimizer steps where that shard's step is shorter. The trial-wide choice
   // above leaves compute out; compute hides the optimizer state's copies on the copy streams
   // but not the host optimizer's time, so a shard with enough work per parameter steps on the
-  // device even where the trial-wide choice is the host (never the other way round). Its state
-  // comes onto the device only if the plan still fits the budget.
+  // device even where the trial-wide choice is the host (never the other way round), or where
+  // the host is where every shard's state had to go for the plan to fit. Its state comes onto
+  // the device only if the plan still fits the budget.
   const bool refine = sharded && placement == OptimizerPlacement::kHost && !o.optimizer_placement &&
                       o.host_link_bytes_per_second > 0 && o.host_optimizer_bytes_per_second > 0;
   for (size_t s = 0; refine && s < plan.shards.size(); ++s) {
@@ -757,8 +767,8 @@ StatusOr<PartitionPlan> Faster(StatusOr<PartitionPlan> plain, StatusOr<Partition
   return plain;
 }
 
-/// PlanShards with the optimizer placed as `o` says (or as ChooseOptimizerPlacement chooses).
-StatusOr<PartitionPlan> PlanPlaced(const Trial& trial, const PartitionOptions& o) {
+/// PlanShards with the optimizer placed as `placing` says.
+StatusOr<PartitionPlan> PlanPlaced(const Trial& trial, const PartitionOptions& o, Placing placing) {
   const int64_t micro = trial.training.batch_size / trial.training.gradient_accumulation_steps;
   const auto costs = ModelLayerCosts(trial, micro);
   if (costs.empty()) {
@@ -775,9 +785,9 @@ StatusOr<PartitionPlan> PlanPlaced(const Trial& trial, const PartitionOptions& o
       costs.begin(), costs.end(), [](const LayerCost& c) { return c.recomputable_bytes > 0; });
   auto with_selective = [&](const PartitionOptions& po,
                             AttentionMemory attention) -> StatusOr<PartitionPlan> {
-    auto plain = PlanFor(trial, po, costs, attention, false);
+    auto plain = PlanFor(trial, po, costs, attention, false, placing);
     if (!o.selective_recompute || !has_recomputable || !may_choose) return plain;
-    return Faster(std::move(plain), PlanFor(trial, po, costs, attention, true));
+    return Faster(std::move(plain), PlanFor(trial, po, costs, attention, true, placing));
   };
   // Offloaded inputs cost the link's time and free the device's memory: planned with and
   // without, where the plan may stash on the device.
@@ -805,7 +815,7 @@ StatusOr<PartitionPlan> PlanPlaced(const Trial& trial, const PartitionOptions& o
 }  // namespace
 
 StatusOr<PartitionPlan> PlanShards(const Trial& trial, const PartitionOptions& o) {
-  auto plan = PlanPlaced(trial, o);
+  auto plan = PlanPlaced(trial, o, Placing::kAsOptions);
   // Left to the cost model, the optimizer also steps on the host where its state on the
   // device is what does not fit: a trial an operator's --optimizer=host would train is not
   // refused under auto.
@@ -813,9 +823,7 @@ StatusOr<PartitionPlan> PlanShards(const Trial& trial, const PartitionOptions& o
                              !o.optimizer_placement && o.state_tier == StateTier::kHost &&
                              ChooseOptimizerPlacement(trial, o) == OptimizerPlacement::kDevice;
   if (!may_fall_back) return plan;
-  PartitionOptions host = o;
-  host.optimizer_placement = OptimizerPlacement::kHost;
-  return PlanPlaced(trial, host);
+  return PlanPlaced(trial, o, Placing::kHostToFit);
 }
 
 std::string ShardLayers(const ShardPlan& shard) {
@@ -852,6 +860,9 @@ std::string FormatPlan(const Trial& trial, const PartitionPlan& plan) {
         << (graphs ? (inputs > 0 ? "graphs and inputs" : "graphs") : "inputs")
         << " offloaded to host memory";
     if (inputs > 0) out << " (the inputs of " << inputs << " recomputing shards)";
+  }
+  if (plan.optimizer_on_host_to_fit) {
+    out << ", optimizer on the host: no sharding fits with its state on the device";
   }
   if (plan.resident_bytes > 0) {
     out << ", " << FormatBytes(plan.resident_bytes)

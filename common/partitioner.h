@@ -179,6 +179,10 @@ struct PartitionPlan {
   /// (the spilled shards' weights and optimizer state up and back, offloaded graphs out and
   /// in); the step takes at least that. 0 otherwise (the link left out of the estimate).
   double link_seconds = 0;
+  /// The optimizer was left to the cost model, which chose the device, and no sharding fit
+  /// with its state there: the shards' optimizer steps on the host, except where a shard's
+  /// state fits on the device beside the plan and its step is faster there.
+  bool optimizer_on_host_to_fit = false;
 };
 
 /// The options a trial's manifest implies: device budget, host budget (for stashed
@@ -197,7 +201,8 @@ void ApplyOptimizerFlag(std::optional<OptimizerPlacement> flag, PartitionOptions
 /// attention_recompute) by the estimated compute of a step with and without (or, with
 /// options.fused_attention, counts them fused). Where options leave the optimizer's placement
 /// to the cost model and the plan with it on the device does not fit (the state in the host
-/// tier), every shard's optimizer steps on the host if that fits. RESOURCE_EXHAUSTED naming
+/// tier), the shards' optimizer steps on the host if that fits (each shard's on the device
+/// where its state still fits and its step is faster there). RESOURCE_EXHAUSTED naming
 /// the layer and bytes when one layer cannot fit; INVALID_ARGUMENT for unusable explicit
 /// boundaries.
 StatusOr<PartitionPlan> PlanShards(const Trial& trial, const PartitionOptions& options);

@@ -9,6 +9,7 @@ namespace hydra {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 Trial Gpt2(int64_t layers, int64_t width) {
   Trial t;
@@ -293,6 +294,10 @@ TEST(PartitionerTest, LeftToTheCostModelTheOptimizerStepsOnTheHostWhereOnlyThatF
   ASSERT_TRUE(forced.ok()) << forced.status();
   EXPECT_EQ(chosen->shards.size(), forced->shards.size());
   EXPECT_EQ(chosen->peak_device_bytes, forced->peak_device_bytes);
+  EXPECT_TRUE(chosen->optimizer_on_host_to_fit);
+  EXPECT_FALSE(forced->optimizer_on_host_to_fit) << "an operator's choice";
+  EXPECT_THAT(FormatPlan(t, *chosen), HasSubstr("no sharding fits with its state on the device"));
+  EXPECT_THAT(FormatPlan(t, *forced), Not(HasSubstr("no sharding fits")));
   // With the state on disk the optimizer steps on the device (host stepping from disk is not
   // built): no fallback.
   PartitionOptions disk = o;
@@ -304,6 +309,42 @@ TEST(PartitionerTest, LeftToTheCostModelTheOptimizerStepsOnTheHostWhereOnlyThatF
   auto refused = PlanShards(t, o);
   EXPECT_EQ(refused.status().code(), StatusCode::kResourceExhausted);
   EXPECT_THAT(refused.status().message(), HasSubstr("its optimizer stepping on the host"));
+}
+
+TEST(PartitionerTest, WhereOnlyTheHostOptimizerFitsShardsWhoseStateFitsStillStepOnTheDevice) {
+  Trial t = Gpt2(12, 256);
+  t.training.optimizer = "adamw";
+  PartitionOptions o;  // a GPU's rates: the cost model steps on the device
+  o.host_link_bytes_per_second = 25e9;
+  o.host_optimizer_bytes_per_second = 20e9;
+  o.flops_per_second = 1e11;
+  ASSERT_EQ(ChooseOptimizerPlacement(t, o), OptimizerPlacement::kDevice);
+  // The largest budget at which no plan fits with every shard's state on the device: packed for
+  // the host optimizer, most shards' state still fits on the device beside the plan, not all.
+  PartitionOptions device = o;
+  device.optimizer_placement = OptimizerPlacement::kDevice;
+  device.device_budget = EstimateTrialFootprint(t).total_bytes();
+  while (PlanShards(t, device).ok()) device.device_budget = device.device_budget * 15 / 16;
+  o.device_budget = device.device_budget;
+  auto chosen = PlanShards(t, o);
+  ASSERT_TRUE(chosen.ok()) << chosen.status();
+  SCOPED_TRACE(FormatPlan(t, *chosen));
+  ExpectContiguousCover(*chosen, 14);
+  EXPECT_TRUE(chosen->optimizer_on_host_to_fit);
+  EXPECT_LE(chosen->peak_device_bytes, o.device_budget);
+  const auto stepping = [](const PartitionPlan& p, OptimizerPlacement where) {
+    return std::count_if(p.shards.begin(), p.shards.end(),
+                         [&](const ShardPlan& s) { return s.optimizer == where; });
+  };
+  EXPECT_GT(stepping(*chosen, OptimizerPlacement::kDevice), 0) << "faster there, and fits";
+  EXPECT_GT(stepping(*chosen, OptimizerPlacement::kHost), 0) << "else the device plan fits";
+  // An operator's --optimizer=host keeps every shard's state off the device.
+  PartitionOptions host = o;
+  host.optimizer_placement = OptimizerPlacement::kHost;
+  auto forced = PlanShards(t, host);
+  ASSERT_TRUE(forced.ok()) << forced.status();
+  EXPECT_EQ(stepping(*forced, OptimizerPlacement::kDevice), 0);
+  EXPECT_GT(chosen->peak_device_bytes, forced->peak_device_bytes) << "state on the device";
 }
 
 TEST(PartitionerTest, SlowHostLinkChoosesRecompute) {

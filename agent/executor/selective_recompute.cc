@@ -24,9 +24,12 @@ class LinearOfRecomputedFunction : public torch::autograd::Function<LinearOfReco
                                const torch::Tensor& pre_weight, const torch::Tensor& pre_bias,
                                const torch::Tensor& weight, const torch::Tensor& bias, int64_t pre,
                                double eps) {
-    const torch::Tensor b = bias.numel() > 0 ? bias : torch::Tensor();
-    torch::Tensor y =
-        torch::linear(Pre(static_cast<Recomputed>(pre), x, pre_weight, pre_bias, eps), weight, b);
+    // Detached: autocast caches its casts of leaves that require grad until its outermost scope
+    // ends (the shard's forward), which would keep every product's cast weight alive through
+    // the forward; the backward casts the weight again, so this cast lives only for the product.
+    const torch::Tensor b = bias.numel() > 0 ? bias.detach() : torch::Tensor();
+    torch::Tensor y = torch::linear(Pre(static_cast<Recomputed>(pre), x, pre_weight, pre_bias, eps),
+                                    weight.detach(), b);
     ctx->save_for_backward({x, pre_weight, pre_bias, weight, bias});
     ctx->saved_data["pre"] = pre;
     ctx->saved_data["eps"] = eps;

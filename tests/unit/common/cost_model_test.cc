@@ -117,9 +117,17 @@ TEST(CostModelTest, SelectiveRecomputeFreesABlocksLayerNormAndGeluOutputs) {
   // Fused: 10 values of C a token kept instead of 16.
   EXPECT_EQ(KeptActivationBytes(fp32[1], AttentionMemory::kFused, true),
             static_cast<int64_t>(tokens * 10 * C * 4));
-  // bf16: what the GEMMs saved were bf16 copies (2 bytes a value).
+  // bf16: what the GEMMs saved were bf16 copies (2 bytes a value), and the casts of the three
+  // products' weights and biases (their backward casts them again, and holds one MLP product's
+  // cast and its bf16 weight gradient while it runs).
   t.training.precision = Precision::kBf16;
-  EXPECT_EQ(ModelLayerCosts(t, 2)[1].recomputable_bytes, static_cast<int64_t>(tokens * 12 * C));
+  const auto bf16 = ModelLayerCosts(t, 2);
+  EXPECT_EQ(bf16[1].recomputable_bytes,
+            static_cast<int64_t>(tokens * 12 * C + 2 * (11 * C * C + 8 * C)));
+  EXPECT_EQ(bf16[1].selective_backward_bytes, static_cast<int64_t>(tokens * 24 * C + 16 * C * C));
+  // Of the block's casts (2 bytes a parameter) only the attention projection's are kept.
+  EXPECT_EQ(KeptActivationBytes(bf16[1], AttentionMemory::kFused, true),
+            static_cast<int64_t>(tokens * 24 * C + 2 * (C * C + 5 * C)));
   // Nothing for the embedding and the head.
   EXPECT_EQ(fp32.front().recomputable_bytes, 0);
   EXPECT_EQ(fp32.back().recomputable_bytes, 0);

@@ -183,6 +183,48 @@ TEST(DeviceMemoryTest, ABlocksTrainingAllocatesNoMoreThanTheCostModelCounts) {
   }
 }
 
+TEST(DeviceMemoryTest, Bf16SelectiveRecomputeKeepsNoCastWeightsOfTheProductsItRecomputes) {
+  // A wide block with few tokens, where the weights' bf16 casts weigh: the three products whose
+  // inputs selective recompute computes again (qkv after the first LayerNorm, the MLP's two
+  // after the second and after GELU) keep the fp32 weight, not autocast's cast, and their
+  // backward casts again. The count kept them (2 bytes a parameter) and was twice what the
+  // block keeps; and autocast's cache kept the casts of every block of a shard until the
+  // shard's forward ended (a 4-block forward's peak: 4 casts beyond what the blocks keep).
+  Trial t = testing::GptTrial("casts", "adamw", 4, 256, 4, 32, 5, 3e-4);
+  t.training.precision = Precision::kBf16;
+  const auto how = FusedAttentionAvailable() ? AttentionMemory::kFused : AttentionMemory::kKept;
+  const LayerCost cost = ModelLayerCosts(t, t.training.batch_size)[1];
+  const int64_t kept = KeptActivationBytes(cost, how, true);
+  const int64_t transient = BackwardTransientBytes(cost, how, true);
+  const LayerBytes measured = MeasureBlock(t, how, true);
+  EXPECT_LE(measured.saved + measured.transient,
+            kept + transient + CpuKernelScratch(t.training.precision));
+  EXPECT_LT(kept, measured.saved * 3 / 2) << "kept " << measured.saved << ", counted " << kept;
+  // A shard of the four blocks, its forward in one precision scope (ForwardShard's).
+  auto& counting = CountingCpuAllocator::Installed();
+  torch::manual_seed(0);
+  auto model = BuildGpt2(t.model, 1);
+  model.SetAttention(how);
+  model.SetSelectiveRecompute(true);
+  const auto x0 = torch::randn({t.training.batch_size, t.model.context_length, t.model.n_embd});
+  for (int pass = 0; pass < 2; ++pass) {  // the second: the gradients exist, as in training
+    auto x = x0.clone().requires_grad_(true);
+    const int64_t before = counting.Current();
+    counting.ResetPeak();
+    torch::Tensor y = x;
+    {
+      PrecisionScope scope(t.training.precision);
+      for (int i = 1; i <= 4; ++i) y = model.layers[i]->forward(y);
+    }
+    const int64_t forward_peak = counting.Peak() - before;
+    if (pass == 1) {
+      EXPECT_LE(forward_peak, 4 * kept + transient + CpuKernelScratch(t.training.precision))
+          << "the blocks keep " << (counting.Current() - before);
+    }
+    y.backward(torch::ones_like(y));
+  }
+}
+
 /// An image classifier of `family` ("mlp", "resnet") on 3 x 16 x 16 images.
 Trial ImageTrial(const std::string& family, int64_t layers, int64_t width, int64_t batch) {
   Trial t;
@@ -322,11 +364,18 @@ TEST(DeviceMemoryTest, PlansWhoseLastShardHoldsGpt2sHeadAllocateWithinTheBudget)
 }
 
 TEST(DeviceMemoryTest, PlansThatRecomputeLayerNormsAndGeluAllocateWithinTheBudget) {
+  const auto selective = [](const Admission& a) {
+    return a.plan.selective_recompute && a.plan.shards.size() > 1;
+  };
   // fp32: in bf16 no budget of this trial's makes a spilled plan that chooses it.
   ExpectChosenPlansAllocateWithinTheirBudget(
       testing::GptTrial("selective", "adamw", 4, 256, 8, 128, 5, 3e-4), {Precision::kFp32},
-      [](const Admission& a) { return a.plan.selective_recompute && a.plan.shards.size() > 1; },
-      "LayerNorm and GELU recomputed");
+      selective, "LayerNorm and GELU recomputed");
+  // bf16, wide with a short context: the weights' casts that selective recompute does not keep
+  // weigh (Bf16SelectiveRecomputeKeepsNoCastWeightsOfTheProductsItRecomputes).
+  ExpectChosenPlansAllocateWithinTheirBudget(
+      testing::GptTrial("selective", "adamw", 4, 384, 4, 32, 5, 3e-4), {Precision::kBf16},
+      selective, "LayerNorm and GELU recomputed");
 }
 
 TEST(DeviceMemoryTest, PlansThatKeepTheScoresAllocateWithinTheBudget) {

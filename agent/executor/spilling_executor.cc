@@ -1221,6 +1221,9 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     /// backward is done but whose copy in may still read their host memory.
     std::vector<std::unique_ptr<OffloadedGraph>> offloaded, retiring;
     int64_t copying_out = 0;  ///< device bytes of the last offloaded graph, its copy out running
+    /// Per shard, device bytes of its input that the ledger counts as kept for its backward
+    /// (KeepInput).
+    std::vector<int64_t> kept_input;
     /// A host-stepped shard (not shard 0) whose gradients are on the host and whose optimizer
     /// step runs during the next shard's backward (RunPendingHostStep).
     std::optional<size_t> pending_host_step;
@@ -1320,6 +1323,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     c.inputs.assign(S, std::vector<torch::Tensor>(c.A));
     c.outputs.assign(S, std::vector<torch::Tensor>(c.A));
     c.offloaded.resize(S);
+    c.kept_input.assign(S, 0);
     c.grad_out.assign(c.A, torch::Tensor());
     c.targets.assign(c.A, torch::Tensor());
     for (int64_t a = 0; a < c.A; ++a) {
@@ -1337,6 +1341,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     const size_t S = shards_.size();
     RETURN_IF_ERROR(Wait(k));
     RETURN_IF_ERROR(Fetch(k + 1, k + 2 == S));
+    UnkeepInput(k);  // the workspace counts it while the forward runs
     RETURN_IF_ERROR(ledger_.Acquire(Tier::kDevice, shards_[k].plan.workspace_bytes,
                                     "activations of shard " + std::to_string(k)));
     const bool stash = Stashes(k), offload = Offloads(k);
@@ -1357,7 +1362,12 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     // The graph offloaded before this forward has been copying out beside it.
     ledger_.Release(Tier::kDevice, std::exchange(c.copying_out, 0));
     if (offload) RETURN_IF_ERROR(Offload(k, saved));
-    if (!stash && OffloadsInput(k)) RETURN_IF_ERROR(OffloadInput(k));
+    if (!stash && OffloadsInput(k)) {
+      RETURN_IF_ERROR(OffloadInput(k));
+    } else {
+      RETURN_IF_ERROR(KeepInput(k));
+    }
+    RETURN_IF_ERROR(KeepInput(k + 1));  // its output
     if (stash) {
       RETURN_IF_ERROR(ledger_.Acquire(StashTier(), shards_[k].plan.activation_bytes * c.A,
                                       "stashed activations of shard " + std::to_string(k)));
@@ -1372,6 +1382,25 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       return shards_[k].weights.at->To(Residency::kInHost);
     }
     return Evict(k, /*dirty=*/false);
+  }
+
+  /// Shard k's input (every micro-batch's) stays on the device until its backward: the ledger
+  /// counts it from the forward that makes it, as the plan's peak does (PackPeak), but for
+  /// while shard k's own forward or backward runs, whose workspace counts it (UnkeepInput).
+  /// Shard 0's input, the token ids, is the embedding's activation.
+  Status KeepInput(size_t k) {
+    StepInProgress& c = *cur_;
+    if (k == 0) return OkStatus();
+    int64_t bytes = 0;
+    for (const auto& t : c.inputs[k]) bytes += t.defined() ? static_cast<int64_t>(t.nbytes()) : 0;
+    RETURN_IF_ERROR(ledger_.Acquire(
+        Tier::kDevice, bytes, "input of shard " + std::to_string(k) + " kept for its backward"));
+    c.kept_input[k] = bytes;
+    return OkStatus();
+  }
+
+  void UnkeepInput(size_t k) {
+    ledger_.Release(Tier::kDevice, std::exchange(cur_->kept_input[k], 0));
   }
 
   /// After shard k's forward (Offloads): the storages its graph saved, but for its weights and
@@ -1437,6 +1466,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     RETURN_IF_ERROR(Wait(L));
     if (L > 0) RETURN_IF_ERROR(Fetch(L - 1, true));
     if (L > 0) RETURN_IF_ERROR(BringBackGraph(L - 1));
+    UnkeepInput(L);  // the workspace counts it
     RETURN_IF_ERROR(AcquireBackward(L));
     for (int64_t a = 0; a < c.A; ++a) {
       auto in = Leaf(c.inputs[L][a], L);
@@ -1509,6 +1539,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       streams_.ComputeWaits(offloaded->in_done());
       ledger_.Release(Tier::kDevice, offloaded->bytes());
     }
+    UnkeepInput(k);  // the workspace counts it
     RETURN_IF_ERROR(AcquireBackward(k));
     for (int64_t a = 0; a < c.A; ++a) {
       torch::Tensor in, out;

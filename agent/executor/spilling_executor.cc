@@ -42,6 +42,12 @@ int64_t Bytes(const NamedTensors& ts) {
   return b;
 }
 
+int64_t Bytes(const std::vector<torch::Tensor>& ts) {
+  int64_t b = 0;
+  for (const auto& t : ts) b += t.defined() ? t.numel() * t.element_size() : 0;
+  return b;
+}
+
 /// A part of a shard's state that moves between the tiers as one: its weights, or its
 /// optimizer state.
 struct Part {
@@ -872,7 +878,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     std::vector<torch::Tensor> dev = std::move(p.reserved), src = UploadSources(p);
     p.reserved.clear();
     p.in_done = streams_.CopyIn(dev, src, p.out_done, p.reserved_free);
-    for (const auto& t : src) bytes_uploaded_ += t.numel() * t.element_size();
+    bytes_uploaded_ += Bytes(src);
     for (size_t i = 0; i < dev.size(); ++i) p.tensors[i].second.set_data(dev[i]);
   }
 
@@ -1391,8 +1397,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   Status KeepInput(size_t k) {
     StepInProgress& c = *cur_;
     if (k == 0) return OkStatus();
-    int64_t bytes = 0;
-    for (const auto& t : c.inputs[k]) bytes += t.defined() ? static_cast<int64_t>(t.nbytes()) : 0;
+    const int64_t bytes = Bytes(c.inputs[k]);
     RETURN_IF_ERROR(ledger_.Acquire(
         Tier::kDevice, bytes, "input of shard " + std::to_string(k) + " kept for its backward"));
     c.kept_input[k] = bytes;

@@ -343,11 +343,43 @@ TEST_F(HydraCliTest, InterruptedRunResumesToExactlyTheUninterruptedResults) {
   }
 }
 
+/// `results` (results.json of a run with ASHA over `rungs`, a trial's first validation loss at
+/// or past a rung judging it there): at each rung, the floor(n / `reduction_factor`) trials
+/// best among the n that reported there went on past it (to the next rung, or to `steps`),
+/// whatever order they reported in.
+void ExpectAshaKeptEachRungsBest(const nlohmann::json& results, int reduction_factor,
+                                 const std::vector<int64_t>& rungs, int64_t steps) {
+  for (size_t r = 0; r < rungs.size(); ++r) {
+    std::vector<std::pair<double, std::string>> reported;  // (loss at the rung, trial)
+    std::map<std::string, int64_t> trained;
+    for (const auto& t : results["trials"]) {
+      trained[t["name"]] = t["steps"].get<int64_t>();
+      for (const auto& e : t["valLoss"]) {
+        if (e[0].get<int64_t>() < rungs[r]) continue;
+        reported.emplace_back(e[1].get<double>(), t["name"].get<std::string>());
+        break;
+      }
+    }
+    std::sort(reported.begin(), reported.end());
+    const size_t kept = reported.size() / reduction_factor;
+    EXPECT_GE(kept, 1u) << reported.size() << " trials reported at step " << rungs[r];
+    const int64_t past = r + 1 < rungs.size() ? rungs[r + 1] : steps;
+    for (size_t i = 0; i < kept; ++i) {
+      EXPECT_GE(trained[reported[i].second], past)
+          << reported[i].second << ", ranked " << i + 1 << " of " << reported.size() << " at step "
+          << rungs[r];
+    }
+  }
+}
+
 /// The example random search run twice on the example corpus: with its ASHA early stopping and
-/// without. The same 16 trials (the same draws); ASHA trains at most half the steps and its
-/// best trial's final validation loss is within 1% of the full run's best. One device: the
-/// trials report in one order, so the same trials stop in every run.
-TEST_F(HydraCliTest, AshaTrainsAtMostHalfTheStepsAndFindsAsGoodABestTrial) {
+/// without. The same 16 trials (the same draws, trained alike: one thread); ASHA trains at most
+/// half the steps and keeps what it must whatever order the trials report in. Which others it
+/// promotes early depends on that order, which the measured step times set (runs here differed:
+/// 400 and 460 steps), so its best trial is not always the full run's best: under a CPU load,
+/// only the trial best at step 30 among the five best at step 10 went on to the end once
+/// (3.291 against the full run's 3.224).
+TEST_F(HydraCliTest, AshaTrainsAtMostHalfTheStepsAndKeepsTheBestTrialsOfEachRung) {
   std::string yaml = Slurp(std::string(HYDRA_SOURCE_DIR) + "/examples/random-asha.yaml");
   yaml.replace(yaml.find("path: data/corpus.txt"), 21, "path: corpus.txt");
   std::ofstream(dir_ / "asha.yaml") << yaml;
@@ -416,7 +448,10 @@ TEST_F(HydraCliTest, AshaTrainsAtMostHalfTheStepsAndFindsAsGoodABestTrial) {
             << "\n";
   EXPECT_GT(stopped, 0);
   EXPECT_LE(2 * asha_steps, full_steps);
-  EXPECT_LE(asha_best, full_best * 1.01);
+  ExpectAshaKeptEachRungsBest(asha, /*reduction_factor=*/3, {10, 30}, 90);
+  // What ASHA trained to the end trained as in the full run: its best is a full run's loss.
+  EXPECT_EQ(f.count(asha["trials"][0]["name"].get<std::string>()), 1u);
+  EXPECT_EQ(asha_best, f.at(asha["trials"][0]["name"].get<std::string>())["finalValLoss"]);
   // The ranked table: finished trials first; the job succeeded (exit 0 above).
   EXPECT_EQ(asha["trials"][0]["state"], "Succeeded");
 }

@@ -65,10 +65,12 @@ class OffloadedGraph {
   /// must wait for in_done() before the backward reads the graph.
   void MoveIn(DeviceStreams& streams);
 
-  /// After the backward that read it (autograd has dropped the graph's references): drops this
-  /// object's references to the device storages, so their memory goes back to the allocator
-  /// now (once the copy in is done, which the allocator knows), not when the host copies are
-  /// released.
+  /// Once compute waits for in_done(), before the backward that reads it: drops this object's
+  /// references to the device storages, so that the graph's own are the last and the backward
+  /// frees each storage once it has read it (as the plan's LiveBytes counts: before, a shard's
+  /// whole graph stayed to the end of its backward, 2 MB past a 42 MB budget in
+  /// device_memory_test), not when the host copies are released. The copy in is recorded on
+  /// its stream: the allocator reuses the memory only after it.
   void ReleaseDevice() { views_.clear(); }
 
   const StreamMark& in_done() const { return in_done_; }

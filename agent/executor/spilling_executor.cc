@@ -1542,6 +1542,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     if (stash && on_.discrete) ledger_.Release(Tier::kDevice, stashed);
     if (offloaded) {
       streams_.ComputeWaits(offloaded->in_done());
+      offloaded->ReleaseDevice();  // the backward frees each storage once it has read it
       ledger_.Release(Tier::kDevice, offloaded->bytes());
     }
     UnkeepInput(k);  // the workspace counts it
@@ -1568,8 +1569,7 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     if (stash && !on_.discrete) ledger_.Release(Tier::kHost, stashed);
     if (offloaded) {
       ledger_.Release(Tier::kHost, offloaded->bytes());
-      offloaded->ReleaseDevice();  // its host copies wait in `retiring` for the copy in
-      c.retiring.push_back(std::move(offloaded));
+      c.retiring.push_back(std::move(offloaded));  // its host copies wait for the copy in
     }
     RETURN_IF_ERROR(AfterBackward(k, clipping));
     if (k + 1 < S) RETURN_IF_ERROR(FinishWrite(k + 1));

@@ -42,10 +42,11 @@ class Accountant {
   std::optional<FieldError> error_;
 };
 
-/// A TorchScript model's children as measured at load time. What autograd saves inside a child
-/// is not visible from outside, so its activations are estimated as kSavedPerOutput times its
-/// output (a transformer block saves about 16x its output per token plus attention scores;
-/// an MLP layer 2-3x): an estimate for planning, which the budget ledger then enforces.
+/// A TorchScript model's children as measured at load time (executor::ResolveModel): what each
+/// child's forward keeps and its forward or backward allocates besides, measured on the CPU
+/// (ModuleLayer::memory). A child not measured is estimated as kSavedPerOutput times its output
+/// (a transformer block keeps about 16x its output per token plus its attention scores, which
+/// that misses; an MLP layer 2-3x).
 std::vector<LayerCost> ModuleLayerCosts(const ModelSpec& m, int64_t micro_batch, Accountant& a) {
   constexpr double kSavedPerOutput = 16;
   std::vector<LayerCost> layers;
@@ -58,6 +59,18 @@ std::vector<LayerCost> ModuleLayerCosts(const ModelSpec& m, int64_t micro_batch,
         static_cast<double>(micro_batch) * static_cast<double>(l.output_elements) * 4;
     c.output_bytes = a.Bytes(out, l.name, "output");
     c.activation_bytes = a.Bytes(kSavedPerOutput * out, l.name, "activations");
+    c.buffer_bytes = l.buffer_bytes;
+    if (l.memory) {
+      const auto bytes = [&](const ModuleLayer::Bytes& b) {
+        return static_cast<double>(b.per_sequence) * static_cast<double>(micro_batch) +
+               static_cast<double>(b.fixed);
+      };
+      c.activation_bytes = a.Bytes(bytes(l.memory->kept), l.name, "activations");
+      c.backward_bytes = a.Bytes(bytes(l.memory->transient), l.name, "activations");
+      // The last child was measured with the loss: its logits are part of its transient, and
+      // a last shard's output is the loss.
+      if (&l == &m.layers.back()) c.output_bytes = 4;
+    }
     // A dense layer: 2 FLOPs per parameter per token.
     c.forward_flops = 2.0 * static_cast<double>(l.parameters) * static_cast<double>(micro_batch) *
                       static_cast<double>(m.context_length);
@@ -120,6 +133,8 @@ std::vector<LayerCost> GptCosts(const ModelSpec& m, int64_t micro_batch, Precisi
     b.score_gradient_bytes = bf16 ? 0 : a.Bytes(tokens * H * T * f, b.name, "attention scores");
     b.selective_backward_bytes =
         a.Bytes(tokens * C * (bf16 ? 24 : 32) + (bf16 ? 16 * C * C : 0), b.name, "activations");
+    // The additive causal mask [T, T] in fp32, one tensor every block shares.
+    if (i == 0) b.buffer_bytes = a.Bytes(T * T * f, b.name, "buffers");
     layers.push_back(b);
   }
   LayerCost head;
@@ -336,6 +351,7 @@ TrialFootprint EstimateTrialFootprint(const Trial& trial, AttentionMemory attent
   for (const auto& l : ModelLayerCosts(trial, MicroBatch(trial.training))) {
     fp.parameters += l.parameters;
     fp.activation_bytes += KeptActivationBytes(l, attention);
+    fp.buffer_bytes += l.buffer_bytes;
     transient = std::max(transient, BackwardTransientBytes(l, attention, false));
   }
   fp.activation_bytes += transient;

@@ -39,7 +39,8 @@ struct LayerCost {
   /// dense gradient of its token embedding, which autograd then adds to the tied weights' own;
   /// an image layer's (mlp, resnet) new weight gradients (in bf16 also their bf16 copies) and
   /// its input's and output's gradients (a ResNet layer's convolutions and GroupNorms: twice
-  /// each). TorchScript layers count none.
+  /// each). TorchScript layers: as measured when loaded (ModuleLayer::memory), the forward's
+  /// temporaries included.
   int64_t backward_bytes = 0;
   /// An attention layer's gradients of its scores beyond what kKept counts, per micro-batch:
   /// in fp32 one H x T per token more (the scores themselves are not kept, their gradient and
@@ -49,6 +50,9 @@ struct LayerCost {
   /// keeps, per micro-batch: the LayerNorm and GELU outputs computed again and their working
   /// copies (fp32 32C bytes a token, bf16 24C).
   int64_t selective_backward_bytes = 0;
+  /// Its buffers (GPT-2's causal mask, a TorchScript module's), on the device for the trial's
+  /// life whatever the plan; a buffer several layers share counted at the first.
+  int64_t buffer_bytes = 0;
 };
 
 /// The fused LM head and loss (agent/executor/lm_head_loss): rows of the final hidden states
@@ -122,8 +126,9 @@ struct TrialFootprint {
   int64_t gradient_bytes = 0;
   int64_t optimizer_bytes = 0;
   int64_t activation_bytes = 0;  ///< of one micro-batch, whole model
+  int64_t buffer_bytes = 0;      ///< the layers' buffers (LayerCost::buffer_bytes)
   int64_t total_bytes() const {
-    return parameter_bytes + gradient_bytes + optimizer_bytes + activation_bytes;
+    return parameter_bytes + gradient_bytes + optimizer_bytes + activation_bytes + buffer_bytes;
   }
 };
 

@@ -16,7 +16,16 @@ namespace hydra {
 inline constexpr const char* kApiVersion = "hydra.dev/v1alpha1";
 inline constexpr const char* kKind = "MultiModelJob";
 
-/// spec.model: the architecture. Field names are the manifest's (camelCase there).
+/// spec.training.precision: the number format forward and backward compute in. In kBf16,
+/// matrix products and most element-wise work run in bfloat16 while master weights, optimizer
+/// state, softmax, LayerNorm statistics, the loss and the gradient norm stay fp32.
+enum class Precision { kFp32, kBf16 };
+
+/// "fp32" | "bf16".
+const char* PrecisionName(Precision p);
+/// The Precision named `text`; nullopt for any other text.
+std::optional<Precision> ParsePrecision(const std::string& text);
+
 /// One top-level child of a TorchScript model, measured when the module is loaded (not part of
 /// the manifest): what the partitioner and the cost model know of it.
 struct ModuleLayer {
@@ -24,6 +33,25 @@ struct ModuleLayer {
   int64_t parameters = 0;       ///< parameters it owns (tied ones counted at first use)
   int64_t tied_parameters = 0;  ///< of those, the ones a later child uses too
   int64_t output_elements = 0;  ///< elements of its output for one sequence
+  int64_t buffer_bytes = 0;     ///< its buffers' (a causal mask), but those an earlier child has
+  /// Bytes of a micro-batch of `sequences`: per_sequence each, and fixed whatever its size.
+  struct Bytes {
+    int64_t per_sequence = 0;
+    int64_t fixed = 0;
+    int64_t For(int64_t sequences) const { return per_sequence * sequences + fixed; }
+  };
+  /// What its training allocates, measured on the CPU when the module is loaded, in the trial's
+  /// precision (in bf16 the larger of that and fp32's, less the weights' bf16 casts that the
+  /// cost model counts for every layer): what autograd keeps from its forward for the backward,
+  /// less its output (the last child's: with the loss, whose output is the loss itself), and
+  /// the most its forward or backward allocates beyond that at once.
+  struct Memory {
+    Precision precision = Precision::kFp32;  ///< the trial's, when measured
+    Bytes kept;
+    Bytes transient;
+  };
+  /// Unset (not measured): kept estimated from the output (cost_model's kSavedPerOutput).
+  std::optional<Memory> memory = {};
 };
 
 /// spec.model.init.format: how pretrained weights are stored. A closed set: Hugging Face's
@@ -40,6 +68,7 @@ struct ModelInit {
   std::string resolved_path;  ///< absolute, resolved against the manifest's directory
 };
 
+/// spec.model: the architecture. Field names are the manifest's (camelCase there).
 struct ModelSpec {
   std::string family = "gpt2";  ///< gpt2 | torchscript | mlp | resnet
   int64_t n_layer = 4;          ///< nLayer: transformer blocks (mlp: hidden layers; resnet: blocks)
@@ -73,16 +102,6 @@ struct DatasetSpec {
   /// images-u8: [channels, height, width] of every image.
   std::vector<int64_t> image_shape = {3, 32, 32};
 };
-
-/// spec.training.precision: the number format forward and backward compute in. In kBf16,
-/// matrix products and most element-wise work run in bfloat16 while master weights, optimizer
-/// state, softmax, LayerNorm statistics, the loss and the gradient norm stay fp32.
-enum class Precision { kFp32, kBf16 };
-
-/// "fp32" | "bf16".
-const char* PrecisionName(Precision p);
-/// The Precision named `text`; nullopt for any other text.
-std::optional<Precision> ParsePrecision(const std::string& text);
 
 /// spec.training: the optimisation settings of one trial.
 struct TrainingSpec {

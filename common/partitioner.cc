@@ -528,8 +528,10 @@ StatusOr<PartitionPlan> PlanFor(const Trial& trial, const PartitionOptions& o,
   int64_t tied = 0;
   int64_t whole = 0;
   int64_t transient = 0;  // what one layer's backward allocates while it runs
+  int64_t buffers = 0;    // the layers' buffers, on the device all along
   for (int i = 0; i < n; ++i) {
     transient = std::max(transient, BackwardTransientBytes(costs[i], attention, selective));
+    buffers += costs[i].buffer_bytes;
     tied += costs[i].tied_parameters;
     need[i].params = costs[i].parameters - costs[i].tied_parameters;
     // Tied weights stay on the device, but their optimizer state moves with the shard.
@@ -546,10 +548,11 @@ StatusOr<PartitionPlan> PlanFor(const Trial& trial, const PartitionOptions& o,
     whole += costs[i].parameters * (4 + opt) + costs[i].tied_parameters * 4;
   }
   // Unsharded: the tied parameters' gradients all the backward (the head's comes first).
-  whole += LiveBytes(need, 0, n - 1, mb_count) + transient;
+  whole += LiveBytes(need, 0, n - 1, mb_count) + transient + buffers;
   const int64_t tied_bytes = tied * 8;  // weights and gradients, resident all step
   const int64_t budget = o.device_budget;
-  const int64_t usable = budget - tied_bytes - transient;  // for the shards' own needs
+  // For the shards' own needs:
+  const int64_t usable = budget - tied_bytes - buffers - transient;
 
   std::vector<int> starts;
   size_t residents = 0;  // the last shards whose state stays on the device
@@ -572,6 +575,7 @@ StatusOr<PartitionPlan> PlanFor(const Trial& trial, const PartitionOptions& o,
       const int64_t single = ShardNeed(need, i, i, mb_count);
       if (single > usable) {
         const std::string held = FormatBytes(tied_bytes) + " of shared (tied) parameters" +
+                                 (buffers > 0 ? ", " + FormatBytes(buffers) + " of buffers" : "") +
                                  (transient > 0 ? " and " + FormatBytes(transient) +
                                                       " that a layer's backward needs "
                                                       "while it runs"
@@ -613,7 +617,7 @@ StatusOr<PartitionPlan> PlanFor(const Trial& trial, const PartitionOptions& o,
         return ResourceExhaustedError(
             "no sharding fits the device budget of " + FormatBytes(budget) +
             " with a prefetch buffer; one layer per shard needs " +
-            FormatBytes(PackPeak(need, all, mb_count) + tied_bytes + transient) +
+            FormatBytes(PackPeak(need, all, mb_count) + tied_bytes + buffers + transient) +
             (placement == OptimizerPlacement::kHost ? ", its optimizer stepping on the host" : ""));
       }
       starts = all;
@@ -622,6 +626,7 @@ StatusOr<PartitionPlan> PlanFor(const Trial& trial, const PartitionOptions& o,
 
   const bool sharded = starts.size() > 1 || packed || o.state_tier == StateTier::kDisk;
   plan.pinned_bytes = sharded ? tied_bytes : 0;
+  plan.buffer_bytes = buffers;
   const ActivationChoice choice =
       device_stash ? ChooseActivations(need, starts, mb_count,
                                        budget > 0 ? usable : std::numeric_limits<int64_t>::max(),
@@ -744,7 +749,7 @@ StatusOr<PartitionPlan> PlanFor(const Trial& trial, const PartitionOptions& o,
     plan.peak_device_bytes = whole;
   } else {
     plan.peak_device_bytes =
-        PackPeak(need, starts, mb_count, on_device) + plan.pinned_bytes + transient;
+        PackPeak(need, starts, mb_count, on_device) + plan.pinned_bytes + buffers + transient;
   }
   return plan;
 }

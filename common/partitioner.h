@@ -153,6 +153,7 @@ struct PartitionOptions {
 struct PartitionPlan {
   std::vector<ShardPlan> shards;
   int64_t pinned_bytes = 0;  ///< parameters shared across shards (tied), resident all step
+  int64_t buffer_bytes = 0;  ///< the layers' buffers (LayerCost::buffer_bytes), resident too
   int64_t peak_device_bytes = 0;
   int64_t total_state_bytes = 0;
   StateTier state_tier = StateTier::kHost;

@@ -9,6 +9,7 @@
 #include <limits>
 #include <map>
 #include <optional>
+#include <set>
 #include <utility>
 
 #include "agent/executor/batches.h"
@@ -163,7 +164,9 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     int64_t pinned_bytes = 0;
     for (const auto& [n, t] : pinned_) pinned_bytes += 2 * t.numel() * t.element_size();
     MakeLookahead();
-    return ledger_.Acquire(Tier::kDevice, pinned_bytes, "tied parameters and their gradients");
+    RETURN_IF_ERROR(
+        ledger_.Acquire(Tier::kDevice, pinned_bytes, "tied parameters and their gradients"));
+    return ledger_.Acquire(Tier::kDevice, Bytes(Buffers()), "the layers' buffers");
   }
 
   Status AddShard(const LayerSequence& seq, size_t k) {
@@ -1009,20 +1012,25 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     }
   }
 
+  /// The layers' buffers, each once (GPT-2's blocks share their causal mask).
+  std::vector<torch::Tensor> Buffers() const {
+    std::vector<torch::Tensor> all;
+    std::set<const void*> seen;
+    for (const auto& layer : model_.layers) {
+      for (const auto& b : layer->buffers(/*recurse=*/true)) {
+        if (seen.insert(b.unsafeGetTensorImpl()).second) all.push_back(b);
+      }
+    }
+    return all;
+  }
+
   /// Discrete, after the model is built: the tied parameters and the layers' buffers (GPT-2's
   /// causal mask) live on the device for the trial's life.
   void MoveResidentsToDevice() {
     torch::NoGradGuard g;
     if (on_.device.is_cpu()) return;  // a simulated discrete device: they are there
     for (auto& [n, t] : pinned_) t.set_data(t.to(on_.device));
-    std::map<const void*, bool> moved;
-    for (const auto& layer : model_.layers) {
-      for (auto b : layer->buffers(/*recurse=*/true)) {
-        if (moved[b.unsafeGetTensorImpl()]) continue;
-        moved[b.unsafeGetTensorImpl()] = true;
-        b.set_data(b.to(on_.device));
-      }
-    }
+    for (auto b : Buffers()) b.set_data(b.to(on_.device));
   }
 
   /// Discrete: shard k's weight gradients leave the device for host memory (`*host`, fresh

@@ -6,10 +6,14 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
+#include <optional>
 #include <set>
 
+#include "agent/executor/batches.h"
 #include "agent/executor/gpt2.h"
 #include "agent/executor/hf_gpt2_init.h"
+#include "agent/executor/layer_memory.h"
 #include "agent/executor/tensor_buffers.h"
 #include "agent/executor/vision.h"
 #include "common/file_util.h"
@@ -244,23 +248,141 @@ Status WriteModelFiles(const Trial& trial, const std::vector<NamedBuffer>& state
   return OkStatus();
 }
 
+namespace {
+
+/// The memory of a micro-batch of any size, from its measures at two and three sequences (at one,
+/// some reshapes are views that copy at more).
+ModuleLayer::Memory Fit(const LayerMemory& two, const LayerMemory& three) {
+  const auto fit = [](int64_t at_two, int64_t at_three) {
+    ModuleLayer::Bytes b;
+    b.per_sequence = std::max<int64_t>(0, at_three - at_two);
+    b.fixed = std::max<int64_t>(0, at_two - 2 * b.per_sequence);
+    return b;
+  };
+  ModuleLayer::Memory m;
+  m.kept = fit(two.kept, three.kept);
+  m.transient = fit(two.transient, three.transient);
+  return m;
+}
+
+/// Child `i` of `seq`'s training memory in `precision`, measured on `x` (its input for three
+/// sequences) and its first two, after a first run that is not measured: TorchScript's executor
+/// optimises a graph after profiling its first run, and in bf16 that run kept a third less; the
+/// last child's with the trial's loss of `targets`. Kept counts the input too, which a child
+/// keeps where it saves it (a LayerNorm does; inside a shard no other layer counts it).
+ModuleLayer::Memory MeasureChild(const Trial& trial, LayerSequence& seq, size_t i,
+                                 const torch::Tensor& x, const torch::Tensor& targets,
+                                 Precision precision) {
+  std::function<torch::Tensor(const torch::Tensor&)> loss;
+  if (i + 1 == seq.layers.size()) {
+    loss = [&](const torch::Tensor& out) {
+      return TaskLoss(trial, out, targets.narrow(0, 0, out.size(0)));
+    };
+  }
+  const bool input_grad = x.is_floating_point();
+  const auto measure = [&](int64_t sequences) {
+    const torch::Tensor input = x.narrow(0, 0, sequences);
+    LayerMemory m = MeasureLayerMemory(*seq.layers[i], input, precision, input_grad, loss);
+    m.kept += static_cast<int64_t>(input.nbytes());
+    return m;
+  };
+  measure(2);
+  const LayerMemory two = measure(2);
+  return Fit(two, measure(3));
+}
+
+/// ModuleLayer::memory of every child: in the trial's precision; in bf16 the larger of that
+/// (less the weights' casts, which TrialCosts counts: 2 bytes a parameter, the tied ones'
+/// charged to the last layer) and fp32's.
+void MeasureChildren(const Trial& trial, LayerSequence& seq, std::vector<ModuleLayer>* layers) {
+  int64_t tied = 0;
+  for (const auto& l : *layers) tied += l.tied_parameters;
+  const torch::Tensor tokens = SampleTokens(trial.model, 3);
+  torch::Tensor x = tokens;
+  for (size_t i = 0; i < seq.layers.size(); ++i) {
+    ModuleLayer& l = (*layers)[i];
+    ModuleLayer::Memory m = MeasureChild(trial, seq, i, x, tokens, Precision::kFp32);
+    if (trial.training.precision == Precision::kBf16) {
+      ModuleLayer::Memory b = MeasureChild(trial, seq, i, x, tokens, Precision::kBf16);
+      const bool last = i + 1 == seq.layers.size();
+      const int64_t casts = 2 * (l.parameters - l.tied_parameters + (last ? tied : 0));
+      b.kept.fixed = std::max<int64_t>(0, b.kept.fixed - casts);
+      for (auto [to, from] : {std::pair{&m.kept, &b.kept}, std::pair{&m.transient, &b.transient}}) {
+        to->per_sequence = std::max(to->per_sequence, from->per_sequence);
+        to->fixed = std::max(to->fixed, from->fixed);
+      }
+    }
+    m.precision = trial.training.precision;
+    l.memory = m;
+    torch::NoGradGuard no_grad;
+    x = seq.layers[i]->forward(x);
+    l.output_elements = x.numel() / x.size(0);
+  }
+}
+
+/// What a module file's children measure, by everything the measure depends on: loading and
+/// measuring again for every trial of a sweep over one model would repeat the same work.
+class MeasuredModules {
+ public:
+  static MeasuredModules& Shared() {
+    static MeasuredModules* m = new MeasuredModules();
+    return *m;
+  }
+  std::optional<std::vector<ModuleLayer>> Find(const Trial& t) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = known_.find(Key(t));
+    if (it == known_.end()) return std::nullopt;
+    return it->second;
+  }
+  void Add(const Trial& t, const std::vector<ModuleLayer>& layers) {
+    std::lock_guard<std::mutex> lock(mu_);
+    known_[Key(t)] = layers;
+  }
+
+ private:
+  /// The file (its path, size and modification time), the sequence's shape and the precision.
+  static std::string Key(const Trial& t) {
+    std::error_code ec;
+    const auto size = fs::file_size(t.model.resolved_path, ec);
+    const auto time = fs::last_write_time(t.model.resolved_path, ec).time_since_epoch().count();
+    return t.model.resolved_path + "|" + std::to_string(size) + "|" + std::to_string(time) + "|" +
+           std::to_string(t.model.context_length) + "|" + std::to_string(t.model.vocab_size) + "|" +
+           PrecisionName(t.training.precision);
+  }
+  std::mutex mu_;
+  std::map<std::string, std::vector<ModuleLayer>> known_;
+};
+
+}  // namespace
+
 Status ResolveModel(Trial* trial) {
   if (trial->model.init) return OpenHfGpt2(trial->model).status();
-  if (trial->model.family != "torchscript" || !trial->model.layers.empty()) return OkStatus();
+  if (trial->model.family != "torchscript") return OkStatus();
+  const auto& known = trial->model.layers;
+  if (!known.empty() &&
+      (!known.front().memory || known.front().memory->precision == trial->training.precision)) {
+    return OkStatus();  // loaded, and measured in this precision (or given, unmeasured)
+  }
+  if (auto measured = MeasuredModules::Shared().Find(*trial)) {
+    trial->model.layers = std::move(*measured);
+    return OkStatus();
+  }
   ASSIGN_OR_RETURN(LayerSequence seq, LoadTorchScript(trial->model));
   try {
-    torch::NoGradGuard no_grad;
-    auto x = SampleTokens(trial->model, 1);
     std::vector<ModuleLayer> layers;
+    std::set<const void*> buffers;  // counted at the first child that has them
     for (size_t i = 0; i < seq.layers.size(); ++i) {
       ModuleLayer l;
       l.name = seq.names[i];
       for (const auto& p : seq.layers[i]->parameters()) l.parameters += p.numel();
       for (const auto& p : seq.layers[i]->lent_parameters()) l.tied_parameters += p.numel();
-      x = seq.layers[i]->forward(x);
-      l.output_elements = x.numel();
+      for (const auto& b : seq.layers[i]->buffers(/*recurse=*/true)) {
+        if (buffers.insert(b.unsafeGetTensorImpl()).second) l.buffer_bytes += b.nbytes();
+      }
       layers.push_back(l);
     }
+    MeasureChildren(*trial, seq, &layers);
+    MeasuredModules::Shared().Add(*trial, layers);
     trial->model.layers = std::move(layers);
     return OkStatus();
   } catch (const std::exception& e) {

@@ -134,5 +134,47 @@ TEST(CostModelTest, SelectiveRecomputeFreesABlocksLayerNormAndGeluOutputs) {
   EXPECT_EQ(fp32.back().recompute_flops, 0);
 }
 
+TEST(CostModelTest, Gpt2sCausalMaskIsABufferCountedOnce) {
+  // One [T, T] fp32 mask every block shares, on the device all along: counted at the first.
+  const Trial t = TwoBlocks(64, 128, 4);
+  const auto layers = ModelLayerCosts(t, 4);
+  int64_t buffers = 0;
+  for (const auto& l : layers) buffers += l.buffer_bytes;
+  EXPECT_EQ(buffers, 128 * 128 * 4);
+  EXPECT_EQ(layers[1].buffer_bytes, buffers);
+  EXPECT_EQ(EstimateTrialFootprint(t).buffer_bytes, buffers);
+}
+
+TEST(CostModelTest, TorchScriptChildrenCountWhatWasMeasuredForTheirMicroBatch) {
+  Trial t;
+  t.model.family = "torchscript";
+  t.model.context_length = 32;
+  ModuleLayer block;
+  block.name = "block";
+  block.parameters = 1000;
+  block.output_elements = 32 * 16;
+  block.buffer_bytes = 4096;
+  ModuleLayer head = block;
+  head.name = "head";
+  head.buffer_bytes = 0;
+  t.model.layers = {block, head};
+  // Unmeasured: 16x the output, no transient.
+  auto layers = ModelLayerCosts(t, 4);
+  EXPECT_EQ(layers[0].activation_bytes, 16 * 4 * 32 * 16 * 4);
+  EXPECT_EQ(layers[0].backward_bytes, 0);
+  EXPECT_EQ(layers[0].buffer_bytes, 4096);
+  EXPECT_EQ(layers[1].output_bytes, 4 * 32 * 16 * 4);
+  // Measured: per sequence and fixed, at the micro-batch; the last child's output is the loss.
+  ModuleLayer::Memory m;
+  m.kept = {1000, 50};
+  m.transient = {300, 7};
+  for (auto& l : t.model.layers) l.memory = m;
+  layers = ModelLayerCosts(t, 4);
+  EXPECT_EQ(layers[0].activation_bytes, 4 * 1000 + 50);
+  EXPECT_EQ(layers[0].backward_bytes, 4 * 300 + 7);
+  EXPECT_EQ(layers[0].output_bytes, 4 * 32 * 16 * 4);
+  EXPECT_EQ(layers[1].output_bytes, 4);
+}
+
 }  // namespace
 }  // namespace hydra

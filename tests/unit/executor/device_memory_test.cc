@@ -546,7 +546,7 @@ TEST_F(TorchScriptMemoryTest, ChildrenAreCountedAsTheirTrainingAllocates) {
   // What autograd keeps inside a TorchScript child is measured when the module is loaded
   // (ModuleLayer::memory): the cost model's count of a block at a micro-batch of 8 holds what
   // LibTorch's CPU allocator hands out for its forward and backward, and in fp32 is that. Before,
-  // a child was counted as 16x its output: a block here keeps 43x in fp32 (its scores), 117x
+  // a child was counted as 16x its output: a block here keeps 43x in fp32 (its scores), 86x
   // in bf16 on this CPU.
   for (const Precision precision : {Precision::kFp32, Precision::kBf16}) {
     SCOPED_TRACE(PrecisionName(precision));

@@ -5,6 +5,7 @@
 #include <torch/version.h>
 
 #include <algorithm>
+#include <atomic>
 #include <memory>
 #include <vector>
 
@@ -26,18 +27,21 @@ class ThreadAllocations final : public c10::MemoryReportingInfoBase {
   void reportMemoryUsage(void* /*ptr*/, int64_t bytes, Total /*allocated*/, Total /*reserved*/,
                          c10::Device device) override {
     if (device.type() != c10::DeviceType::CPU) return;
-    now_ += bytes;
-    peak_ = std::max(peak_, now_);
+    const int64_t now = now_ += bytes;
+    int64_t peak = peak_.load();
+    while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
+    }
   }
   bool memoryProfilingEnabled() const override { return true; }
 
-  int64_t now() const { return now_; }
-  int64_t peak() const { return peak_; }
-  void ResetPeak() { peak_ = now_; }
+  int64_t now() const { return now_.load(); }
+  int64_t peak() const { return peak_.load(); }
+  void ResetPeak() { peak_ = now_.load(); }
 
  private:
-  int64_t now_ = 0;
-  int64_t peak_ = 0;
+  // Atomic: a scripted module's forked tasks (torch.jit.fork) carry the thread's debug info.
+  std::atomic<int64_t> now_{0};
+  std::atomic<int64_t> peak_{0};
 };
 
 /// The layer's parameters, its own and those it borrows (tied weights).

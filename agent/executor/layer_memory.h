@@ -10,7 +10,9 @@ namespace hydra::executor {
 
 /// What one layer's training allocates on the CPU, as LibTorch's CPU allocator reports it to
 /// this thread (c10's memory-reporting hook, which LibTorch's profiler uses): the same bytes a
-/// GPU's caching allocator hands out for the same operations, kernels' scratch apart.
+/// GPU's caching allocator hands out for the same operations, kernels' scratch apart (and
+/// anything an intra-op worker thread allocates, which reports to no one: LibTorch's kernels
+/// allocate their outputs on the calling thread).
 struct LayerMemory {
   int64_t kept = 0;  ///< alive after the forward (and the loss), less its output
   /// The most allocated at once beyond kept and the output: in the forward (temporaries, a

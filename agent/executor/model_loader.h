@@ -11,9 +11,11 @@
 
 namespace hydra::executor {
 
-/// Fills trial->model.layers from the module (parameters and output size of each child) so the
-/// cost model and the partitioner can plan it; for a gpt2 model with spec.model.init, checks
-/// the checkpoint against the model (OpenHfGpt2); a no-op for the other built-in families.
+/// Fills trial->model.layers from the module (each child's parameters, output size, buffers and
+/// training memory measured on the CPU in the trial's precision: ModuleLayer::memory; cached
+/// per file, shape and precision) so the cost model and the partitioner can plan it; for a gpt2
+/// model with spec.model.init, checks the checkpoint against the model (OpenHfGpt2); a no-op for
+/// the other built-in families.
 Status ResolveModel(Trial* trial);
 
 /// Loads the module of `spec`, puts the weights of an executor's ExportState (a checkpoint's

@@ -269,7 +269,8 @@ ModuleLayer::Memory Fit(const LayerMemory& two, const LayerMemory& three) {
 /// sequences) and its first two, after a first run that is not measured: TorchScript's executor
 /// optimises a graph after profiling its first run, and in bf16 that run kept a third less; the
 /// last child's with the trial's loss of `targets`. Kept counts the input too, which a child
-/// keeps where it saves it (a LayerNorm does; inside a shard no other layer counts it).
+/// keeps where it saves it (a LayerNorm does): inside a shard nothing else counts it (at a
+/// shard's first child the boundary counts it again, on the safe side).
 ModuleLayer::Memory MeasureChild(const Trial& trial, LayerSequence& seq, size_t i,
                                  const torch::Tensor& x, const torch::Tensor& targets,
                                  Precision precision) {

@@ -845,6 +845,7 @@ std::string FormatPlan(const Trial& trial, const PartitionPlan& plan) {
       << FormatBytes(plan.peak_device_bytes);
   if (plan.pinned_bytes > 0)
     out << " (" << FormatBytes(plan.pinned_bytes) << " pinned tied weights)";
+  if (plan.buffer_bytes > 0) out << " (" << FormatBytes(plan.buffer_bytes) << " of buffers)";
   if (plan.attention == AttentionMemory::kRecomputed) {
     out << ", attention scores recomputed in backward";
   } else if (plan.attention == AttentionMemory::kFused) {

@@ -220,8 +220,8 @@ class InMemoryExecutorFactory : public ExecutorFactoryInterface {
           "trial " + trial.name + " needs " + FormatBytes(peak) + " of device memory (" +
           FormatBytes(fp.parameter_bytes) + " parameters, " + FormatBytes(fp.gradient_bytes) +
           " gradients, " + FormatBytes(fp.optimizer_bytes) + " optimizer state, " +
-          FormatBytes(fp.activation_bytes) + " activations, less " +
-          FormatBytes(admission.plan.shards[0].backward_freed_bytes) +
+          FormatBytes(fp.activation_bytes) + " activations, " + FormatBytes(fp.buffer_bytes) +
+          " buffers, less " + FormatBytes(admission.plan.shards[0].backward_freed_bytes) +
           " freed in backward before the last gradients appear) but "
           "spec.resources.deviceMemoryBudget is " +
           FormatBytes(*trial.resources.device_memory_budget) +

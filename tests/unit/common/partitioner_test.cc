@@ -125,6 +125,25 @@ TEST(PartitionerTest, SmallerBudgetsGiveMoreShardsThatFit) {
   EXPECT_THAT(p.status().message(), HasSubstr("prefetch"));
 }
 
+TEST(PartitionerTest, TheLayersBuffersStayOnTheDeviceInEveryPlan) {
+  // GPT-2's causal mask ([T, T] fp32, one for every block) is on the device all along:
+  // unsharded in the footprint, sharded beside the shards' peak, and named in the plan.
+  Trial t = Gpt2(12, 256);
+  const int64_t mask = 128 * 128 * 4;
+  auto whole = PlanShards(t, {});
+  ASSERT_TRUE(whole.ok());
+  EXPECT_EQ(whole->buffer_bytes, mask);
+  EXPECT_EQ(EstimateTrialFootprint(t).buffer_bytes, mask);
+  PartitionOptions o;
+  o.device_budget = EstimateTrialFootprint(t).total_bytes() / 3;
+  auto sharded = PlanShards(t, o);
+  ASSERT_TRUE(sharded.ok()) << sharded.status();
+  ASSERT_GT(sharded->shards.size(), 1u);
+  EXPECT_EQ(sharded->buffer_bytes, mask);
+  EXPECT_LE(sharded->peak_device_bytes, o.device_budget);
+  EXPECT_THAT(FormatPlan(t, *sharded), HasSubstr("(64.0 KiB of buffers)"));
+}
+
 TEST(PartitionerTest, LayerThatCannotFitIsNamedWithItsBytes) {
   Trial t = Gpt2(2, 512);
   PartitionOptions o;

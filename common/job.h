@@ -34,11 +34,11 @@ struct ModuleLayer {
   int64_t tied_parameters = 0;  ///< of those, the ones a later child uses too
   int64_t output_elements = 0;  ///< elements of its output for one sequence
   int64_t buffer_bytes = 0;     ///< its buffers' (a causal mask), but those an earlier child has
-  /// Bytes of a micro-batch of `sequences`: per_sequence each, and fixed whatever its size.
+  /// Bytes of a micro-batch: per_sequence for each of its sequences, and fixed whatever its
+  /// size (cost_model's ModuleLayerCosts adds them up).
   struct Bytes {
     int64_t per_sequence = 0;
     int64_t fixed = 0;
-    int64_t For(int64_t sequences) const { return per_sequence * sequences + fixed; }
   };
   /// What its training allocates, measured on the CPU when the module is loaded, in the trial's
   /// precision (in bf16 the larger of that and fp32's, less the weights' bf16 casts that the

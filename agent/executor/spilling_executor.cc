@@ -300,14 +300,22 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
 
   int BoundDevice() const override { return on_.bound; }
 
+  bool MayMoveNow() const override { return !InStep() || MovableWithinStep(); }
+
   /// Between steps every shard is off the device but the first, kept there with its host
   /// copies current (AfterLastUse), and the resident shards, whose host copies are brought up
   /// to date first: the tied weights and the buffers move, the streams follow, and the
-  /// resident shards go up to the new device at their next use.
+  /// resident shards go up to the new device at their next use. Within a step
+  /// (MovableWithinStep) the step's boundary activations and gradients go along too, and the
+  /// shard the next task runs is fetched to the new device.
   Status MoveTo(int device) override {
     RETURN_IF_ERROR(failed_.Check("moving " + trial_.name));
     if (!on_.discrete || device == on_.bound) return OkStatus();
-    if (InStep()) return FailedPreconditionError(trial_.name + " is within a step");
+    if (!MayMoveNow()) {
+      return FailedPreconditionError(
+          trial_.name + " is within a step that keeps autograd graphs or resident shards on " +
+          on_.device.str() + " (it may move between steps)");
+    }
     ASSIGN_OR_RETURN(Placement to, PlaceOn(devices_, device));
     return failed_.Guard("moving " + trial_.name, step_, [&] { return MoveShards(to); });
   }
@@ -325,9 +333,14 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       }
       WaitForCopies();  // the next copy in, on the new device, reads the host copies
       RETURN_IF_ERROR(FinishWrites());  // a shard kept while its write went on leaves
-      streams_.MoveTo(to.device);
+      streams_.MoveTo(to.device);       // the old device's streams are done first
       on_ = to;
+      // What is made on the new device is made on its compute stream, as in a task: the
+      // caching allocator hands a block out again only after the stream it was made on has
+      // passed its last use (ReserveOnDevice's reservations, the step's tensors).
+      DeviceStreams::ComputeScope on_device(streams_);
       MoveResidentsToDevice();
+      if (cur_) MoveStep();
       for (auto& s : shards_) {
         LeaveDevice(s.weights);  // empty tensors, now of the new device
         if (!HostSteps(s)) LeaveDevice(s.state);
@@ -336,11 +349,57 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
             RETURN_IF_ERROR(p->at->To(Residency::kInHost));
         }
       }
+      if (cur_) RETURN_IF_ERROR(FetchForNextTask());
       SynchronizeDevice(on_.device);
       return OkStatus();
     } catch (const c10::Error& e) {
       return TorchErrorStatus(e, "moving " + trial_.name + " to " + to.device.str(), to.device);
     }
+  }
+
+  /// Within a step, whether it may go on on another device from its next task (item 5 of the
+  /// GPU issue: a spilled trial's next shard may run on any free GPU, its weights coming from
+  /// host memory anyway). What the step keeps on the device is then its boundary activations,
+  /// the gradient flowing back, its targets and loss, and the tied weights' gradients, which go
+  /// along (MoveStep). Not where an autograd graph is on the device (a stash's, or an offloaded
+  /// one's: its storages are that device's), with resident shards (a move would carry their
+  /// state, which their plan keeps from moving at all), nor with the disk tier (its reads and
+  /// writes go to and from the device's memory while they run).
+  bool MovableWithinStep() const {
+    if (!cur_ || !on_.discrete || disk_) return false;
+    for (size_t k = 0; k < shards_.size(); ++k) {
+      if (Resident(k) || cur_->offloaded[k]) return false;
+      for (const auto& out : cur_->outputs[k]) {
+        if (out.defined()) return false;
+      }
+    }
+    return true;
+  }
+
+  /// Within a step, on the new device (on_): what the step keeps between its tasks.
+  void MoveStep() {
+    torch::NoGradGuard g;
+    StepInProgress& c = *cur_;
+    const auto move = [&](torch::Tensor& t) {
+      if (t.defined()) t = t.to(on_.device);
+    };
+    for (auto& per_shard : c.inputs) {
+      for (auto& t : per_shard) move(t);
+    }
+    for (auto& t : c.grad_out) move(t);
+    for (auto& t : c.targets) move(t);
+    move(c.loss_sum);
+    for (auto& [i, norm] : norms_) move(norm);
+  }
+
+  /// After a move within a step: what the task before the next one fetched for it (Task's
+  /// order: forwards, the last shard, backwards; an apply task fetches its own shard).
+  Status FetchForNextTask() {
+    const size_t S = shards_.size(), t = cur_->next, L = S - 1;
+    if (t < L) return Fetch(t, false);
+    if (t == L) return Fetch(L, true);
+    if (t < 2 * S - 1) return Fetch(2 * S - 2 - t, true);
+    return OkStatus();
   }
 
   StatusOr<TaskResult> RunNextTask() {
@@ -1027,7 +1086,11 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   void MoveResidentsToDevice() {
     torch::NoGradGuard g;
     if (on_.device.is_cpu()) return;  // a simulated discrete device: they are there
-    for (auto& [n, t] : pinned_) t.set_data(t.to(on_.device));
+    for (auto& [n, t] : pinned_) {
+      t.set_data(t.to(on_.device));
+      // Within a step: what the backwards so far accumulated (the tied head's, say).
+      if (t.grad().defined()) t.mutable_grad() = t.grad().to(on_.device);
+    }
     for (auto b : Buffers()) b.set_data(b.to(on_.device));
   }
 

@@ -301,9 +301,10 @@ int TrialScheduler::BoundDevice(const Slot& slot, bool claimed) const {
 }
 
 bool TrialScheduler::MayMoveFrom(const Slot& slot, int bound) const {
-  // Between steps only, and only while its own device runs another trial.
+  // Only while its own device runs another trial, and where its executor can move now (between
+  // steps; a spilled trial's next shard may run on any free GPU within a step too).
   return bound >= 0 && static_cast<size_t>(bound) < on_device_.size() &&
-         !on_device_[bound].empty() && !slot.exec->InStep();
+         !on_device_[bound].empty() && slot.exec->MayMoveNow();
 }
 
 TrialScheduler::Candidates TrialScheduler::CandidatesFor(int device) const {

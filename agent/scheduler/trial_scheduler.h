@@ -217,7 +217,7 @@ class TrialScheduler {
   // `device` for another trial (-1: the device has no limit).
   int BoundDevice(const Slot& slot, bool claimed = false) const;
   // Needs mu_ held: whether an idle trial bound to device `bound` may move to another device
-  // (between its steps, while `bound` runs another trial).
+  // (while `bound` runs another trial, where its executor MayMoveNow).
   bool MayMoveFrom(const Slot& slot, int bound) const;
   // Needs mu_ held: what a free `device` may run now (runnable[i] is slots[i]): unbound trials
   // and those bound to it, or if there are none, trials bound to a busy device (moved here);

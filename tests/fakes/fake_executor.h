@@ -21,6 +21,15 @@ struct DeviceLog {
   std::mutex mu;
   std::map<std::string, std::vector<int>> stepped_on;  ///< trial -> its bound device per step
   std::map<std::string, std::vector<int>> moves;       ///< trial -> devices it moved to
+  std::map<std::string, int> moves_within_step;        ///< trial -> moves in a step's midst
+};
+
+/// How a FakeExecutor runs its steps (FakeExecutorFactory's fields of the same names).
+struct FakeTasks {
+  int per_step = 1;  ///< RunTask's tasks a step; the last one trains the step
+  /// MayMoveNow only within a step (as a spilled trial on GPUs may), not between steps: the
+  /// scheduler must ask the executor, not look at InStep.
+  bool move_only_within_steps = false;
 };
 
 /// A torch-free executor whose "model" is one double that decays towards a floor set by the
@@ -30,13 +39,29 @@ class FakeExecutor : public executor::TrialExecutorInterface {
  public:
   FakeExecutor(const Trial& trial, std::function<void(const std::string&, int64_t)> on_step,
                int64_t fail_at_step, std::chrono::milliseconds step_delay = {},
-               int bound_device = -1, DeviceLog* log = nullptr)
+               int bound_device = -1, DeviceLog* log = nullptr, FakeTasks tasks = {})
       : trial_(trial),
         on_step_(std::move(on_step)),
         fail_at_step_(fail_at_step),
         step_delay_(step_delay),
         bound_device_(bound_device),
-        log_(log) {}
+        log_(log),
+        tasks_(tasks) {}
+
+  StatusOr<executor::TaskResult> RunTask() override {
+    if (tasks_.per_step <= 1) return TrialExecutorInterface::RunTask();
+    executor::TaskResult r;
+    r.task = static_cast<size_t>(task_);
+    r.tasks = static_cast<size_t>(tasks_.per_step);
+    if (++task_ < tasks_.per_step) return r;
+    task_ = 0;
+    auto m = TrainStep();
+    if (!m.ok()) return m.status();
+    r.step = *m;
+    return r;
+  }
+  bool InStep() const override { return task_ > 0; }
+  bool MayMoveNow() const override { return tasks_.move_only_within_steps ? InStep() : !InStep(); }
 
   StatusOr<executor::StepMetrics> TrainStep() override {
     if (step_ == fail_at_step_)
@@ -72,10 +97,12 @@ class FakeExecutor : public executor::TrialExecutorInterface {
   int BoundDevice() const override { return bound_device_; }
   Status MoveTo(int device) override {
     if (bound_device_ < 0 || device == bound_device_) return OkStatus();
+    if (!MayMoveNow()) return FailedPreconditionError("not movable now");
     bound_device_ = device;
     if (log_) {
       std::lock_guard<std::mutex> lock(log_->mu);
       log_->moves[trial_.name].push_back(device);
+      if (InStep()) ++log_->moves_within_step[trial_.name];
     }
     return OkStatus();
   }
@@ -87,6 +114,8 @@ class FakeExecutor : public executor::TrialExecutorInterface {
   std::chrono::milliseconds step_delay_;
   int bound_device_;
   DeviceLog* log_;
+  FakeTasks tasks_;
+  int task_ = 0;  // the next task of the step under way (0: between steps)
   double weight_ = 4.0;
   int64_t step_ = 0;
 };
@@ -108,7 +137,7 @@ class FakeExecutorFactory : public executor::ExecutorFactoryInterface {
     auto it = fail_at.find(trial.name);
     return std::unique_ptr<executor::TrialExecutorInterface>(
         std::make_unique<FakeExecutor>(trial, on_step, it == fail_at.end() ? -1 : it->second,
-                                       step_delay, bind_to_devices ? device : -1, &devices));
+                                       step_delay, bind_to_devices ? device : -1, &devices, tasks));
   }
 
   std::atomic<int> created{0};
@@ -118,6 +147,7 @@ class FakeExecutorFactory : public executor::ExecutorFactoryInterface {
   std::function<void(const std::string&, int64_t)> on_step;  ///< after every step
   /// Executors keep their state on the device they were built for (as on a GPU) and say so.
   bool bind_to_devices = false;
+  FakeTasks tasks;  ///< how the executors' steps are cut into tasks and when they may move
   std::optional<DeviceAllocatorBytes> AllocatorBytes(int device) const override {
     std::lock_guard<std::mutex> lock(mu);
     auto it = allocator.find(device);

@@ -300,18 +300,35 @@ TEST_F(CudaExecutorTest, TheAllocatorsPeakStaysWithinTheDeviceBudget) {
 }
 
 TEST_F(CudaExecutorTest, ATrialMovesBetweenGpusWithTheLossesOfOneThatStayed) {
+  // Between steps (spilled with the disk tier; unsharded), and within steps: a spilled trial's
+  // next shard may run on any free GPU. Moved after every task of three steps, back and forth
+  // (the host tier, no graph or resident shard kept on a GPU: its boundary activations, the
+  // gradient flowing back, its targets, loss and tied weights' gradients copied between the
+  // GPUs), with its optimizer on either GPU or on the host.
   auto found = FindDevices(*ParseDevicesRequest("cuda"), 0);
   if (!found.ok() || found->size() < 2) GTEST_SKIP() << "needs two GPUs";
-  for (bool spilled : {true, false}) {
-    SCOPED_TRACE(spilled ? "spilled (3 shards, disk)" : "unsharded");
+  struct Case {
+    const char* name;
+    bool spilled, disk, within_steps;
+    std::optional<OptimizerPlacement> optimizer;
+  };
+  for (const Case c :
+       {Case{"spilled (3 shards, disk)", true, true, false, std::nullopt},
+        Case{"unsharded", false, false, false, std::nullopt},
+        Case{"within steps, optimizer on the GPU", true, false, true, OptimizerPlacement::kDevice},
+        Case{"within steps, optimizer on the host", true, false, true,
+             OptimizerPlacement::kHost}}) {
+    SCOPED_TRACE(c.name);
     Trial t = Medium("adamw");
-    if (spilled) {
-      t.resources.device_memory_budget = EstimateTrialFootprint(t).total_bytes() / 3;
-      t.resources.offload = "disk";
-    }
+    if (c.spilled) t.resources.device_memory_budget = EstimateTrialFootprint(t).total_bytes() / 3;
+    if (c.disk) t.resources.offload = "disk";
+    if (c.within_steps) t.training.gradient_accumulation_steps = 2;
     ExecutorOptions o;
     o.spill_dir = spill_.string();
     o.devices.devices = {(*found)[0], (*found)[1]};
+    o.optimizer_placement = c.optimizer;
+    o.device_stash = !c.within_steps;  // no graph stays on a GPU: the step may move at any task
+    o.resident_state = !c.within_steps;
     auto factory = MakeExecutorFactory(o);
     auto data = TokenDataset::Open(t.dataset, t.model.context_length + 1);
     ASSERT_TRUE(data.ok());
@@ -320,9 +337,22 @@ TEST_F(CudaExecutorTest, ATrialMovesBetweenGpusWithTheLossesOfOneThatStayed) {
     ASSERT_TRUE(stays.ok() && moves.ok());
     const auto expected = Losses(stays->get(), 10);
     auto losses = Losses(moves->get(), 5);
-    ASSERT_TRUE((*moves)->MoveTo(1).ok());
-    EXPECT_EQ((*moves)->BoundDevice(), 1);
-    const auto rest = Losses(moves->get(), 5);
+    if (c.within_steps) {
+      int moved = 0;
+      for (int step = 0; step < 3; ++step) {
+        losses.push_back(testing::StepByTasks(moves->get(), [&] {
+          ASSERT_TRUE((*moves)->MayMoveNow());
+          const Status s = (*moves)->MoveTo(1 - (*moves)->BoundDevice());
+          ASSERT_TRUE(s.ok()) << s;
+          ++moved;
+        }));
+      }
+      EXPECT_GT(moved, 3);
+    } else {
+      ASSERT_TRUE((*moves)->MoveTo(1).ok());
+      EXPECT_EQ((*moves)->BoundDevice(), 1);
+    }
+    const auto rest = Losses(moves->get(), 10 - static_cast<int>(losses.size()));
     losses.insert(losses.end(), rest.begin(), rest.end());
     testing::ExpectStepLossesNear(losses, expected, 1e-5);
   }
@@ -452,8 +482,8 @@ TEST_F(CudaExecutorTest, StashedGraphsStayOnTheGpuWithoutTheirWeightsAndTrainAsU
 }
 
 #ifdef HYDRA_WITH_CUDA
-/// For each of `precisions`: `base` in that precision, at up to two budgets (from 95% of its footprint
-/// down, in 2% steps) whose admission by `factory` is `chosen`, trained for 30 steps: its
+/// For each of `precisions`: `base` in that precision, at up to two budgets (from 95% of its
+/// footprint down, in 2% steps) whose admission by `factory` is `chosen`, trained for 30 steps: its
 /// losses track unsharded training on `gpu`, the allocator's peak stays within the budget (and
 /// the cuBLAS allowance), and `also` holds. Each run prints a "budget" line naming `what`.
 void ExpectChosenPlansTrainWithinTheirBudget(

@@ -56,6 +56,19 @@ inline std::vector<double> StepLosses(TrialExecutorInterface* e, int steps) {
   return out;
 }
 
+/// Runs the rest of the step under way (or a whole step) task by task (RunTask), calling
+/// `between()` after each task but the step's last. The step's loss; NaN (and a failure) if a
+/// task fails.
+inline double StepByTasks(TrialExecutorInterface* e, const std::function<void()>& between) {
+  while (true) {
+    auto r = e->RunTask();
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (!r.ok()) return std::nan("");
+    if (r->step) return r->step->loss;
+    between();
+  }
+}
+
 /// For up to `plans` budgets of `base` (from 95% of its footprint down, in 2% steps) whose
 /// admission by `factory` is `chosen`: `each(trial, percent, admission)`, the trial's budget set
 /// to that one, under a trace naming the budget and the plan. Returns how many there were.

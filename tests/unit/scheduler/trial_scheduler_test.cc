@@ -95,6 +95,8 @@ class HoldingFactory : public executor::ExecutorFactoryInterface {
     }
     executor::ExecutorStats stats() const override { return e_->stats(); }
     int BoundDevice() const override { return e_->BoundDevice(); }
+    Status MoveTo(int device) override { return e_->MoveTo(device); }
+    bool MayMoveNow() const override { return e_->MayMoveNow(); }
 
    private:
     std::unique_ptr<executor::TrialExecutorInterface> e_;
@@ -128,6 +130,38 @@ class TrialSchedulerTest : public ::testing::Test {
     return t;
   }
   std::string Ckpt(const std::string& name) { return (dir_ / "ckpt" / name).string(); }
+
+  /// Device 1 holds one trial at a time, device 0 two. Three trials of 60 steps: the one on
+  /// device 1 ends when the two sharing device 0 are half done, and device 1, with nothing of
+  /// its own left, takes one of them over (MoveTo). Every trial succeeds, every step runs where
+  /// the trial's executor is, and only device 1 ran out of work. The moves, per trial.
+  std::map<std::string, std::vector<int>> TakenOver() {
+    factory_.bind_to_devices = true;
+    factory_.step_delay = std::chrono::milliseconds(2);
+    Trial probe = MakeTrial("probe", 60);
+    auto planned = PlanAdmission(probe, PartitionOptionsFor(probe));
+    EXPECT_TRUE(planned.ok()) << planned.status();
+    if (!planned.ok()) return {};
+    const int64_t need = planned->plan.peak_device_bytes;
+    std::atomic<bool> hold{true};
+    TrialSchedulerOptions o;
+    o.devices = 2;
+    o.device_memory_bytes = {2 * need, need};
+    o.hold = &hold;
+    TrialScheduler s(&factory_, &observer_, o, MakeRoundRobinPolicy());
+    for (const char* name : {"a", "b", "c"}) EXPECT_TRUE(Submit(s, MakeTrial(name, 60)).ok());
+    hold = false;
+    EXPECT_TRUE(s.WaitIdle(std::chrono::seconds(30)));
+    std::lock_guard<std::mutex> lock(observer_.mu);
+    std::lock_guard<std::mutex> log(factory_.devices.mu);
+    for (const char* name : {"a", "b", "c"}) {
+      SCOPED_TRACE(name);
+      EXPECT_EQ(s.Get(name)->state, kTrialSucceeded);
+      EXPECT_EQ(observer_.step_devices[name], factory_.devices.stepped_on[name]);
+      for (int to : factory_.devices.moves[name]) EXPECT_EQ(to, 1) << "only device 1 ran out";
+    }
+    return factory_.devices.moves;
+  }
 
   /// Trains `t` on a scheduler of its own until it reaches `step`, then drains it there (its
   /// checkpoint in Ckpt(t.name), as a node that went away leaves it); its record then.
@@ -553,38 +587,27 @@ TEST_F(TrialSchedulerTest, ATrialBoundToADeviceRunsWhereItsExecutorIs) {
 }
 
 TEST_F(TrialSchedulerTest, AnIdleDeviceTakesOverATrialWhoseDeviceIsBusy) {
-  // Device 1 holds one trial at a time, device 0 two. Three trials of 60 steps: the one on
-  // device 1 ends when the two sharing device 0 are half done; device 1, with nothing of its
-  // own left, takes one of them over between its steps (MoveTo), and every step still runs
-  // where the trial's executor is.
-  factory_.bind_to_devices = true;
-  factory_.step_delay = std::chrono::milliseconds(2);
-  Trial probe = MakeTrial("probe", 60);
-  auto planned = PlanAdmission(probe, PartitionOptionsFor(probe));
-  ASSERT_TRUE(planned.ok()) << planned.status();
-  const int64_t need = planned->plan.peak_device_bytes;
-  std::atomic<bool> hold{true};
-  TrialSchedulerOptions o;
-  o.devices = 2;
-  o.device_memory_bytes = {2 * need, need};
-  o.hold = &hold;
-  TrialScheduler s(&factory_, &observer_, o, MakeRoundRobinPolicy());
-  for (const char* name : {"a", "b", "c"}) ASSERT_TRUE(Submit(s, MakeTrial(name, 60)).ok());
-  hold = false;
-  ASSERT_TRUE(s.WaitIdle(std::chrono::seconds(30)));
-  std::lock_guard<std::mutex> lock(observer_.mu);
-  std::lock_guard<std::mutex> log(factory_.devices.mu);
+  // Between its steps (MoveTo).
+  const auto moves = TakenOver();
   int moved = 0;
-  for (const char* name : {"a", "b", "c"}) {
-    SCOPED_TRACE(name);
-    EXPECT_EQ(s.Get(name)->state, kTrialSucceeded);
-    EXPECT_EQ(observer_.step_devices[name], factory_.devices.stepped_on[name]);
-    for (int to : factory_.devices.moves[name]) {
-      EXPECT_EQ(to, 1) << "only device 1 ran out of work";
-      ++moved;
-    }
-  }
+  for (const auto& [name, to] : moves) moved += static_cast<int>(to.size());
   EXPECT_EQ(moved, 1);
+}
+
+TEST_F(TrialSchedulerTest, AnIdleDeviceTakesOverATrialWithinItsStep) {
+  // A spilled trial's next shard may run on any free GPU: executors whose steps are 8 tasks
+  // and which may move only in a step's midst (the scheduler asks them, MayMoveNow) are taken
+  // over there.
+  factory_.tasks.per_step = 8;
+  factory_.tasks.move_only_within_steps = true;
+  const auto moves = TakenOver();
+  int moved = 0;
+  for (const auto& [name, to] : moves) moved += static_cast<int>(to.size());
+  EXPECT_EQ(moved, 1);
+  std::lock_guard<std::mutex> log(factory_.devices.mu);
+  int within = 0;
+  for (const auto& [name, n] : factory_.devices.moves_within_step) within += n;
+  EXPECT_EQ(within, 1);
 }
 
 TEST_F(TrialSchedulerTest, ADevicesMemoryHoldsOnlyTheTrialsThatFitIt) {

@@ -229,7 +229,10 @@ void DeviceStreams::MoveTo(torch::Device device) {
     Of(cuda_).out.synchronize();
   }
 #endif
-  cuda_ = StreamsOn(device);
+  if (device == device_) return;
+  if (cuda_) used_[device_.index()] = std::move(cuda_);
+  auto before = used_.find(device.index());
+  cuda_ = device.is_cuda() && before != used_.end() ? before->second : StreamsOn(device);
   device_ = device;
 }
 

@@ -3,6 +3,7 @@
 
 #include <torch/torch.h>
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -85,7 +86,10 @@ class DeviceStreams {
   torch::Device device() const { return device_; }
   bool is_cuda() const { return device_.is_cuda(); }
 
-  /// Waits for everything issued on the three streams, then uses new streams on `device`.
+  /// Waits for everything issued on the three streams, then uses streams on `device`: those it
+  /// used there before, if any (a trial moving back and forth within its steps would otherwise
+  /// draw new ones from LibTorch's pool each time, whose 32 a device would soon share between
+  /// trials, and leave cached memory under streams no one uses).
   void MoveTo(torch::Device device);
 
   /// While alive, the calling thread's LibTorch work on this device goes to the compute stream.
@@ -124,7 +128,8 @@ class DeviceStreams {
                   const std::vector<torch::Tensor>& src, const StreamMark& after,
                   const StreamMark& compute);
   torch::Device device_;
-  std::shared_ptr<void> cuda_;  // the three streams in the CUDA build
+  std::shared_ptr<void> cuda_;                 // the three streams in the CUDA build
+  std::map<int, std::shared_ptr<void>> used_;  // device index -> cuda_ there, once left
 };
 
 /// Host memory for a device's copies: pinned (page-locked, so copies to and from a GPU are

@@ -35,6 +35,8 @@ bool Lookahead::Grant(size_t from, size_t until, int64_t bytes) {
   return true;
 }
 
+void Lookahead::DropGrants() { granted_.assign(2 * tasks_, 0); }
+
 void Lookahead::Reset() {
   base_.assign(tasks_, 0);
   recording_.assign(tasks_, 0);

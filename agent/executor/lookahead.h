@@ -39,6 +39,9 @@ class Lookahead {
   /// Forgets the measurements and the grants (the shards' places changed outside a step: an
   /// evaluation, an export or import, a move, a failed step).
   void Reset();
+  /// Forgets the grants, this step's and the next's, and keeps the measurements: every hold
+  /// ended (a move to another device within a step; what each task needs is the same there).
+  void DropGrants();
   /// Two steps recorded since the start or the last Reset.
   bool measured() const { return steps_ >= 2; }
   int64_t limit() const { return limit_; }

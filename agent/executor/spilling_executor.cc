@@ -324,8 +324,17 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   // ---- the interface's work, refused and recorded by failed_ ---------------------------------
 
   Status MoveShards(const Placement& to) {
-    ResetLookahead();  // every spilled shard leaves the device
+    // Every spilled shard leaves the device. Within a step what each task needs stays what the
+    // lookahead measured (it is the same on any device); its holds go.
+    if (cur_) {
+      ForgetHolds();
+    } else {
+      ResetLookahead();
+    }
     try {
+      // What is copied device to device: the copies read it on the old device's current
+      // stream, which nothing else orders, so it lives until the new device has them.
+      std::vector<torch::Tensor> sources;
       for (size_t k = 0; k < shards_.size(); ++k) {  // newer than their host copies
         for (Part* p : {&shards_[k].weights, &shards_[k].state}) {
           if (Resident(k) && p->at->where() == Residency::kOnDevice) CopyOut(*p);
@@ -339,8 +348,8 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       // caching allocator hands a block out again only after the stream it was made on has
       // passed its last use (ReserveOnDevice's reservations, the step's tensors).
       DeviceStreams::ComputeScope on_device(streams_);
-      MoveResidentsToDevice();
-      if (cur_) MoveStep();
+      MoveResidentsToDevice(&sources);
+      if (cur_) MoveStep(&sources);
       for (auto& s : shards_) {
         LeaveDevice(s.weights);  // empty tensors, now of the new device
         if (!HostSteps(s)) LeaveDevice(s.state);
@@ -376,12 +385,15 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     return true;
   }
 
-  /// Within a step, on the new device (on_): what the step keeps between its tasks.
-  void MoveStep() {
+  /// Within a step, on the new device (on_): what the step keeps between its tasks (the old
+  /// tensors added to `sources`).
+  void MoveStep(std::vector<torch::Tensor>* sources) {
     torch::NoGradGuard g;
     StepInProgress& c = *cur_;
     const auto move = [&](torch::Tensor& t) {
-      if (t.defined()) t = t.to(on_.device);
+      if (!t.defined()) return;
+      sources->push_back(t);
+      t = t.to(on_.device);
     };
     for (auto& per_shard : c.inputs) {
       for (auto& t : per_shard) move(t);
@@ -1082,16 +1094,24 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   }
 
   /// Discrete, after the model is built: the tied parameters and the layers' buffers (GPT-2's
-  /// causal mask) live on the device for the trial's life.
-  void MoveResidentsToDevice() {
+  /// causal mask) live on the device for the trial's life. On a move the tensors they leave are
+  /// added to `sources`, if given.
+  void MoveResidentsToDevice(std::vector<torch::Tensor>* sources = nullptr) {
     torch::NoGradGuard g;
     if (on_.device.is_cpu()) return;  // a simulated discrete device: they are there
-    for (auto& [n, t] : pinned_) {
+    const auto move = [&](torch::Tensor t) {
+      if (sources) sources->push_back(t.detach());
       t.set_data(t.to(on_.device));
+    };
+    for (auto& [n, t] : pinned_) {
+      move(t);
       // Within a step: what the backwards so far accumulated (the tied head's, say).
-      if (t.grad().defined()) t.mutable_grad() = t.grad().to(on_.device);
+      if (t.grad().defined()) {
+        if (sources) sources->push_back(t.grad());
+        t.mutable_grad() = t.grad().to(on_.device);
+      }
     }
-    for (auto b : Buffers()) b.set_data(b.to(on_.device));
+    for (const auto& b : Buffers()) move(b);
   }
 
   /// Discrete: shard k's weight gradients leave the device for host memory (`*host`, fresh
@@ -1774,6 +1794,13 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   void ResetLookahead() {
     if (!lookahead_) return;
     lookahead_->Reset();
+    early_.assign(shards_.size(), EarlyHold{});
+  }
+
+  /// Every hold ends (the shards left the device: a move within a step); the measurements stay.
+  void ForgetHolds() {
+    if (!lookahead_) return;
+    lookahead_->DropGrants();
     early_.assign(shards_.size(), EarlyHold{});
   }
 

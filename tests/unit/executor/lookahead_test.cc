@@ -75,6 +75,20 @@ TEST(LookaheadTest, AStepWithTasksUnrecordedAndResetForgetTheMeasurements) {
   EXPECT_FALSE(l.Grant(0, 2, 10));
 }
 
+TEST(LookaheadTest, DroppedGrantsFreeTheirRoomAndTheMeasurementsStay) {
+  // A move to another device within a step: every hold ends, and what each task needs is
+  // still known.
+  Lookahead l(3, 100);
+  RecordStep(&l, {60, 20, 20});
+  RecordStep(&l, {60, 20, 20});
+  EXPECT_TRUE(l.Grant(1, 3 + 1, 40));  // this step's tasks 1 and 2, the next step's task 0
+  EXPECT_FALSE(l.Grant(1, 2, 41));
+  l.DropGrants();
+  EXPECT_TRUE(l.measured());
+  EXPECT_TRUE(l.Grant(1, 2, 80));
+  EXPECT_TRUE(l.Grant(3, 3 + 1, 40));  // the next step's task 0: 60 + 40, nothing left over
+}
+
 TEST(LookaheadTest, TheLedgersWindowPeakIsATasksHighWaterMark) {
   TierLedger ledger(0);
   ASSERT_TRUE(ledger.Acquire(Tier::kDevice, 30, "a").ok());

@@ -15,7 +15,7 @@ namespace hydra::executor {
 /// Told, a line at a time, what loading a model does that takes a while.
 using ModelNote = std::function<void(const std::string&)>;
 
-/// "hydra: <line>" on stderr.
+/// "<program>: <line>" on stderr ("hydra: ...", "hydra-agent: ...").
 void NoteToStderr(const std::string& line);
 
 /// Fills trial->model.layers from the module (each child's parameters, output size, buffers and

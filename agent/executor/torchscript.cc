@@ -4,6 +4,7 @@
 #include <torch/serialize.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -493,7 +494,10 @@ StatusOr<std::vector<std::vector<ModuleLayer>>> LoadAndMeasure(
 
 }  // namespace
 
-void NoteToStderr(const std::string& line) { std::fprintf(stderr, "hydra: %s\n", line.c_str()); }
+void NoteToStderr(const std::string& line) {
+  // The program's name (glibc's): "hydra: ..." from the CLI, "hydra-agent: ..." from an agent.
+  std::fprintf(stderr, "%s: %s\n", program_invocation_short_name, line.c_str());
+}
 
 Status ResolveModel(Trial* trial, const ModelNote& note) {
   if (trial->model.init) return OpenHfGpt2(trial->model).status();

@@ -118,6 +118,16 @@ class SpillingExecutorTest : public ::testing::Test {
     return o;
   }
 
+  /// Two CPU devices treated as discrete ones (as two GPUs), 2 threads, spilling to spill_.
+  ExecutorOptions TwoDiscreteDevices() const {
+    ExecutorOptions o;
+    o.threads = 2;
+    o.spill_dir = spill_.string();
+    o.devices.devices = {CpuDevice(0, 0), CpuDevice(1, 0)};
+    o.devices.simulate_discrete = true;
+    return o;
+  }
+
   StatusOr<std::unique_ptr<TrialExecutorInterface>> Make(ExecutorFactoryInterface* f,
                                                          const Trial& t) {
     auto data = TokenDataset::Open(t.dataset, t.model.context_length + 1);
@@ -433,12 +443,7 @@ TEST_F(SpillingExecutorTest, ATrialMovesToAnotherDeviceBetweenSteps) {
     SCOPED_TRACE(spilled ? "spilled (4 shards)" : "unsharded");
     Trial t = Small("adamw");
     if (spilled) t.resources.device_memory_budget = BudgetFor(t, 4);
-    ExecutorOptions o;
-    o.threads = 2;
-    o.spill_dir = spill_.string();
-    o.devices.devices = {CpuDevice(0, 0), CpuDevice(1, 0)};
-    o.devices.simulate_discrete = true;
-    auto factory = MakeExecutorFactory(o);
+    auto factory = MakeExecutorFactory(TwoDiscreteDevices());
     auto stays = Make(factory.get(), t);
     auto moves = Make(factory.get(), t);
     ASSERT_TRUE(stays.ok() && moves.ok());
@@ -475,11 +480,7 @@ TEST_F(SpillingExecutorTest, ATrialMovesToAnotherDeviceWithinAStep) {
     t.training.gradient_accumulation_steps = 2;
     t.training.grad_clip_norm = c.clip;
     t.resources.shard_boundaries = {1, 2, 3, 4, 5};  // 6 shards: 11 tasks a step
-    ExecutorOptions o;
-    o.threads = 2;
-    o.spill_dir = spill_.string();
-    o.devices.devices = {CpuDevice(0, 0), CpuDevice(1, 0)};
-    o.devices.simulate_discrete = true;
+    ExecutorOptions o = TwoDiscreteDevices();
     o.device_stash = false;  // no graph stays on the device
     o.optimizer_placement = c.optimizer;
     auto factory = MakeExecutorFactory(o);
@@ -513,12 +514,8 @@ TEST_F(SpillingExecutorTest, AStepThatKeepsAGraphOnItsDeviceMovesOnlyBetweenStep
   // device's memory: its step goes on there, and the trial moves once the step is over. (A
   // short context, as in the stash test above: plans stash where the budget holds the graphs.)
   Trial t = testing::GptTrial("stash", "adamw", 4, 128, 4, 8, 11, 1e-3);
-  ExecutorOptions o;
-  o.threads = 2;
-  o.spill_dir = spill_.string();
+  ExecutorOptions o = TwoDiscreteDevices();
   o.host_link_bytes_per_second = 25e9;
-  o.devices.devices = {CpuDevice(0, 0), CpuDevice(1, 0)};
-  o.devices.simulate_discrete = true;
   o.resident_state = false;
   auto factory = MakeExecutorFactory(o);
   auto data = TokenDataset::Open(t.dataset, t.model.context_length + 1);
@@ -559,12 +556,9 @@ TEST_F(SpillingExecutorTest, OnADiscreteDeviceTheFirstShardStaysThereForTheNextS
     if (disk) t.resources.offload = "disk";
     auto reference = Make(Factory().get(), t);  // the same shards on a CPU: no device copies
     ASSERT_TRUE(reference.ok()) << reference.status();
-    ExecutorOptions o;
-    o.threads = 2;
+    ExecutorOptions o = TwoDiscreteDevices();
     o.spill_dir = (spill_ / "discrete").string();
     o.optimizer_placement = OptimizerPlacement::kDevice;
-    o.devices.devices = {CpuDevice(0, 0), CpuDevice(1, 0)};
-    o.devices.simulate_discrete = true;
     o.lookahead = false;  // its holds would move other shards less too: its own test
     auto exec = Make(MakeExecutorFactory(o).get(), t);
     ASSERT_TRUE(exec.ok()) << exec.status();

@@ -156,6 +156,13 @@ void SynchronizeDevice(const torch::Device& device) {
 #endif
 }
 
+void SynchronizeAfterFailure(const torch::Device& device) noexcept {
+  try {
+    SynchronizeDevice(device);
+  } catch (const std::exception&) {  // NOLINT(bugprone-empty-catch): the first failure counts
+  }
+}
+
 void ReleaseCachedDeviceMemory(const torch::Device& device) {
 #ifdef HYDRA_WITH_CUDA
   if (!device.is_cuda()) return;

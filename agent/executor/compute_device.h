@@ -43,6 +43,9 @@ SlabPinning PinningFor(const torch::Device& device);
 /// Waits for all work on a GPU (every stream): for set-up and teardown only, never in the
 /// steady state. Nothing on a CPU device.
 void SynchronizeDevice(const torch::Device& device);
+/// SynchronizeDevice while a failure is being reported (copies it left under way read memory
+/// about to be freed): an error of its own is dropped, the failure reported is the first.
+void SynchronizeAfterFailure(const torch::Device& device) noexcept;
 
 /// Gives the memory LibTorch's caching allocator keeps cached (freed tensors' blocks) back to
 /// the GPU, after set-up work such as a pilot, so that it does not count as the trials'

@@ -21,6 +21,14 @@ Status FailedStep::Check(const std::string& what) const {
                                  "last checkpoint in a new executor");
 }
 
+Status FailedStep::Undone(const Status& moved, Status back, int64_t step) {
+  if (!back.ok()) {
+    return Record(InternalError(moved.message() + "; moving back failed too: " + back.message()),
+                  step);
+  }
+  return UnavailableError(moved.message() + "; moved back, it goes on where it was");
+}
+
 std::string ShapeText(const std::vector<int64_t>& shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? "," : "") + std::to_string(shape[i]);

@@ -100,7 +100,9 @@ class TrialExecutorInterface {
   virtual int BoundDevice() const { return -1; }
   /// Moves what the executor keeps on its device to `device` (another GPU of the factory; a
   /// device-to-device copy) where MayMoveNow(): FAILED_PRECONDITION otherwise. Nothing to do
-  /// for an executor that is bound to no device.
+  /// for an executor that is bound to no device. UNAVAILABLE: `device` had no room (memory
+  /// that other processes hold, which no plan counted) and the move was undone: the trial is
+  /// whole on the device it was bound to and goes on there. Any other failure fails the trial.
   virtual Status MoveTo(int device) {
     (void)device;
     return OkStatus();
@@ -133,8 +135,21 @@ class FailedStep {
     if (!result.ok()) Record(StatusOf(result), step);
     return result;
   }
+  /// A move, refused as Check says: `move()` (MoveTo's work), and where that ran out of memory
+  /// (RESOURCE_EXHAUSTED) `back()`, the same move to the device it came from, which undoes it:
+  /// UNAVAILABLE then, nothing recorded. Any other failure of `move`, or one of `back`, is
+  /// recorded as step `step`'s.
+  template <typename Move, typename Back>
+  Status GuardMove(const std::string& what, int64_t step, Move&& move, Back&& back) {
+    if (Status refused = Check(what); !refused.ok()) return refused;
+    Status moved = move();
+    if (moved.code() != StatusCode::kResourceExhausted) return Record(std::move(moved), step);
+    return Undone(moved, back(), step);
+  }
 
  private:
+  /// GuardMove's end once `move` ran out of memory and `back` ran.
+  Status Undone(const Status& moved, Status back, int64_t step);
   static const Status& StatusOf(const Status& s) { return s; }
   template <typename T>
   static const Status& StatusOf(const StatusOr<T>& s) {

@@ -95,7 +95,10 @@ class InMemoryExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     RETURN_IF_ERROR(failed_.Check("moving " + trial_.name));
     if (bound_device_ < 0 || device == bound_device_) return OkStatus();
     ASSIGN_OR_RETURN(Placement to, PlaceOn(devices_, device));
-    return failed_.Guard("moving " + trial_.name, step_, [&] { return MoveModel(to); });
+    ASSIGN_OR_RETURN(Placement from, PlaceOn(devices_, bound_device_));
+    return failed_.GuardMove(
+        "moving " + trial_.name, step_, [&] { return MoveModel(to); },
+        [&] { return MoveModel(from); });
   }
 
   ~InMemoryExecutor() override {
@@ -145,6 +148,10 @@ class InMemoryExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   }
 
   Status MoveModel(const Placement& to) {
+    const torch::Device from = Device();
+    // What is copied device to device: the copies read it on the old device's current stream,
+    // which nothing else orders, so it lives until the new device has them.
+    const std::vector<torch::Tensor> sources = HeldOnDevice();
     try {
       torch::NoGradGuard g;
       streams_.MoveTo(to.device);
@@ -155,8 +162,22 @@ class InMemoryExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       bound_device_ = to.bound;
       return OkStatus();
     } catch (const c10::Error& e) {
+      // Out of memory midway, say (MoveTo moves back next): the copies begun read `sources`.
+      SynchronizeAfterFailure(from);
+      SynchronizeAfterFailure(to.device);
       return TorchErrorStatus(e, "moving " + trial_.name + " to " + to.device.str(), to.device);
     }
+  }
+
+  /// The tensors a move copies: the layers' parameters and buffers, the optimizer's state.
+  std::vector<torch::Tensor> HeldOnDevice() {
+    std::vector<torch::Tensor> held;
+    for (const auto& layer : model_.layers) {
+      for (const auto& t : layer->parameters()) held.push_back(t.detach());
+      for (const auto& t : layer->buffers()) held.push_back(t.detach());
+    }
+    for (auto& [name, t] : optimizer_.NamedState()) held.push_back(t.detach());
+    return held;
   }
 
   static LayerSequence MovedTo(LayerSequence model, torch::Device device) {

@@ -317,7 +317,10 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
           on_.device.str() + " (it may move between steps)");
     }
     ASSIGN_OR_RETURN(Placement to, PlaceOn(devices_, device));
-    return failed_.Guard("moving " + trial_.name, step_, [&] { return MoveShards(to); });
+    const Placement from = on_;
+    return failed_.GuardMove(
+        "moving " + trial_.name, step_, [&] { return MoveShards(to); },
+        [&] { return MoveShards(from); });
   }
 
  private:
@@ -331,10 +334,11 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     } else {
       ResetLookahead();
     }
+    const torch::Device from = on_.device;
+    // What is copied device to device: the copies read it on the old device's current stream,
+    // which nothing else orders, so it lives until the new device has them.
+    std::vector<torch::Tensor> sources;
     try {
-      // What is copied device to device: the copies read it on the old device's current
-      // stream, which nothing else orders, so it lives until the new device has them.
-      std::vector<torch::Tensor> sources;
       for (size_t k = 0; k < shards_.size(); ++k) {  // newer than their host copies
         for (Part* p : {&shards_[k].weights, &shards_[k].state}) {
           if (Resident(k) && p->at->where() == Residency::kOnDevice) CopyOut(*p);
@@ -362,6 +366,9 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
       SynchronizeDevice(on_.device);
       return OkStatus();
     } catch (const c10::Error& e) {
+      // Out of memory midway, say (MoveTo moves back next): the copies begun read `sources`.
+      SynchronizeAfterFailure(from);
+      SynchronizeAfterFailure(to.device);
       return TorchErrorStatus(e, "moving " + trial_.name + " to " + to.device.str(), to.device);
     }
   }

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <limits>
+#include <map>
 
 #include "agent/executor/checkpoint.h"
 #include "common/cost_model.h"
@@ -75,6 +76,10 @@ void RestoreProgress(const nlohmann::json& meta, TrialResult* r) {
   }
 }
 
+/// The longest a trial waits, in steps, before trying a move again to a device where moves
+/// found no room (TrialScheduler::Slot::no_room).
+constexpr int64_t kMostStepsWithoutMoving = 64;
+
 /// Empty when a resume continues bit-exactly as far as the checkpoint tells (same threads per
 /// device and CPU kind, or either unknown); else the notice that says it does not.
 std::string NumericsNotice(const nlohmann::json& meta, const TrialSchedulerOptions& now) {
@@ -117,7 +122,14 @@ struct TrialScheduler::Slot {
   bool replaced = false;   // a later Submit of the same name took over
   bool announced = false;  // its Pending update went out: devices may take it
   int device = -1;
-  int moving_from = -1;      // while its executor moves here from another device (MoveTo)
+  int moving_from = -1;  // while its executor moves here from another device (MoveTo)
+  // Moves that found no room (MoveTo undid them), by device: not tried there again before
+  // `until` (a step), the wait doubling with each one (the memory others hold may stay held).
+  struct NoRoom {
+    int64_t until = 0;
+    int64_t wait = 0;
+  };
+  std::map<int, NoRoom> no_room;
   int64_t device_bytes = 0;  // accounted device peak, for DeviceBytesInUse
   double est_step_seconds = 0;
   double ready_since = 0;
@@ -300,11 +312,14 @@ int TrialScheduler::BoundDevice(const Slot& slot, bool claimed) const {
   return slot.exec && (claimed || !slot.running) ? slot.exec->BoundDevice() : -1;
 }
 
-bool TrialScheduler::MayMoveFrom(const Slot& slot, int bound) const {
+bool TrialScheduler::MayMoveFrom(const Slot& slot, int bound, int to) const {
   // Only while its own device runs another trial, and where its executor can move now (between
-  // steps; a spilled trial's next shard may run on any free GPU within a step too).
+  // steps; a spilled trial's next shard may run on any free GPU within a step too); not yet
+  // again where a move found no room.
+  const auto it = slot.no_room.find(to);
+  const bool no_room = it != slot.no_room.end() && slot.r.step < it->second.until;
   return bound >= 0 && static_cast<size_t>(bound) < on_device_.size() &&
-         !on_device_[bound].empty() && slot.exec->MayMoveNow();
+         !on_device_[bound].empty() && !no_room && slot.exec->MayMoveNow();
 }
 
 TrialScheduler::Candidates TrialScheduler::CandidatesFor(int device) const {
@@ -315,7 +330,7 @@ TrialScheduler::Candidates TrialScheduler::CandidatesFor(int device) const {
     if (s->stop_requested || (s->started && AtLimit(*s))) continue;  // waits for a decision
     const int bound = BoundDevice(*s);
     const bool mine = bound < 0 || bound == device;
-    if (!mine && !MayMoveFrom(*s, bound)) continue;
+    if (!mine && !MayMoveFrom(*s, bound, device)) continue;
     if (bound != device && device_free >= 0 && DeviceNeed(*s) > device_free) {
       here.device_full = here.device_full || mine;
       continue;
@@ -712,25 +727,40 @@ void TrialScheduler::Worker(int device) {
     Clock::time_point t0, t1;
     try {
       if (!slot.started) s = Start(slot);
-      // Taken from a busy device: what the executor keeps on a device comes here first.
-      if (s.ok() && slot.moving_from >= 0) s = slot.exec->MoveTo(device);
+      // Taken from a busy device: what the executor keeps on a device comes here first. No
+      // room here (memory other processes hold): the move was undone, it waits for its own.
+      bool no_room = false;
+      if (s.ok() && slot.moving_from >= 0) {
+        s = slot.exec->MoveTo(device);
+        no_room = s.code() == StatusCode::kUnavailable;
+      }
       bool at_limit = false;  // a trial resumed at (or past) its early-stopping limit waits
       {
         std::lock_guard<std::mutex> relock(mu_);
-        slot.moving_from = -1;  // its old device's memory is free now
+        if (no_room) {
+          Slot::NoRoom& n = slot.no_room[device];
+          n.wait = std::min<int64_t>(std::max<int64_t>(1, 2 * n.wait), kMostStepsWithoutMoving);
+          n.until = slot.r.step + n.wait;
+        }
+        slot.moving_from = -1;  // its old device's memory is free now (or it stayed there)
         at_limit = AtLimit(slot);
       }
+      if (no_room) {
+        observer_->OnTrialMessage(slot.r.trial, s.message());
+        s = OkStatus();
+      }
+      const bool runs = s.ok() && !no_room;
       // Resumed at or past its limit without an evaluation there (a checkpoint of another
       // run): evaluated now, so that early stopping has a result to decide on.
-      if (s.ok() && at_limit) s = EvaluateAtStep(slot);
+      if (runs && at_limit) s = EvaluateAtStep(slot);
       // A trial resumed from its final checkpoint only needs finishing.
-      if (s.ok() && !at_limit && slot.r.step < slot.r.trial.training.steps) {
+      if (runs && s.ok() && !at_limit && slot.r.step < slot.r.trial.training.steps) {
         t0 = Clock::now();
         s = TaskOnce(slot, &stepped, &evaluated, &task);
         t1 = Clock::now();
         tasked = true;
       }
-      if (s.ok() && slot.r.step >= slot.r.trial.training.steps) s = Finish(slot);
+      if (runs && s.ok() && slot.r.step >= slot.r.trial.training.steps) s = Finish(slot);
     } catch (const std::exception& e) {
       // Nothing may escape a worker thread: the trial fails, the others go on.
       s = InternalError(std::string("unexpected error: ") + e.what());

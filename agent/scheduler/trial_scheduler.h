@@ -93,10 +93,12 @@ struct PreparedTrial {
 /// policy picks (Sharded-LRTF: longest estimated remaining time) and runs its next optimizer
 /// step. A trial whose executor is bound to a device (a GPU holding its state) runs there,
 /// unless that device is busy with another trial and another device has nothing of its own to
-/// run: the trial then moves (TrialExecutorInterface::MoveTo) between its steps; others run on
-/// any device. Trials resume from the newest
-/// checkpoint in their directory, checkpoint as their training settings say, can be cancelled, and
-/// are checkpointed by Drain. Thread-safe.
+/// run: the trial then moves (TrialExecutorInterface::MoveTo) where its executor may move now
+/// (between steps; a spilled trial within a step too). A move that finds no room (MoveTo undid
+/// it) leaves the trial on its own device, and is not tried again there in that step. Others
+/// run on any device. Trials resume from the newest checkpoint in their directory, checkpoint
+/// as their training settings say, can be cancelled, and are checkpointed by Drain.
+/// Thread-safe.
 class TrialScheduler {
  public:
   /// `factory` and `observer` are borrowed and must outlive the scheduler. Starts the device
@@ -216,9 +218,10 @@ class TrialScheduler {
   // what the trial holds on a device it is bound to (its plan's peak); the memory left on
   // `device` for another trial (-1: the device has no limit).
   int BoundDevice(const Slot& slot, bool claimed = false) const;
-  // Needs mu_ held: whether an idle trial bound to device `bound` may move to another device
-  // (while `bound` runs another trial, where its executor MayMoveNow).
-  bool MayMoveFrom(const Slot& slot, int bound) const;
+  // Needs mu_ held: whether an idle trial bound to device `bound` may move to device `to`
+  // (while `bound` runs another trial, where its executor MayMoveNow, unless a move to `to`
+  // found no room in the trial's current step).
+  bool MayMoveFrom(const Slot& slot, int bound, int to) const;
   // Needs mu_ held: what a free `device` may run now (runnable[i] is slots[i]): unbound trials
   // and those bound to it, or if there are none, trials bound to a busy device (moved here);
   // device_full when one of its own waits for its memory.

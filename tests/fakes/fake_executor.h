@@ -22,6 +22,8 @@ struct DeviceLog {
   std::map<std::string, std::vector<int>> stepped_on;  ///< trial -> its bound device per step
   std::map<std::string, std::vector<int>> moves;       ///< trial -> devices it moved to
   std::map<std::string, int> moves_within_step;        ///< trial -> moves in a step's midst
+  /// trial -> (device, step) of each move that found no room and was undone
+  std::map<std::string, std::vector<std::pair<int, int64_t>>> no_room;
 };
 
 /// How a FakeExecutor runs its steps (FakeExecutorFactory's fields of the same names).
@@ -30,6 +32,8 @@ struct FakeTasks {
   /// MayMoveNow only within a step (as a spilled trial on GPUs may), not between steps: the
   /// scheduler must ask the executor, not look at InStep.
   bool move_only_within_steps = false;
+  /// Every move finds no room on its new device and is undone (UNAVAILABLE, as MoveTo says).
+  bool moves_find_no_room = false;
 };
 
 /// A torch-free executor whose "model" is one double that decays towards a floor set by the
@@ -98,6 +102,13 @@ class FakeExecutor : public executor::TrialExecutorInterface {
   Status MoveTo(int device) override {
     if (bound_device_ < 0 || device == bound_device_) return OkStatus();
     if (!MayMoveNow()) return FailedPreconditionError("not movable now");
+    if (tasks_.moves_find_no_room) {
+      if (log_) {
+        std::lock_guard<std::mutex> lock(log_->mu);
+        log_->no_room[trial_.name].push_back({device, step_});
+      }
+      return UnavailableError("no room on device " + std::to_string(device) + "; moved back");
+    }
     bound_device_ = device;
     if (log_) {
       std::lock_guard<std::mutex> lock(log_->mu);

@@ -3,22 +3,16 @@
 // the CPU as a discrete device (whose host tier is the slab pool's, outside that allocator).
 // On a GPU the caching allocator's peak is checked the same way (cuda_executor_test); these
 // run on every CPU.
-#include <c10/core/CPUAllocator.h>
-#include <c10/core/impl/alloc_cpu.h>
 #include <gtest/gtest.h>
-#include <torch/version.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <mutex>
 #include <random>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "agent/executor/attention.h"
@@ -30,84 +24,14 @@
 #include "agent/executor/vision.h"
 #include "common/cost_model.h"
 #include "common/partitioner.h"
+#include "tests/unit/executor/cpu_allocator_testing.h"
 #include "tests/unit/executor/executor_testing.h"
 #include "tests/unit/executor/torchscript_testing.h"
 
 namespace hydra::executor {
 namespace {
 
-/// LibTorch's CPU allocator with the bytes it has handed out counted: now, and the most since
-/// ResetPeak. Installed for the whole process on first use (tensors allocated before keep
-/// their own deleter and are not counted).
-class CountingCpuAllocator final : public at::Allocator {
- public:
-  static CountingCpuAllocator& Installed() {
-    static CountingCpuAllocator* a = [] {
-      auto* made = new CountingCpuAllocator();
-      c10::SetCPUAllocator(made, /*priority=*/100);
-      return made;
-    }();
-    return *a;
-  }
-
-#if TORCH_VERSION_MAJOR >= 2
-  at::DataPtr allocate(size_t n) override { return Make(n); }
-  void copy_data(void* dest, const void* src, std::size_t count) const override {
-    default_copy_data(dest, src, count);
-  }
-#else
-  at::DataPtr allocate(size_t n) const override { return Make(n); }
-#endif
-
-  at::DeleterFnPtr raw_deleter() const override { return &Release; }
-
-  int64_t Current() const { return current_.load(); }
-  int64_t Peak() const { return peak_.load(); }
-  void ResetPeak() { peak_ = current_.load(); }
-
- private:
-  // The context is the data itself: raw_allocate (oneDNN's convolutions) asserts it.
-  static void Release(void* data) {
-    if (data == nullptr) return;  // oneDNN frees what it never got
-    auto& self = Installed();
-    int64_t bytes = 0;
-    {
-      std::lock_guard<std::mutex> lock(self.mu_);
-      auto it = self.sizes_.find(data);
-      bytes = it->second;
-      self.current_ -= it->second;
-      self.sizes_.erase(it);
-    }
-    c10::free_cpu(data);
-    if (c10::memoryProfilingEnabled()) {  // as LibTorch's own allocator reports (layer_memory)
-      c10::reportMemoryUsageToProfiler(data, -bytes, self.current_.load(), 0,
-                                       c10::Device(c10::DeviceType::CPU));
-    }
-  }
-
-  // const: LibTorch 1.13's allocate() is.
-  at::DataPtr Make(size_t n) const {
-    void* data = c10::alloc_cpu(n);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      sizes_[data] = static_cast<int64_t>(n);
-    }
-    const int64_t now = current_ += static_cast<int64_t>(n);
-    int64_t peak = peak_.load();
-    while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
-    }
-    if (c10::memoryProfilingEnabled()) {
-      c10::reportMemoryUsageToProfiler(data, static_cast<int64_t>(n), now, 0,
-                                       c10::Device(c10::DeviceType::CPU));
-    }
-    return {data, data, &Release, at::Device(at::DeviceType::CPU)};
-  }
-
-  mutable std::mutex mu_;
-  mutable std::unordered_map<void*, int64_t> sizes_;
-  mutable std::atomic<int64_t> current_{0};
-  mutable std::atomic<int64_t> peak_{0};
-};
+using testing::CountingCpuAllocator;
 
 /// What one layer's training allocates, measured on its second forward and backward (the first
 /// made its parameters' gradients).

@@ -18,6 +18,7 @@
 #include "common/partitioner.h"
 #include "common/process_memory.h"
 #include "common/units.h"
+#include "tests/unit/executor/cpu_allocator_testing.h"
 #include "tests/unit/executor/executor_testing.h"
 
 namespace hydra::executor {
@@ -507,6 +508,55 @@ TEST_F(SpillingExecutorTest, ATrialMovesToAnotherDeviceWithinAStep) {
     EXPECT_EQ(losses, expected);
     EXPECT_EQ(moved, 3 * (c.clip > 0 ? 16 : 10));  // after every task but a step's last
   }
+}
+
+TEST_F(SpillingExecutorTest, AMoveThatRunsOutOfMemoryOnTheNewDeviceIsUndone) {
+  // Memory that no plan counted (another process on the GPU) fills the new device while a
+  // trial moves there within a step (LibTorch's CPU allocator made to fail as a full GPU's
+  // does). The move is undone: UNAVAILABLE, the trial on its own device with its step, which
+  // goes on with exactly the losses of a trial that never moved; a later move succeeds. Where
+  // moving back fails too, the trial has failed: its executor refuses to go on.
+  auto& allocator = testing::CountingCpuAllocator::Installed();
+  Trial t = Small("adamw");
+  t.training.gradient_accumulation_steps = 2;
+  t.resources.shard_boundaries = {1, 2, 3, 4, 5};
+  ExecutorOptions o = TwoDiscreteDevices();
+  o.device_stash = false;
+  auto factory = MakeExecutorFactory(o);
+  auto stays = Make(factory.get(), t);
+  auto moves = Make(factory.get(), t);
+  ASSERT_TRUE(stays.ok() && moves.ok()) << stays.status() << moves.status();
+  const auto expected = Losses(stays->get(), 4);
+  auto losses = Losses(moves->get(), 1);
+  int task = 0;
+  losses.push_back(testing::StepByTasks(moves->get(), [&] {
+    if (++task == 3) {  // a forward's midst
+      allocator.FailNext(1);
+      const Status s = (*moves)->MoveTo(1);
+      allocator.FailNext(0);
+      EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
+      EXPECT_THAT(s.message(), HasSubstr("ran out of"));
+      EXPECT_THAT(s.message(), HasSubstr("moved back"));
+      EXPECT_EQ((*moves)->BoundDevice(), 0);
+      EXPECT_TRUE((*moves)->InStep());
+    } else if (task == 8) {  // a backward's midst: room again
+      const Status s = (*moves)->MoveTo(1);
+      EXPECT_TRUE(s.ok()) << s;
+      EXPECT_EQ((*moves)->BoundDevice(), 1);
+    }
+  }));
+  const auto rest = Losses(moves->get(), 2);
+  losses.insert(losses.end(), rest.begin(), rest.end());
+  EXPECT_EQ(losses, expected);
+
+  ASSERT_TRUE((*moves)->RunTask().ok());
+  allocator.FailNext(1 << 20);  // no room on either device
+  const Status failed = (*moves)->MoveTo(0);
+  allocator.FailNext(0);
+  EXPECT_EQ(failed.code(), StatusCode::kInternal) << failed;
+  EXPECT_THAT(failed.message(), HasSubstr("moving back failed too"));
+  const auto refused = (*moves)->RunTask();
+  EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition) << refused.status();
 }
 
 TEST_F(SpillingExecutorTest, AStepThatKeepsAGraphOnItsDeviceMovesOnlyBetweenSteps) {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <filesystem>
@@ -606,6 +607,36 @@ TEST_F(TrialSchedulerTest, AnIdleDeviceTakesOverATrialWithinItsStep) {
   int within = 0;
   for (const auto& [name, n] : factory_.devices.moves_within_step) within += n;
   EXPECT_EQ(within, 1);
+}
+
+TEST_F(TrialSchedulerTest, AMoveThatFindsNoRoomLeavesTheTrialOnItsOwnDevice) {
+  // Memory that no plan counted (another process on the GPU): the executors' moves are undone
+  // (MoveTo's UNAVAILABLE). The trials train to the end on the devices they were built on,
+  // each told why; the moves are tried again ever more rarely (after 1, 2, 4 ... steps), not
+  // at every step of the 60.
+  factory_.tasks.per_step = 8;
+  factory_.tasks.move_only_within_steps = true;
+  factory_.tasks.moves_find_no_room = true;
+  EXPECT_EQ(TakenOver(), 0);
+  std::lock_guard<std::mutex> lock(observer_.mu);
+  std::lock_guard<std::mutex> built(factory_.mu);
+  std::lock_guard<std::mutex> log(factory_.devices.mu);
+  size_t tried = 0;
+  for (const auto& [name, moves] : factory_.devices.no_room) {
+    SCOPED_TRACE(name);
+    tried += moves.size();
+    for (size_t i = 1; i < moves.size(); ++i) {
+      EXPECT_GE(moves[i].second - moves[i - 1].second, int64_t{1} << (i - 1))
+          << "tried again at step " << moves[i].second << " after " << moves[i - 1].second;
+    }
+    EXPECT_LE(moves.size(), 7u);  // steps s, s+1, s+3, s+7, s+15, s+31 (, s+63) of 60
+    ASSERT_EQ(factory_.built_on[name].size(), 1u);
+    for (int on : factory_.devices.stepped_on[name]) EXPECT_EQ(on, factory_.built_on[name][0]);
+  }
+  EXPECT_GE(tried, 1u);
+  EXPECT_EQ(std::count_if(observer_.messages.begin(), observer_.messages.end(),
+                          [](const std::string& m) { return m.find("no room") != m.npos; }),
+            static_cast<std::ptrdiff_t>(tried));
 }
 
 TEST_F(TrialSchedulerTest, ADevicesMemoryHoldsOnlyTheTrialsThatFitIt) {

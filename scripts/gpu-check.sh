@@ -284,7 +284,7 @@ for t in executor/cuda_executor_test:300 executor/selective_recompute_test:60 ex
   rc=$?
   ((rc == 0)) || failed=1
   say "3. $name ($(outcome "$LOGS/$name.log" $rc)): $(gtest_line "$LOGS/$name.log")"
-  grep -E '^(budget|compute|pilot) |no usable CUDA driver|the driver sees no GPU|^driver |cannot load' \
+  grep -E '^(budget|compute|pilot) |^allocated at the peak|no usable CUDA driver|the driver sees no GPU|^driver |cannot load' \
     "$LOGS/$name.log" | sed 's/^/   /' | tee -a "$MD"
 done
 

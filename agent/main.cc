@@ -269,7 +269,7 @@ int main(int argc, char** argv) {
   hydra::http::ProbeAndMetricsServers endpoints;
   if (auto s = endpoints.Start(
           metrics_bind, [&] { return metrics.Render(); }, health_bind,
-          [&] { return service.NotReadyReason(); });
+          [&] { return service.NotReadyReason(); }, [&] { return service.NotLiveReason(); });
       !s.ok()) {
     std::cerr << "error: " << s.message() << "\n";
     return 1;

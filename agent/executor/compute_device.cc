@@ -128,6 +128,26 @@ Status TorchErrorStatus(const c10::Error& e, const std::string& what, const torc
       "other processes on the GPU may hold memory its budget counted on");
 }
 
+std::optional<std::string> DeviceFailure(const DeviceSpec& device) {
+#ifdef HYDRA_WITH_CUDA
+  if (device.kind != DeviceKind::kCuda) return std::nullopt;
+  int before = -1;
+  if (cudaGetDevice(&before) != cudaSuccess) before = -1;
+  cudaError_t e = cudaSetDevice(device.index);
+  if (e == cudaSuccess) e = cudaDeviceSynchronize();
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();  // clears an error of one call; one that stays comes back
+    e = cudaDeviceSynchronize();
+  }
+  if (before >= 0) (void)cudaSetDevice(before);
+  if (e == cudaSuccess) return std::nullopt;
+  return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
+#else
+  (void)device;
+  return std::nullopt;
+#endif
+}
+
 std::optional<DeviceAllocatorBytes> CachingAllocatorBytes(const DeviceSpec& device) {
 #ifdef HYDRA_WITH_CUDA
   if (device.kind != DeviceKind::kCuda) return std::nullopt;

@@ -36,6 +36,13 @@ Status TorchErrorStatus(const c10::Error& e, const std::string& what, const torc
 /// nullopt for a CPU device, a build without CUDA, or a GPU whose allocator is not set up.
 std::optional<DeviceAllocatorBytes> CachingAllocatorBytes(const DeviceSpec& device);
 
+/// After a failure on GPU `device`: why the GPU can no longer be used by this process (CUDA's
+/// name and text of an error that stays, such as an illegal address, an uncorrectable ECC
+/// error or a GPU fallen off the bus: the context is lost until the process restarts), or
+/// nullopt where the GPU works (an error of one call, out of memory), for a CPU device or a
+/// build without CUDA. Waits for the GPU's work; for error paths only.
+std::optional<std::string> DeviceFailure(const DeviceSpec& device);
+
 /// How the disk tier's slabs are pinned for `device`: page-locked in place (cudaHostRegister)
 /// for a GPU, so its copies from them are asynchronous; nothing for a CPU device.
 SlabPinning PinningFor(const torch::Device& device);

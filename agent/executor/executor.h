@@ -256,6 +256,13 @@ class ExecutorFactoryInterface {
     (void)device;
     return std::nullopt;
   }
+  /// After a failure on `device` (an index into this factory's devices): why that device can
+  /// no longer train (a GPU whose CUDA context an error left unusable), or nullopt where it
+  /// can (compute_device.h's DeviceFailure); nullopt by default.
+  virtual std::optional<std::string> DeviceFailure(int device) const {
+    (void)device;
+    return std::nullopt;
+  }
   /// Whether WriteModelFiles writes anything for `trial` (so the caller exports its state).
   virtual bool WritesModelFiles(const Trial& trial) const {
     (void)trial;

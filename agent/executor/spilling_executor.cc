@@ -2023,6 +2023,10 @@ class ExecutorFactory : public ExecutorFactoryInterface {
     auto spec = options_.devices.At(device);
     return spec.ok() ? CachingAllocatorBytes(*spec) : std::nullopt;
   }
+  std::optional<std::string> DeviceFailure(int device) const override {
+    auto spec = options_.devices.At(device);
+    return spec.ok() ? executor::DeviceFailure(*spec) : std::nullopt;
+  }
   Status WriteModelFiles(const Trial& trial, const std::vector<NamedBuffer>& state,
                          const std::string& dir) override {
     return executor::WriteModelFiles(trial, state, dir);

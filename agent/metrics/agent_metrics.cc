@@ -59,6 +59,12 @@ struct AgentMetrics::Impl {
                  .Help("Share of the last minute the device spent running training steps")
                  .Labels(node_labels)
                  .Register(*registry)),
+        failed(BuildGauge()
+                   .Name(mn::kDeviceFailed)
+                   .Help("1 once the device failed (a lost GPU): it trains nothing more until the "
+                         "agent restarts")
+                   .Labels(node_labels)
+                   .Register(*registry)),
         step(BuildGauge()
                  .Name(mn::kTrialStep)
                  .Help("Optimizer steps a trial has taken")
@@ -108,6 +114,7 @@ struct AgentMetrics::Impl {
   prometheus::Family<prometheus::Gauge>& allocated;
   prometheus::Family<prometheus::Gauge>& reserved;
   prometheus::Family<prometheus::Gauge>& busy;
+  prometheus::Family<prometheus::Gauge>& failed;
   prometheus::Family<prometheus::Gauge>& step;
   prometheus::Family<prometheus::Gauge>& loss;
   prometheus::Family<prometheus::Gauge>& tokens;
@@ -176,6 +183,10 @@ void AgentMetrics::SetDevice(const DeviceSpec& device, int64_t total_bytes, int6
   impl_->mem_free.Add(l).Set(static_cast<double>(free_bytes));
   impl_->mem_used.Add(l).Set(static_cast<double>(used_bytes));
   impl_->busy.Add(l).Set(busy_ratio);
+}
+
+void AgentMetrics::SetDeviceFailed(const DeviceSpec& device, bool failed) {
+  impl_->failed.Add(DeviceLabels(device)).Set(failed ? 1.0 : 0.0);
 }
 
 void AgentMetrics::SetGpuAllocator(const DeviceSpec& device, int64_t allocated_bytes,

@@ -41,6 +41,8 @@ class AgentMetrics {
   /// (its index) and `UUID`, the labels dcgm-exporter's series carry, so queries join them.
   void SetDevice(const DeviceSpec& device, int64_t total_bytes, int64_t free_bytes,
                  int64_t used_bytes, double busy_ratio);
+  /// Whether the device failed (hydra_device_failed), labelled like SetDevice.
+  void SetDeviceFailed(const DeviceSpec& device, bool failed);
   /// A GPU's caching-allocator bytes (hydra_gpu_allocator_*), labelled like SetDevice.
   void SetGpuAllocator(const DeviceSpec& device, int64_t allocated_bytes, int64_t reserved_bytes);
   /// Trials per state; states missing from `counts` read 0.

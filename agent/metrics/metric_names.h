@@ -22,6 +22,10 @@ inline constexpr char kGpuAllocatorReservedBytes[] = "hydra_gpu_allocator_reserv
 // Gauge in [0, 1]. Labels: node, device (+ gpu, UUID). Share of the last minute the device ran
 // steps.
 inline constexpr char kDeviceBusyRatio[] = "hydra_device_busy_ratio";
+// Gauge, 0 or 1. Labels: node, device (+ gpu, UUID). 1 once the device failed (a GPU whose
+// CUDA context an error left unusable, such as an Xid's illegal address or a GPU fallen off the
+// bus): it trains nothing more until the agent restarts, its free memory reads 0.
+inline constexpr char kDeviceFailed[] = "hydra_device_failed";
 // Gauges. Labels: node, job, trial (+ split="train"|"validation" for the loss).
 inline constexpr char kTrialStep[] = "hydra_trial_step";
 inline constexpr char kTrialLoss[] = "hydra_trial_loss";

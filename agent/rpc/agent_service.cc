@@ -311,6 +311,9 @@ grpc::Status AgentService::AssignTrial(grpc::ServerContext* context,
   if (!CallerAllowed(context, &why)) return grpc::Status(grpc::PERMISSION_DENIED, why);
   const int64_t attempt = request->attempt();
   if (attempt < 0) return grpc::Status(grpc::INVALID_ARGUMENT, "attempt: must be >= 0");
+  if (const std::string dead = NotLiveReason(); !dead.empty()) {
+    return grpc::Status(grpc::UNAVAILABLE, "node " + config_.node_name + ": " + dead);
+  }
   Trial trial;
   std::string ckpt_dir;
   if (Status s = CheckAssignment(*request, &trial, &ckpt_dir); !s.ok()) return ToGrpc(s);
@@ -469,6 +472,7 @@ std::vector<v1::Device> AgentService::Devices() const {
     std::lock_guard<std::mutex> lock(mu_);
     busy = busy_ratio_;
   }
+  const auto failed = scheduler_->FailedDevices();
   for (size_t d = 0; d < config_.devices.size(); ++d) {
     v1::Device dev;
     dev.set_name(config_.devices[d].name);
@@ -476,9 +480,12 @@ std::vector<v1::Device> AgentService::Devices() const {
     dev.set_model(config_.devices[d].model);
     const int64_t total = config_.devices[d].memory_bytes;
     const int64_t used = scheduler_->DeviceBytesInUse(static_cast<int>(d));
+    auto it = failed.find(static_cast<int>(d));
     dev.set_memory_total_bytes(total);
     dev.set_memory_used_bytes(used);
-    dev.set_memory_free_bytes(std::max<int64_t>(0, total - used));
+    // A failed device has no room for anyone: placement counts on the others.
+    dev.set_memory_free_bytes(it != failed.end() ? 0 : std::max<int64_t>(0, total - used));
+    if (it != failed.end()) dev.set_failure(it->second);
     dev.set_busy_ratio(d < busy.size() ? busy[d] : 0.0);
     out.push_back(dev);
   }
@@ -627,7 +634,17 @@ std::string AgentService::NotReadyReason() const {
     if (shut_down_) return "shutting down";
   }
   if (scheduler_->draining()) return "draining: accepts no trials";
-  return "";
+  return NotLiveReason();
+}
+
+std::string AgentService::NotLiveReason() const {
+  const auto failed = scheduler_->FailedDevices();
+  if (failed.empty() || failed.size() < config_.devices.size()) return "";
+  std::string why = "every device failed:";
+  for (const auto& [d, what] : failed) {
+    why += " " + config_.devices[static_cast<size_t>(d)].name + ": " + what + ";";
+  }
+  return why + " restart the agent";
 }
 
 bool AgentService::Wanted(const Watcher& w, const std::string& ns, const std::string& job) {
@@ -760,6 +777,7 @@ void AgentService::Tick() {
     const auto& d = devices[i];
     metrics_->SetDevice(config_.devices[i], d.memory_total_bytes(), d.memory_free_bytes(),
                         d.memory_used_bytes(), d.busy_ratio());
+    metrics_->SetDeviceFailed(config_.devices[i], !d.failure().empty());
   }
   CheckAllocators(devices);
   metrics_->SetTrialsByState(counts);

@@ -78,8 +78,12 @@ class AgentService final : public v1::AgentService::Service, private TrialObserv
   /// for the drain however long it takes (the kubelet's grace period bounds it).
   Status Shutdown(const std::string& reason);
 
-  /// Empty when the agent takes assignments, else why not (for /readyz).
+  /// Empty when the agent takes assignments, else why not (for /readyz): shut down, draining,
+  /// or every device failed.
   std::string NotReadyReason() const;
+  /// Empty while the agent is of use, else why a restart is needed (for /healthz): every
+  /// device failed (lost GPUs come back, if at all, only in a new process).
+  std::string NotLiveReason() const;
 
   /// Refreshes device and trial-count metrics and the busy ratios, and forgets the oldest
   /// ended trials past max_finished_trials; main calls it every second (tests call it

@@ -80,6 +80,12 @@ void RestoreProgress(const nlohmann::json& meta, TrialResult* r) {
 /// found no room (TrialScheduler::Slot::no_room).
 constexpr int64_t kMostStepsWithoutMoving = 64;
 
+/// A trial's message when device `device` failed under it (DeviceFailure's `why`).
+std::string FailedDeviceMessage(int device, const std::string& why) {
+  return "device " + std::to_string(device) + " failed (" + why +
+         "); the trial resumes from its last checkpoint on another device or agent";
+}
+
 /// Empty when a resume continues bit-exactly as far as the checkpoint tells (same threads per
 /// device and CPU kind, or either unknown); else the notice that says it does not.
 std::string NumericsNotice(const nlohmann::json& meta, const TrialSchedulerOptions& now) {
@@ -209,6 +215,10 @@ Status TrialScheduler::Submit(PreparedTrial trial) {
     if (draining_) {
       return UnavailableError("draining: this node accepts no more trials");
     }
+    if (failed_devices_.size() >= busy_.size()) {
+      return UnavailableError("every device of this node failed (" +
+                              failed_devices_.begin()->second + "): it accepts no more trials");
+    }
     for (auto& s : slots_) {
       if (!s->replaced && s->key == slot->key) {
         const std::string& state = s->published.state;
@@ -313,6 +323,7 @@ int TrialScheduler::BoundDevice(const Slot& slot, bool claimed) const {
 }
 
 bool TrialScheduler::MayMoveFrom(const Slot& slot, int bound, int to) const {
+  if (failed_devices_.count(bound)) return false;  // what it holds there is lost
   // Only while its own device runs another trial, and where its executor can move now (between
   // steps; a spilled trial's next shard may run on any free GPU within a step too); not yet
   // again where a move found no room.
@@ -648,6 +659,13 @@ void TrialScheduler::Worker(int device) {
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
     if (shutdown_) break;
+    if (auto failed = failed_devices_.find(device); failed != failed_devices_.end()) {
+      const std::string why = FailedDeviceMessage(device, failed->second);
+      lock.unlock();
+      EndTrialsOn(device, why);  // the trials it held; it takes no more
+      lock.lock();
+      break;
+    }
     if (paused_) {
       cv_.wait(lock);
       continue;
@@ -716,6 +734,7 @@ void TrialScheduler::Worker(int device) {
     slot.device = device;
     const int bound = BoundDevice(slot, /*claimed=*/true);
     slot.moving_from = bound >= 0 && bound != device ? bound : -1;
+    const int moved_from = slot.moving_from;
     on_device_[device].push_back(&slot);
     running_since_[device] = Seconds(Clock::now() - start_);
     lock.unlock();
@@ -765,7 +784,25 @@ void TrialScheduler::Worker(int device) {
       // Nothing may escape a worker thread: the trial fails, the others go on.
       s = InternalError(std::string("unexpected error: ") + e.what());
     }
-    if (!s.ok()) {
+    // A failure a device caused (its GPU lost: this one, or the one a move came from): not
+    // the trial's; that device runs no more.
+    int failed_device = device;
+    std::optional<std::string> device_failed;
+    if (!s.ok() && s.code() != StatusCode::kAborted) {
+      device_failed = CheckDevice(device);
+      if (!device_failed && moved_from >= 0) {
+        failed_device = moved_from;
+        device_failed = CheckDevice(moved_from);
+      }
+    }
+    if (device_failed) {
+      slot.r.state = kTrialInterrupted;
+      slot.r.message =
+          FailedDeviceMessage(failed_device, *device_failed) + " (" + s.message() + ")";
+      // Its tensors are on a GPU whose context is lost: their release could throw in
+      // destructors. Left to the process's end (the agent restarts to use that GPU again).
+      (void)slot.exec.release();
+    } else if (!s.ok()) {
       // ABORTED: fenced off (the trial moved to another agent); not a failure of the trial.
       // UNAVAILABLE: its checkpoint could not be written (a full disk); it can resume.
       slot.r.state = s.code() == StatusCode::kAborted       ? kTrialCancelled
@@ -821,6 +858,38 @@ void TrialScheduler::Worker(int device) {
     cv_.notify_all();
   }
   cv_.notify_all();
+}
+
+std::optional<std::string> TrialScheduler::CheckDevice(int device) {
+  std::optional<std::string> failed = factory_->DeviceFailure(device);
+  if (failed) {
+    std::lock_guard<std::mutex> lock(mu_);
+    failed_devices_[device] = *failed;
+  }
+  return failed;
+}
+
+void TrialScheduler::EndTrialsOn(int device, const std::string& why) {
+  std::vector<Slot*> bound;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // Once every device failed, no device will run the others either.
+    const bool none_left = failed_devices_.size() >= busy_.size();
+    for (auto& s : slots_) {
+      if (s->done || s->running || (BoundDevice(*s) != device && !none_left)) continue;
+      s->running = true;  // claimed: no other device takes it meanwhile
+      bound.push_back(s.get());
+    }
+  }
+  for (Slot* s : bound) {
+    (void)s->exec.release();  // as the failed trial's: on the lost GPU
+    EndClaimed(*s, kTrialInterrupted, why);
+  }
+}
+
+std::map<int, std::string> TrialScheduler::FailedDevices() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return failed_devices_;
 }
 
 Status TrialScheduler::Start(Slot& slot) {

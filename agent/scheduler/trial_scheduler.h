@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -183,6 +184,12 @@ class TrialScheduler {
 
   int devices() const { return static_cast<int>(busy_.size()); }
 
+  /// The devices that failed (a GPU whose CUDA context an error left unusable: the executor
+  /// factory's DeviceFailure after a failed task) and why, by index. A failed device runs
+  /// nothing more; the trials it held ended Interrupted (they resume from their last
+  /// checkpoints elsewhere), the others go on on the other devices.
+  std::map<int, std::string> FailedDevices() const;
+
  private:
   struct Slot;
   Slot* Find(const std::string& key) const;  // the current slot of a key; needs mu_ held
@@ -233,6 +240,11 @@ class TrialScheduler {
   Candidates CandidatesFor(int device) const;
   int64_t DeviceNeed(const Slot& slot) const;
   int64_t DeviceMemoryFree(int device) const;
+  /// After a failure on `device`: the factory's DeviceFailure, recorded in failed_devices_
+  /// (under mu_, which must not be held) so that no device takes over a trial bound there.
+  std::optional<std::string> CheckDevice(int device);
+  /// Ends as Interrupted every idle trial bound to failed `device` (mu_ not held).
+  void EndTrialsOn(int device, const std::string& why);
   // Needs mu_ held: the step limit in effect, and whether the trial waits at it.
   int64_t LimitOf(const Slot& slot) const;
   bool AtLimit(const Slot& slot) const;
@@ -259,6 +271,7 @@ class TrialScheduler {
   std::vector<double> busy_;
   std::vector<double> running_since_;  // per device: start of the current step, -1 if idle
   std::vector<std::vector<Slot*>> on_device_;
+  std::map<int, std::string> failed_devices_;  // FailedDevices(); guarded by mu_
   bool draining_ = false, paused_ = false, shutdown_ = false;
   int reporting_ = 0;                            // worker reports being delivered outside the lock
   std::chrono::steady_clock::time_point start_;  // the first Submit: time 0 of the schedule

@@ -63,10 +63,22 @@ void HttpServer::Stop() {
   impl_->listener.reset();
 }
 
+namespace {
+
+/// A probe's answer: 200 "ok" while `why_not` says nothing (or is none), else 503 and why.
+HttpReply ProbeReply(const std::function<std::string()>& why_not) {
+  const std::string reason = why_not ? why_not() : "";
+  return reason.empty() ? HttpReply{200, "text/plain; charset=utf-8", "ok\n"}
+                        : HttpReply{503, "text/plain; charset=utf-8", reason + "\n"};
+}
+
+}  // namespace
+
 Status ProbeAndMetricsServers::Start(const std::string& metrics_bind,
                                      std::function<std::string()> render,
                                      const std::string& health_bind,
-                                     std::function<std::string()> not_ready) {
+                                     std::function<std::string()> not_ready,
+                                     std::function<std::string()> not_live) {
   if (metrics_bind != "0") {
     metrics_ = std::make_unique<HttpServer>(std::map<std::string, HttpServer::Handler>{
         {"/metrics", [render] {
@@ -76,15 +88,8 @@ Status ProbeAndMetricsServers::Start(const std::string& metrics_bind,
   }
   if (health_bind != "0") {
     health_ = std::make_unique<HttpServer>(std::map<std::string, HttpServer::Handler>{
-        {"/healthz",
-         [] {
-           return HttpReply{200, "text/plain; charset=utf-8", "ok\n"};
-         }},
-        {"/readyz", [not_ready] {
-           const std::string reason = not_ready ? not_ready() : "";
-           return reason.empty() ? HttpReply{200, "text/plain; charset=utf-8", "ok\n"}
-                                 : HttpReply{503, "text/plain; charset=utf-8", reason + "\n"};
-         }}});
+        {"/healthz", [not_live] { return ProbeReply(not_live); }},
+        {"/readyz", [not_ready] { return ProbeReply(not_ready); }}});
     RETURN_IF_ERROR(health_->Serve(health_bind).WithContext("--health-probe-bind-address"));
   }
   return OkStatus();

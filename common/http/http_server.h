@@ -44,10 +44,12 @@ class HttpServer {
 /// "0" disables either.
 class ProbeAndMetricsServers {
  public:
-  /// `render` returns the metrics text; `not_ready` "" when ready, else why not (503).
-  /// UNAVAILABLE naming the flag whose address cannot be bound.
+  /// `render` returns the metrics text; `not_ready` "" when ready, else why not (/readyz's
+  /// 503); `not_live` likewise for /healthz (none: always live). UNAVAILABLE naming the flag
+  /// whose address cannot be bound.
   Status Start(const std::string& metrics_bind, std::function<std::string()> render,
-               const std::string& health_bind, std::function<std::string()> not_ready);
+               const std::string& health_bind, std::function<std::string()> not_ready,
+               std::function<std::string()> not_live = nullptr);
 
  private:
   std::unique_ptr<HttpServer> metrics_, health_;

@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -24,6 +25,9 @@ struct DeviceLog {
   std::map<std::string, int> moves_within_step;        ///< trial -> moves in a step's midst
   /// trial -> (device, step) of each move that found no room and was undone
   std::map<std::string, std::vector<std::pair<int, int64_t>>> no_room;
+  std::set<int> lost;  ///< devices an injected failure left lost (FakeTasks::failures_lose_devices)
+  std::vector<int> step_order;  ///< the bound device of every step of every trial, in order
+  size_t lost_after = 0;        ///< step_order's size when a device was lost
 };
 
 /// How a FakeExecutor runs its steps (FakeExecutorFactory's fields of the same names).
@@ -34,6 +38,9 @@ struct FakeTasks {
   bool move_only_within_steps = false;
   /// Every move finds no room on its new device and is undone (UNAVAILABLE, as MoveTo says).
   bool moves_find_no_room = false;
+  /// An injected failure (fail_at) leaves the device it happened on lost, as an illegal
+  /// address leaves a GPU's context: the factory's DeviceFailure names it from then on.
+  bool failures_lose_devices = false;
 };
 
 /// A torch-free executor whose "model" is one double that decays towards a floor set by the
@@ -68,14 +75,21 @@ class FakeExecutor : public executor::TrialExecutorInterface {
   bool MayMoveNow() const override { return tasks_.move_only_within_steps ? InStep() : !InStep(); }
 
   StatusOr<executor::StepMetrics> TrainStep() override {
-    if (step_ == fail_at_step_)
+    if (step_ == fail_at_step_) {
+      if (tasks_.failures_lose_devices && log_) {
+        std::lock_guard<std::mutex> lock(log_->mu);
+        log_->lost.insert(bound_device_);
+        log_->lost_after = log_->step_order.size();
+      }
       return InternalError("injected failure at step " + std::to_string(step_));
+    }
     if (step_delay_.count() > 0) std::this_thread::sleep_for(step_delay_);
     weight_ = weight_ * (1.0 - trial_.training.learning_rate * 100) + 0.01 * (step_ % 3);
     ++step_;
     if (log_) {
       std::lock_guard<std::mutex> lock(log_->mu);
       log_->stepped_on[trial_.name].push_back(bound_device_);
+      log_->step_order.push_back(bound_device_);
     }
     if (on_step_) on_step_(trial_.name, step_);
     executor::StepMetrics m;
@@ -166,7 +180,13 @@ class FakeExecutorFactory : public executor::ExecutorFactoryInterface {
     return it->second;
   }
 
-  DeviceLog devices;  ///< what bound executors did
+  std::optional<std::string> DeviceFailure(int device) const override {
+    std::lock_guard<std::mutex> lock(devices.mu);
+    if (!devices.lost.count(device)) return std::nullopt;
+    return "cudaErrorIllegalAddress: an illegal memory access was encountered (simulated)";
+  }
+
+  mutable DeviceLog devices;  ///< what bound executors did
   mutable std::mutex mu;
   std::map<int, DeviceAllocatorBytes> allocator;     ///< device -> AllocatorBytes; guarded by mu
   std::map<std::string, std::vector<int>> built_on;  ///< trial -> devices built on; guarded by mu

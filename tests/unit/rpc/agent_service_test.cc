@@ -254,6 +254,61 @@ struct BadRequest {
   std::string message;
 };
 
+TEST_F(AgentServiceTest, AFailedDeviceInterruptsItsTrialsAndTheAgentSaysSo) {
+  // A step that leaves its GPU lost (simulated: the fake factory's DeviceFailure): the trial is
+  // Interrupted (the controller places it again, from its checkpoint), the device reports why,
+  // no free memory and hydra_device_failed 1; the agent stays ready while a device works, and
+  // once none does it is neither ready nor live and refuses assignments.
+  factory_.bind_to_devices = true;
+  factory_.tasks.failures_lose_devices = true;
+  factory_.step_delay = std::chrono::milliseconds(2);
+  factory_.fail_at["first"] = 3;
+  factory_.fail_at["second"] = 3;
+  StartServer();
+  auto stub = Client();
+  const auto ended = [&](const std::string& name) {
+    return WaitFor(*stub, [&](const v1::GetStatusResponse& r) {
+      for (const auto& t : r.trials()) {
+        if (t.name() == name) return t.state() == v1::INTERRUPTED;
+      }
+      return false;
+    });
+  };
+  const auto failed_devices = [&] {
+    std::vector<std::string> failed;
+    for (const auto& d : service_->Devices()) {
+      if (!d.failure().empty()) {
+        EXPECT_EQ(d.memory_free_bytes(), 0) << d.name();
+        failed.push_back(d.name());
+      }
+    }
+    return failed;
+  };
+  ASSERT_TRUE(Assign(*stub, Request("first")).ok());
+  ASSERT_TRUE(ended("first"));
+  const v1::GetStatusResponse status = StatusOf(*stub);
+  for (const auto& t : status.trials()) {
+    EXPECT_THAT(t.message(), HasSubstr("failed (cudaErrorIllegalAddress")) << t.message();
+    EXPECT_THAT(t.message(), HasSubstr("resumes from its last checkpoint"));
+  }
+  const auto one = failed_devices();
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_EQ(service_->NotReadyReason(), "");
+  EXPECT_EQ(service_->NotLiveReason(), "");
+  service_->Tick();
+  EXPECT_THAT(metrics_->Render(),
+              HasSubstr("hydra_device_failed{node=\"node-a\",device=\"" + one[0] + "\"} 1"));
+
+  ASSERT_TRUE(Assign(*stub, Request("second")).ok());  // on the device that still works
+  ASSERT_TRUE(ended("second"));
+  EXPECT_EQ(failed_devices().size(), 2u);
+  EXPECT_THAT(service_->NotLiveReason(), HasSubstr("every device failed: cpu:0: "));
+  EXPECT_THAT(service_->NotReadyReason(), HasSubstr("every device failed"));
+  const grpc::Status refused = Assign(*stub, Request("third"));
+  EXPECT_EQ(refused.error_code(), grpc::UNAVAILABLE);
+  EXPECT_THAT(refused.error_message(), HasSubstr("restart the agent"));
+}
+
 TEST_F(AgentServiceTest, BadRequestsGetTheRightCodeAndChangeNothing) {
   factory_.refuse["refused"] = true;
   StartServer();

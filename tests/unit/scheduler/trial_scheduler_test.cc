@@ -131,6 +131,12 @@ class TrialSchedulerTest : public ::testing::Test {
     return t;
   }
   std::string Ckpt(const std::string& name) { return (dir_ / "ckpt" / name).string(); }
+  /// The device peak of `t`'s plan (its executors' DeviceNeed); 0 and a failure if unplanned.
+  static int64_t PlannedPeak(const Trial& t) {
+    auto planned = PlanAdmission(t, PartitionOptionsFor(t));
+    EXPECT_TRUE(planned.ok()) << planned.status();
+    return planned.ok() ? planned->plan.peak_device_bytes : 0;
+  }
 
   /// Device 1 holds one trial at a time, device 0 two. Three trials of 60 steps: the one on
   /// device 1 ends when the two sharing device 0 are half done, and device 1, with nothing of
@@ -140,10 +146,8 @@ class TrialSchedulerTest : public ::testing::Test {
     factory_.bind_to_devices = true;
     factory_.step_delay = std::chrono::milliseconds(2);
     Trial probe = MakeTrial("probe", 60);
-    auto planned = PlanAdmission(probe, PartitionOptionsFor(probe));
-    EXPECT_TRUE(planned.ok()) << planned.status();
-    if (!planned.ok()) return 0;
-    const int64_t need = planned->plan.peak_device_bytes;
+    const int64_t need = PlannedPeak(probe);
+    if (need <= 0) return 0;
     std::atomic<bool> hold{true};
     TrialSchedulerOptions o;
     o.devices = 2;
@@ -639,6 +643,92 @@ TEST_F(TrialSchedulerTest, AMoveThatFindsNoRoomLeavesTheTrialOnItsOwnDevice) {
             static_cast<std::ptrdiff_t>(tried));
 }
 
+TEST_F(TrialSchedulerTest, AFailedGpuInterruptsTheTrialsItHeldAndRunsNoMore) {
+  // A step fails and leaves its GPU lost (an illegal address poisons the CUDA context): the
+  // trial is Interrupted, not Failed (it resumes from its last checkpoint elsewhere), and so
+  // is every other unfinished trial whose state that GPU held; the other GPU trains its own to
+  // the end and the lost one runs nothing more.
+  factory_.bind_to_devices = true;
+  factory_.tasks.failures_lose_devices = true;
+  factory_.step_delay = std::chrono::milliseconds(1);
+  factory_.fail_at["a"] = 5;
+  const int64_t need = PlannedPeak(MakeTrial("probe", 30));
+  ASSERT_GT(need, 0);
+  std::atomic<bool> hold{true};
+  TrialSchedulerOptions o;
+  o.devices = 2;
+  o.device_memory_bytes = {2 * need, 2 * need};  // two trials bound to each
+  o.hold = &hold;
+  TrialScheduler s(&factory_, &observer_, o, MakeRoundRobinPolicy());
+  for (const char* name : {"a", "b", "c", "d"}) ASSERT_TRUE(Submit(s, MakeTrial(name, 30)).ok());
+  hold = false;
+  ASSERT_TRUE(s.WaitIdle(std::chrono::seconds(30)));
+  int lost = -1;
+  {
+    std::lock_guard<std::mutex> log(factory_.devices.mu);
+    ASSERT_EQ(factory_.devices.lost.size(), 1u);
+    lost = *factory_.devices.lost.begin();
+  }
+  const auto failed = s.FailedDevices();
+  ASSERT_EQ(failed.size(), 1u);
+  EXPECT_EQ(failed.begin()->first, lost);
+  EXPECT_THAT(failed.begin()->second, HasSubstr("illegal memory access"));
+  int interrupted = 0, succeeded = 0;
+  std::lock_guard<std::mutex> built(factory_.mu);
+  std::lock_guard<std::mutex> log(factory_.devices.mu);
+  for (const char* name : {"a", "b", "c", "d"}) {
+    SCOPED_TRACE(name);
+    const auto r = s.Get(name);
+    ASSERT_TRUE(r.ok());
+    const auto& on = factory_.devices.stepped_on[name];
+    const auto& moves = factory_.devices.moves[name];  // where it was bound last
+    if (r->state == kTrialInterrupted) {
+      EXPECT_EQ(moves.empty() ? factory_.built_on[name].back() : moves.back(), lost);
+      EXPECT_THAT(r->message, HasSubstr("device " + std::to_string(lost) + " failed"));
+      EXPECT_LT(on.size(), 30u);
+      ++interrupted;
+    } else {  // on the other GPU, or done before the failure
+      EXPECT_EQ(r->state, kTrialSucceeded) << r->message;
+      EXPECT_EQ(on.size(), 30u);
+      ++succeeded;
+    }
+  }
+  EXPECT_EQ(s.Get("a")->state, kTrialInterrupted);
+  EXPECT_THAT(s.Get("a")->message, HasSubstr("injected failure at step 5"));
+  EXPECT_GE(succeeded, 1);
+  EXPECT_GE(interrupted, 1);
+  const auto& order = factory_.devices.step_order;
+  EXPECT_EQ(std::count(order.begin() + static_cast<std::ptrdiff_t>(factory_.devices.lost_after),
+                       order.end(), lost),
+            0)
+      << "steps on the lost GPU after it was lost";
+}
+
+TEST_F(TrialSchedulerTest, WhenEveryDeviceFailedTheWaitingTrialsEndAndNoneIsTaken) {
+  // One GPU, lost by a's step 3: every trial not yet finished ends Interrupted, bound to it or
+  // not (no device will ever run them), the scheduler goes idle, and a new trial is refused.
+  factory_.bind_to_devices = true;
+  factory_.tasks.failures_lose_devices = true;
+  factory_.fail_at["a"] = 3;
+  std::atomic<bool> hold{true};
+  TrialSchedulerOptions o;
+  o.hold = &hold;
+  o.host_memory_bytes = 1;  // one trial admitted at a time: the others wait, unbound
+  TrialScheduler s(&factory_, &observer_, o);
+  for (const char* name : {"a", "b", "c"}) ASSERT_TRUE(Submit(s, MakeTrial(name, 30)).ok());
+  hold = false;
+  ASSERT_TRUE(s.WaitIdle(std::chrono::seconds(20)));
+  EXPECT_EQ(s.FailedDevices().size(), 1u);
+  for (const char* name : {"a", "b", "c"}) {
+    SCOPED_TRACE(name);
+    EXPECT_EQ(s.Get(name)->state, kTrialInterrupted);
+    EXPECT_THAT(s.Get(name)->message, HasSubstr("device 0 failed"));
+  }
+  const Status refused = Submit(s, MakeTrial("d", 30));
+  EXPECT_EQ(refused.code(), StatusCode::kUnavailable) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("every device of this node failed"));
+}
+
 TEST_F(TrialSchedulerTest, ADevicesMemoryHoldsOnlyTheTrialsThatFitIt) {
   // One device whose memory holds one trial's plan at a time: the trials run one after the
   // other there, each started only once the previous one's executor (and state) is gone. With
@@ -646,9 +736,7 @@ TEST_F(TrialSchedulerTest, ADevicesMemoryHoldsOnlyTheTrialsThatFitIt) {
   factory_.bind_to_devices = true;
   factory_.step_delay = std::chrono::milliseconds(1);
   const Trial a = MakeTrial("a", 30), b = MakeTrial("b", 30);
-  auto planned = PlanAdmission(a, PartitionOptionsFor(a));
-  ASSERT_TRUE(planned.ok()) << planned.status();
-  const int64_t need = planned->plan.peak_device_bytes;
+  const int64_t need = PlannedPeak(a);
   ASSERT_GT(need, 0);
   auto order_with = [&](int64_t memory) {
     std::vector<std::string> order;
@@ -684,9 +772,8 @@ TEST_F(TrialSchedulerTest, AGpusBytesInUseAreThePlansOfTheTrialsItHoldsBetweenSt
   // device peaks there (the agent's device metrics and its allocator check read this).
   factory_.bind_to_devices = true;
   const Trial a = MakeTrial("a", 20), b = MakeTrial("b", 20);
-  auto planned = PlanAdmission(a, PartitionOptionsFor(a));
-  ASSERT_TRUE(planned.ok()) << planned.status();
-  const int64_t need = planned->plan.peak_device_bytes;
+  const int64_t need = PlannedPeak(a);
+  ASSERT_GT(need, 0);
   std::atomic<bool> hold{true};
   TrialSchedulerOptions o;
   o.devices = 1;

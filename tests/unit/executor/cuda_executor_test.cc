@@ -9,9 +9,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <shared_mutex>
 #include <tuple>
@@ -830,6 +832,32 @@ TEST_F(CudaExecutorTest, TheCachingAllocatorIsCappedAtTheGpusBudget) {
   whole.memory_bytes = int64_t{1} << 50;  // the cap back at the whole GPU for the other tests
   ASSERT_TRUE(CapGpuMemory({whole}).ok());
   EXPECT_NO_THROW(torch::empty({int64_t{512} << 20}, torch::TensorOptions(dev)));
+}
+
+TEST_F(CudaExecutorTest, AGpuIsLostOnlyToAnErrorThatStays) {
+  // What the scheduler asks after a failed task (DeviceFailure): out of memory is an error of
+  // one call, and the GPU works on; a device-side assert (an index out of range) stays, and
+  // the GPU is lost to the process. The latter in a process of its own: gtest's threadsafe
+  // death test runs this test again in a fresh process (a forked one could not use CUDA).
+  REQUIRE_GPU(gpu);
+  const torch::Device dev = TorchDevice(gpu);
+  EXPECT_THROW(torch::empty({int64_t{1} << 50}, torch::TensorOptions(dev)), c10::OutOfMemoryError);
+  const std::optional<std::string> works = DeviceFailure(gpu);
+  EXPECT_FALSE(works.has_value()) << works.value_or("");
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        const auto values = torch::zeros({4}, torch::TensorOptions(dev));
+        const auto index = torch::full({1}, 1 << 20, torch::TensorOptions(dev).dtype(torch::kLong));
+        try {
+          (void)values.index_select(0, index).cpu();
+        } catch (const c10::Error&) {  // the assert, reported at the copy
+        }
+        const auto lost = DeviceFailure(gpu);
+        std::fprintf(stderr, "lost: %s\n", lost ? lost->c_str() : "no");
+        std::exit(lost ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "lost: cudaErrorAssert");
 }
 
 using Clock = std::chrono::steady_clock;

@@ -133,11 +133,14 @@ std::optional<std::string> DeviceFailure(const DeviceSpec& device) {
   if (device.kind != DeviceKind::kCuda) return std::nullopt;
   int before = -1;
   if (cudaGetDevice(&before) != cudaSuccess) before = -1;
-  cudaError_t e = cudaSetDevice(device.index);
-  if (e == cudaSuccess) e = cudaDeviceSynchronize();
-  if (e != cudaSuccess) {
-    (void)cudaGetLastError();  // clears an error of one call; one that stays comes back
-    e = cudaDeviceSynchronize();
+  // Twice: the first answer may be an error of one earlier call, which it clears; an error
+  // that stays comes back. Never a synchronisation of another GPU than `device`.
+  cudaError_t e = cudaSuccess;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    e = cudaSetDevice(device.index);
+    if (e == cudaSuccess) e = cudaDeviceSynchronize();
+    if (e == cudaSuccess) break;
+    (void)cudaGetLastError();
   }
   if (before >= 0) (void)cudaSetDevice(before);
   if (e == cudaSuccess) return std::nullopt;

@@ -155,7 +155,7 @@ class InMemoryExecutor : public TrialExecutorInterface, private ReturnsHostMemor
     try {
       torch::NoGradGuard g;
       streams_.MoveTo(to.device);
-      model_ = MovedTo(std::move(model_), to.device);  // the layers keep their tensors
+      MoveLayers(model_, to.device);  // in place: a failure midway leaves the model whole
       for (auto& [name, p] : params_) p.mutable_grad() = torch::Tensor();  // fresh next step
       for (auto& [name, t] : optimizer_.NamedState()) t.set_data(t.to(to.device));
       SynchronizeDevice(to.device);
@@ -181,11 +181,14 @@ class InMemoryExecutor : public TrialExecutorInterface, private ReturnsHostMemor
   }
 
   static LayerSequence MovedTo(LayerSequence model, torch::Device device) {
+    MoveLayers(model, device);
+    return model;
+  }
+  static void MoveLayers(LayerSequence& model, torch::Device device) {
     // Parameters and buffers keep their tensors (set_data), so tied weights stay tied.
     if (!device.is_cpu()) {
       for (auto& layer : model.layers) layer->to(device);
     }
-    return model;
   }
   torch::Device Device() const { return streams_.device(); }
   Batch OnDevice(const Batch& b) const {

@@ -244,10 +244,17 @@ Status TrialScheduler::Submit(PreparedTrial trial) {
   }
   // Reported before any device may take it, so that Pending always comes first.
   observer_->OnTrialUpdate(snapshot);
+  std::string none_left;  // every device failed since the check above: it ends at once
   {
     std::lock_guard<std::mutex> lock(mu_);
     raw->announced = true;
+    if (failed_devices_.size() >= busy_.size() && !raw->running && !raw->done) {
+      raw->running = true;
+      none_left =
+          FailedDeviceMessage(failed_devices_.begin()->first, failed_devices_.begin()->second);
+    }
   }
+  if (!none_left.empty()) EndClaimed(*raw, kTrialInterrupted, none_left);
   cv_.notify_all();
   return OkStatus();
 }
@@ -480,6 +487,14 @@ void TrialScheduler::CloseRecord(TrialResult* r) {
 }
 
 void TrialScheduler::EndClaimed(Slot& slot, const char* state, const std::string& why) {
+  bool on_failed_device = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    on_failed_device = failed_devices_.count(BoundDevice(slot, /*claimed=*/true)) > 0;
+  }
+  if (on_failed_device) {
+    (void)slot.exec.release();  // its tensors are on a lost GPU: left to the process's end
+  }
   slot.exec.reset();
   slot.r.state = state;
   slot.r.message = why + " at step " + std::to_string(slot.r.step);
@@ -744,6 +759,7 @@ void TrialScheduler::Worker(int device) {
     size_t task = 0;
     const int64_t task_step = slot.r.step;
     Clock::time_point t0, t1;
+    bool move_failed = false;  // the move from moved_from failed, and was not undone
     try {
       if (!slot.started) s = Start(slot);
       // Taken from a busy device: what the executor keeps on a device comes here first. No
@@ -752,6 +768,7 @@ void TrialScheduler::Worker(int device) {
       if (s.ok() && slot.moving_from >= 0) {
         s = slot.exec->MoveTo(device);
         no_room = s.code() == StatusCode::kUnavailable;
+        move_failed = !s.ok() && !no_room;
       }
       bool at_limit = false;  // a trial resumed at (or past) its early-stopping limit waits
       {
@@ -760,6 +777,8 @@ void TrialScheduler::Worker(int device) {
           Slot::NoRoom& n = slot.no_room[device];
           n.wait = std::min<int64_t>(std::max<int64_t>(1, 2 * n.wait), kMostStepsWithoutMoving);
           n.until = slot.r.step + n.wait;
+        } else if (s.ok() && moved_from >= 0) {
+          slot.no_room.erase(device);  // it found room: the next wait starts short again
         }
         slot.moving_from = -1;  // its old device's memory is free now (or it stayed there)
         at_limit = AtLimit(slot);
@@ -784,13 +803,13 @@ void TrialScheduler::Worker(int device) {
       // Nothing may escape a worker thread: the trial fails, the others go on.
       s = InternalError(std::string("unexpected error: ") + e.what());
     }
-    // A failure a device caused (its GPU lost: this one, or the one a move came from): not
-    // the trial's; that device runs no more.
+    // A failure a device caused (its GPU lost: this one, or the one a failed move came from):
+    // not the trial's; that device runs no more.
     int failed_device = device;
     std::optional<std::string> device_failed;
     if (!s.ok() && s.code() != StatusCode::kAborted) {
       device_failed = CheckDevice(device);
-      if (!device_failed && moved_from >= 0) {
+      if (!device_failed && move_failed) {
         failed_device = moved_from;
         device_failed = CheckDevice(moved_from);
       }
@@ -821,13 +840,17 @@ void TrialScheduler::Worker(int device) {
       slot.r.state = kTrialCancelled;
       slot.r.message = "cancelled at step " + std::to_string(slot.r.step);
     }
+    // Still bound to a device that failed while it was ours (it stayed there: a move here
+    // found no room): no device will run it; it ends as the others there did.
+    const bool stranded =
+        s.ok() && !cancelled && slot.r.state != kTrialSucceeded && EndIfOnFailedDevice(slot);
     if (stepped && observer_) {
       observer_->OnStep(slot.r.trial.name, device, slot.last_step_seconds, slot.r.shards,
                         evaluated);
     }
 
     lock.lock();
-    if (!s.ok() || cancelled || slot.r.state == kTrialSucceeded) slot.done = true;
+    if (!s.ok() || cancelled || stranded || slot.r.state == kTrialSucceeded) slot.done = true;
     if (tasked) {
       // One shard-task (a whole step for an unsharded trial), timed without set-up and
       // finishing; the next task of the trial may run on any device.
@@ -876,15 +899,29 @@ void TrialScheduler::EndTrialsOn(int device, const std::string& why) {
     // Once every device failed, no device will run the others either.
     const bool none_left = failed_devices_.size() >= busy_.size();
     for (auto& s : slots_) {
-      if (s->done || s->running || (BoundDevice(*s) != device && !none_left)) continue;
+      // Not yet announced: Submit ends it after its Pending update.
+      if (s->done || s->running || !s->announced) continue;
+      if (BoundDevice(*s) != device && !none_left) continue;
       s->running = true;  // claimed: no other device takes it meanwhile
       bound.push_back(s.get());
     }
   }
-  for (Slot* s : bound) {
-    (void)s->exec.release();  // as the failed trial's: on the lost GPU
-    EndClaimed(*s, kTrialInterrupted, why);
+  for (Slot* s : bound) EndClaimed(*s, kTrialInterrupted, why);  // not freed on the lost GPU
+}
+
+bool TrialScheduler::EndIfOnFailedDevice(Slot& slot) {
+  std::string why;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const int bound = BoundDevice(slot, /*claimed=*/true);
+    auto it = failed_devices_.find(bound);
+    if (it == failed_devices_.end()) return false;
+    why = FailedDeviceMessage(bound, it->second);
   }
+  (void)slot.exec.release();  // on the lost GPU
+  slot.r.state = kTrialInterrupted;
+  slot.r.message = why + " at step " + std::to_string(slot.r.step);
+  return true;
 }
 
 std::map<int, std::string> TrialScheduler::FailedDevices() const {

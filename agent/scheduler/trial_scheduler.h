@@ -96,7 +96,9 @@ struct PreparedTrial {
 /// unless that device is busy with another trial and another device has nothing of its own to
 /// run: the trial then moves (TrialExecutorInterface::MoveTo) where its executor may move now
 /// (between steps; a spilled trial within a step too). A move that finds no room (MoveTo undid
-/// it) leaves the trial on its own device, and is not tried again there in that step. Others
+/// it) leaves the trial on its own device, and is tried again there only after 1, 2, 4 ... 64
+/// of the trial's steps (reset by a move that succeeds). A device whose GPU failed (the
+/// factory's DeviceFailure) runs nothing more; the trials it held end Interrupted. Others
 /// run on any device. Trials resume from the newest checkpoint in their directory, checkpoint
 /// as their training settings say, can be cancelled, and are checkpointed by Drain.
 /// Thread-safe.
@@ -243,8 +245,12 @@ class TrialScheduler {
   /// After a failure on `device`: the factory's DeviceFailure, recorded in failed_devices_
   /// (under mu_, which must not be held) so that no device takes over a trial bound there.
   std::optional<std::string> CheckDevice(int device);
-  /// Ends as Interrupted every idle trial bound to failed `device` (mu_ not held).
+  /// Ends as Interrupted every idle trial bound to failed `device`, or every idle trial once
+  /// every device failed (mu_ not held).
   void EndTrialsOn(int device, const std::string& why);
+  /// On a claimed slot (mu_ not held): if its executor is bound to a failed device, marks it
+  /// Interrupted (its executor left on the lost GPU) and returns true.
+  bool EndIfOnFailedDevice(Slot& slot);
   // Needs mu_ held: the step limit in effect, and whether the trial waits at it.
   int64_t LimitOf(const Slot& slot) const;
   bool AtLimit(const Slot& slot) const;

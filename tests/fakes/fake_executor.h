@@ -41,6 +41,10 @@ struct FakeTasks {
   /// An injected failure (fail_at) leaves the device it happened on lost, as an illegal
   /// address leaves a GPU's context: the factory's DeviceFailure names it from then on.
   bool failures_lose_devices = false;
+  /// With moves_find_no_room: the device a move leaves is lost just then (its next step there
+  /// fails, with failures_lose_devices), and after_no_room runs before the move returns.
+  bool no_room_loses_source = false;
+  std::function<void()> after_no_room;
 };
 
 /// A torch-free executor whose "model" is one double that decays towards a floor set by the
@@ -75,6 +79,10 @@ class FakeExecutor : public executor::TrialExecutorInterface {
   bool MayMoveNow() const override { return tasks_.move_only_within_steps ? InStep() : !InStep(); }
 
   StatusOr<executor::StepMetrics> TrainStep() override {
+    if (tasks_.failures_lose_devices && log_) {
+      std::lock_guard<std::mutex> lock(log_->mu);
+      if (log_->lost.count(bound_device_)) return InternalError("its device is lost");
+    }
     if (step_ == fail_at_step_) {
       if (tasks_.failures_lose_devices && log_) {
         std::lock_guard<std::mutex> lock(log_->mu);
@@ -120,7 +128,9 @@ class FakeExecutor : public executor::TrialExecutorInterface {
       if (log_) {
         std::lock_guard<std::mutex> lock(log_->mu);
         log_->no_room[trial_.name].push_back({device, step_});
+        if (tasks_.no_room_loses_source) log_->lost.insert(bound_device_);
       }
+      if (tasks_.after_no_room) tasks_.after_no_room();
       return UnavailableError("no room on device " + std::to_string(device) + "; moved back");
     }
     bound_device_ = device;

@@ -704,6 +704,53 @@ TEST_F(TrialSchedulerTest, AFailedGpuInterruptsTheTrialsItHeldAndRunsNoMore) {
       << "steps on the lost GPU after it was lost";
 }
 
+TEST_F(TrialSchedulerTest, ATrialHeldByAMoveWhenItsGpuFailsEndsToo) {
+  // Device 1's trial is cancelled, so device 1 tries to take over a trial of busy device 0,
+  // finds no room, and while it holds the trial device 0 fails (the other trial there fails
+  // its next step): the held trial, back on a device that runs nothing more, ends Interrupted.
+  TrialScheduler* scheduler = nullptr;
+  factory_.bind_to_devices = true;
+  factory_.step_delay = std::chrono::milliseconds(2);
+  factory_.tasks.moves_find_no_room = true;
+  factory_.tasks.failures_lose_devices = true;
+  factory_.tasks.no_room_loses_source = true;
+  bool failed_while_held = false;
+  factory_.tasks.after_no_room = [&] {
+    for (int i = 0; i < 1000 && !failed_while_held; ++i) {
+      failed_while_held = !scheduler->FailedDevices().empty();
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  };
+  const int64_t need = PlannedPeak(MakeTrial("probe", 600));
+  ASSERT_GT(need, 0);
+  TrialSchedulerOptions o;
+  o.devices = 2;
+  o.device_memory_bytes = {2 * need, need};
+  TrialScheduler s(&factory_, &observer_, o, MakeRoundRobinPolicy());
+  scheduler = &s;
+  for (const char* name : {"a", "b", "c"}) ASSERT_TRUE(Submit(s, MakeTrial(name, 600)).ok());
+  std::string on_1;
+  for (int i = 0; i < 2000 && on_1.empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::lock_guard<std::mutex> built(factory_.mu);
+    if (factory_.built_on.size() < 3) continue;
+    for (const auto& [name, devices] : factory_.built_on) {
+      if (devices.front() == 1) on_1 = name;
+    }
+  }
+  ASSERT_FALSE(on_1.empty()) << "no trial started on device 1";
+  ASSERT_TRUE(s.Cancel(on_1).ok());
+  ASSERT_TRUE(s.WaitIdle(std::chrono::seconds(30))) << "a trial never ended";
+  EXPECT_TRUE(failed_while_held);
+  ASSERT_EQ(s.FailedDevices().size(), 1u);
+  EXPECT_EQ(s.FailedDevices().begin()->first, 0);
+  std::lock_guard<std::mutex> log(factory_.devices.mu);
+  ASSERT_EQ(factory_.devices.no_room.size(), 1u);
+  const std::string held = factory_.devices.no_room.begin()->first;
+  EXPECT_EQ(s.Get(held)->state, kTrialInterrupted);
+  EXPECT_THAT(s.Get(held)->message, HasSubstr("device 0 failed"));
+}
+
 TEST_F(TrialSchedulerTest, WhenEveryDeviceFailedTheWaitingTrialsEndAndNoneIsTaken) {
   // One GPU, lost by a's step 3: every trial not yet finished ends Interrupted, bound to it or
   // not (no device will ever run them), the scheduler goes idle, and a new trial is refused.

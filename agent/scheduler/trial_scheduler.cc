@@ -397,7 +397,8 @@ bool TrialScheduler::AtLimit(const Slot& slot) const {
 
 TrialScheduler::Slot* TrialScheduler::ClaimStopRequested() {
   for (auto& s : slots_) {
-    if (s->stop_requested && !s->done && !s->running && s->announced && !s->replaced) {
+    if (s->stop_requested && !s->done && !s->running && s->announced && !s->replaced &&
+        !OnFailedDevice(*s)) {  // that one's device ends it (EndTrialsOn)
       s->running = true;
       return s.get();
     }
@@ -422,6 +423,7 @@ void TrialScheduler::ParkClaimed(Slot& slot, std::unique_lock<std::mutex>& lock)
 TrialScheduler::Slot* TrialScheduler::ClaimParkable(int device) {
   for (auto& s : slots_) {
     if (device >= 0 && BoundDevice(*s) != device) continue;
+    if (OnFailedDevice(*s)) continue;  // its checkpoint cannot be written: EndTrialsOn ends it
     if (s->admitted && s->started && !s->done && !s->running && AtLimit(*s)) {
       s->running = true;
       return s.get();
@@ -486,16 +488,26 @@ void TrialScheduler::CloseRecord(TrialResult* r) {
   r->eta_seconds = 0;
 }
 
-void TrialScheduler::EndClaimed(Slot& slot, const char* state, const std::string& why) {
-  bool on_failed_device = false;
+bool TrialScheduler::OnFailedDevice(const Slot& slot, bool claimed) const {
+  return failed_devices_.count(BoundDevice(slot, claimed)) > 0;
+}
+
+void TrialScheduler::DropExecutor(Slot& slot) {
+  bool lost = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    on_failed_device = failed_devices_.count(BoundDevice(slot, /*claimed=*/true)) > 0;
+    lost = OnFailedDevice(slot, /*claimed=*/true);
   }
-  if (on_failed_device) {
-    (void)slot.exec.release();  // its tensors are on a lost GPU: left to the process's end
+  if (lost) {
+    // Its tensors are on a lost GPU, whose calls could throw in destructors: left to the
+    // process's end (the agent restarts to use that GPU again).
+    (void)slot.exec.release();
   }
   slot.exec.reset();
+}
+
+void TrialScheduler::EndClaimed(Slot& slot, const char* state, const std::string& why) {
+  DropExecutor(slot);
   slot.r.state = state;
   slot.r.message = why + " at step " + std::to_string(slot.r.step);
   TrialResult snapshot;
@@ -818,8 +830,8 @@ void TrialScheduler::Worker(int device) {
       slot.r.state = kTrialInterrupted;
       slot.r.message =
           FailedDeviceMessage(failed_device, *device_failed) + " (" + s.message() + ")";
-      // Its tensors are on a GPU whose context is lost: their release could throw in
-      // destructors. Left to the process's end (the agent restarts to use that GPU again).
+      // Its tensors are on a GPU whose context is lost (the one it is bound to, or the source
+      // of its failed move): left to the process's end, as DropExecutor leaves them.
       (void)slot.exec.release();
     } else if (!s.ok()) {
       // ABORTED: fenced off (the trial moved to another agent); not a failure of the trial.
@@ -828,7 +840,7 @@ void TrialScheduler::Worker(int device) {
                      : s.code() == StatusCode::kUnavailable ? kTrialInterrupted
                                                             : kTrialFailed;
       slot.r.message = s.message();
-      slot.exec.reset();
+      DropExecutor(slot);
     }
     bool cancelled = false;
     {
@@ -836,7 +848,7 @@ void TrialScheduler::Worker(int device) {
       cancelled = slot.cancel_requested && s.ok() && slot.r.state != kTrialSucceeded;
     }
     if (cancelled) {
-      slot.exec.reset();
+      DropExecutor(slot);
       slot.r.state = kTrialCancelled;
       slot.r.message = "cancelled at step " + std::to_string(slot.r.step);
     }
@@ -918,7 +930,7 @@ bool TrialScheduler::EndIfOnFailedDevice(Slot& slot) {
     if (it == failed_devices_.end()) return false;
     why = FailedDeviceMessage(bound, it->second);
   }
-  (void)slot.exec.release();  // on the lost GPU
+  DropExecutor(slot);  // on the lost GPU: left to the process's end
   slot.r.state = kTrialInterrupted;
   slot.r.message = why + " at step " + std::to_string(slot.r.step);
   return true;

@@ -251,6 +251,12 @@ class TrialScheduler {
   /// On a claimed slot (mu_ not held): if its executor is bound to a failed device, marks it
   /// Interrupted (its executor left on the lost GPU) and returns true.
   bool EndIfOnFailedDevice(Slot& slot);
+  /// Needs mu_ held: whether the slot's executor is bound to a failed device (`claimed`: as
+  /// BoundDevice).
+  bool OnFailedDevice(const Slot& slot, bool claimed = false) const;
+  /// On a claimed slot (mu_ not held): frees its executor, or where it is bound to a failed
+  /// device leaves it to the process's end (freeing tensors on a lost GPU could throw).
+  void DropExecutor(Slot& slot);
   // Needs mu_ held: the step limit in effect, and whether the trial waits at it.
   int64_t LimitOf(const Slot& slot) const;
   bool AtLimit(const Slot& slot) const;

@@ -80,6 +80,17 @@ void RestoreProgress(const nlohmann::json& meta, TrialResult* r) {
 /// found no room (TrialScheduler::Slot::no_room).
 constexpr int64_t kMostStepsWithoutMoving = 64;
 
+/// Keeps an executor whose tensors are on a lost GPU until the process ends, never destroyed:
+/// its destructors would call into a CUDA context that errors (and could throw). Reachable to
+/// the end, so leak checkers do not count it; the agent restarts to use that GPU again.
+void KeepToTheEnd(std::unique_ptr<executor::TrialExecutorInterface> exec) {
+  if (!exec) return;
+  static std::mutex mu;
+  static auto* kept = new std::vector<std::unique_ptr<executor::TrialExecutorInterface>>();
+  std::lock_guard<std::mutex> lock(mu);
+  kept->push_back(std::move(exec));
+}
+
 /// A trial's message when device `device` failed under it (DeviceFailure's `why`).
 std::string FailedDeviceMessage(int device, const std::string& why) {
   return "device " + std::to_string(device) + " failed (" + why +
@@ -498,11 +509,7 @@ void TrialScheduler::DropExecutor(Slot& slot) {
     std::lock_guard<std::mutex> lock(mu_);
     lost = OnFailedDevice(slot, /*claimed=*/true);
   }
-  if (lost) {
-    // Its tensors are on a lost GPU, whose calls could throw in destructors: left to the
-    // process's end (the agent restarts to use that GPU again).
-    (void)slot.exec.release();
-  }
+  if (lost) KeepToTheEnd(std::move(slot.exec));
   slot.exec.reset();
 }
 
@@ -830,9 +837,8 @@ void TrialScheduler::Worker(int device) {
       slot.r.state = kTrialInterrupted;
       slot.r.message =
           FailedDeviceMessage(failed_device, *device_failed) + " (" + s.message() + ")";
-      // Its tensors are on a GPU whose context is lost (the one it is bound to, or the source
-      // of its failed move): left to the process's end, as DropExecutor leaves them.
-      (void)slot.exec.release();
+      // On a GPU whose context is lost (the one it is bound to, or its failed move's source).
+      KeepToTheEnd(std::move(slot.exec));
     } else if (!s.ok()) {
       // ABORTED: fenced off (the trial moved to another agent); not a failure of the trial.
       // UNAVAILABLE: its checkpoint could not be written (a full disk); it can resume.

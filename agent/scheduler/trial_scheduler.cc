@@ -226,7 +226,7 @@ Status TrialScheduler::Submit(PreparedTrial trial) {
     if (draining_) {
       return UnavailableError("draining: this node accepts no more trials");
     }
-    if (failed_devices_.size() >= busy_.size()) {
+    if (EveryDeviceFailed()) {
       return UnavailableError("every device of this node failed (" +
                               failed_devices_.begin()->second + "): it accepts no more trials");
     }
@@ -259,7 +259,7 @@ Status TrialScheduler::Submit(PreparedTrial trial) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     raw->announced = true;
-    if (failed_devices_.size() >= busy_.size() && !raw->running && !raw->done) {
+    if (EveryDeviceFailed() && !raw->running && !raw->done) {
       raw->running = true;
       none_left =
           FailedDeviceMessage(failed_devices_.begin()->first, failed_devices_.begin()->second);
@@ -498,6 +498,8 @@ void TrialScheduler::CloseRecord(TrialResult* r) {
   r->final_train_loss = MeanOfLast(r->train_curve, 10);
   r->eta_seconds = 0;
 }
+
+bool TrialScheduler::EveryDeviceFailed() const { return failed_devices_.size() >= busy_.size(); }
 
 bool TrialScheduler::OnFailedDevice(const Slot& slot, bool claimed) const {
   return failed_devices_.count(BoundDevice(slot, claimed)) > 0;
@@ -915,7 +917,7 @@ void TrialScheduler::EndTrialsOn(int device, const std::string& why) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     // Once every device failed, no device will run the others either.
-    const bool none_left = failed_devices_.size() >= busy_.size();
+    const bool none_left = EveryDeviceFailed();
     for (auto& s : slots_) {
       // Not yet announced: Submit ends it after its Pending update.
       if (s->done || s->running || !s->announced) continue;
@@ -936,7 +938,7 @@ bool TrialScheduler::EndIfOnFailedDevice(Slot& slot) {
     if (it == failed_devices_.end()) return false;
     why = FailedDeviceMessage(bound, it->second);
   }
-  DropExecutor(slot);  // on the lost GPU: left to the process's end
+  KeepToTheEnd(std::move(slot.exec));  // on the lost GPU
   slot.r.state = kTrialInterrupted;
   slot.r.message = why + " at step " + std::to_string(slot.r.step);
   return true;

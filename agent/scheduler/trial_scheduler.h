@@ -251,6 +251,8 @@ class TrialScheduler {
   /// On a claimed slot (mu_ not held): if its executor is bound to a failed device, marks it
   /// Interrupted (its executor left on the lost GPU) and returns true.
   bool EndIfOnFailedDevice(Slot& slot);
+  /// Needs mu_ held: whether every device failed (no device will run a trial again).
+  bool EveryDeviceFailed() const;
   /// Needs mu_ held: whether the slot's executor is bound to a failed device (`claimed`: as
   /// BoundDevice).
   bool OnFailedDevice(const Slot& slot, bool claimed = false) const;

@@ -99,6 +99,7 @@ class FakeAgents : public hydra::controller::AgentPoolInterface,
     return LastStatus(endpoint);
   }
   double SecondsSinceContact(const std::string&) override { return 0; }
+  bool FirstAnswerDue(const std::string&) override { return false; }
   void SetServerName(const std::string&, const std::string&) override {}
   hydra::StatusOr<std::vector<hydra::controller::AgentInventory>> Inventory() override {
     return inventory_;

@@ -246,6 +246,12 @@ double GrpcAgentPool::SecondsSinceContact(const std::string& endpoint) {
   return std::chrono::duration<double>(Clock::now() - since).count();
 }
 
+bool GrpcAgentPool::FirstAnswerDue(const std::string& endpoint) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(endpoint);
+  return it != entries_.end() && !it->second.asked;
+}
+
 bool GrpcAgentPool::Refresh(const std::string& endpoint, const Poller* poller) {
   std::shared_ptr<v1::AgentService::Stub> stub;
   {
@@ -269,6 +275,7 @@ bool GrpcAgentPool::Refresh(const std::string& endpoint, const Poller* poller) {
   }
   auto& e = it->second;
   LogTransition(endpoint, e, s);
+  e.asked = true;
   e.last_ok = s.ok();
   if (s.ok()) {
     e.last = std::move(resp);

@@ -69,6 +69,21 @@ std::vector<AgentInventory> ConfirmedAgents(const ReconcileContext& ctx, const P
   return out;
 }
 
+/// Why placement waits this pass: an agent of the inventory (of the job's pods, for a job with
+/// its own) was just seen and its first GetStatus is under way. Without the wait, every trial
+/// would go to the agents that happened to answer first. Empty when none is awaited; the wait
+/// is bounded by the pool's status timeout (an agent that fails to answer is not awaited).
+std::string AwaitedAgent(const ReconcileContext& ctx, const Pass& pass) {
+  for (const AgentInventory& a : *pass.inventory) {
+    if (pass.own_agents && pass.pods.AtEndpoint(a.endpoint) == nullptr) continue;
+    if (!pass.reports.count(a.endpoint) && ctx.agents->FirstAnswerDue(a.endpoint)) {
+      return "waiting for the first answer of agent " + a.node + " at " + a.endpoint +
+             ", just seen";
+    }
+  }
+  return "";
+}
+
 /// Why trials of a job with its own agents wait when none serves: the pods' states.
 std::string WaitingForPods(const Pass& pass) {
   std::map<std::string, int> by_phase;
@@ -181,6 +196,10 @@ StatusOr<bool> PlaceWaitingTrials(const ReconcileContext& ctx, Pass& pass) {
   if (waiting.empty()) return true;
   if (!pass.inventory.ok()) {
     for (const auto& w : waiting) pass.no_room[w.trial.name] = pass.inventory.status().message();
+    return true;
+  }
+  if (const std::string why = AwaitedAgent(ctx, pass); !why.empty()) {
+    for (const auto& w : waiting) pass.no_room[w.trial.name] = why;
     return true;
   }
   const auto agents = ConfirmedAgents(ctx, pass);

@@ -28,7 +28,8 @@ class FakeAgentPool : public controller::AgentPoolInterface,
     v1::JobRef dedicated;
     bool reachable = true;
     double silent_seconds = 0;
-    bool hide_trials = false;                       ///< LastStatus leaves the trials out
+    bool hide_trials = false;       ///< LastStatus leaves the trials out
+    bool first_answer_due = false;  ///< just tracked: its first GetStatus has not come back
     std::map<std::string, v1::TrialStatus> trials;  ///< by trial name
   };
 
@@ -146,7 +147,9 @@ class FakeAgentPool : public controller::AgentPoolInterface,
   StatusOr<v1::GetStatusResponse> Report(const std::string& endpoint, bool fresh) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = agents_.find(endpoint);
-    if (it == agents_.end()) return NotFoundError(endpoint + ": never reached");
+    if (it == agents_.end() || (it->second.first_answer_due && !fresh)) {
+      return NotFoundError(endpoint + ": never reached");
+    }
     if (!it->second.reachable) return Unreachable(endpoint);
     const Agent& a = it->second;
     v1::GetStatusResponse r;
@@ -178,6 +181,16 @@ class FakeAgentPool : public controller::AgentPoolInterface,
     std::lock_guard<std::mutex> lock(mu_);
     auto it = agents_.find(endpoint);
     return it == agents_.end() ? 1e9 : it->second.silent_seconds;
+  }
+  bool FirstAnswerDue(const std::string& endpoint) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = agents_.find(endpoint);
+    return it != agents_.end() && it->second.first_answer_due;
+  }
+  /// An agent just seen, whose first GetStatus has not come back (`due`), or has.
+  void SetFirstAnswerDue(const std::string& endpoint, bool due) {
+    std::lock_guard<std::mutex> lock(mu_);
+    agents_[endpoint].first_answer_due = due;
   }
   void SetServerName(const std::string& endpoint, const std::string& server_name) override {
     std::lock_guard<std::mutex> lock(mu_);

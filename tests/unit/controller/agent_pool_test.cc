@@ -90,6 +90,27 @@ TEST(GrpcAgentPoolTest, ACutOffAgentReadsUnavailableAndHoldsUpNoOther) {
   EXPECT_TRUE((*pool)->LastStatus(b.endpoint).ok());
 }
 
+// An agent just tracked is awaited until its first GetStatus comes back, answered or not: a
+// live one until it answers, a cut-off one until its call's deadline.
+TEST(GrpcAgentPoolTest, AnAgentsFirstAnswerIsDueOnlyUntilItsFirstCallComesBack) {
+  Server a("node-a"), b("node-b");
+  b.agent.cut = true;
+  auto pool = GrpcAgentPool::Create({}, /*refresh=*/100ms, /*rpc_timeout=*/2s,
+                                    /*status_timeout=*/800ms);
+  ASSERT_TRUE(pool.ok());
+  EXPECT_FALSE((*pool)->FirstAnswerDue(a.endpoint)) << "not tracked";
+  (*pool)->Track({a.endpoint, b.endpoint});
+  for (int i = 0; i < 100 && !(*pool)->LastStatus(a.endpoint).ok(); ++i) {
+    std::this_thread::sleep_for(5ms);
+  }
+  ASSERT_TRUE((*pool)->LastStatus(a.endpoint).ok());
+  EXPECT_FALSE((*pool)->FirstAnswerDue(a.endpoint));
+  EXPECT_TRUE((*pool)->FirstAnswerDue(b.endpoint)) << "its first call hangs, not past its deadline";
+  std::this_thread::sleep_for(1200ms);
+  EXPECT_FALSE((*pool)->FirstAnswerDue(b.endpoint)) << "its first call ran out of time";
+  EXPECT_EQ((*pool)->LastStatus(b.endpoint).status().code(), StatusCode::kNotFound);
+}
+
 // Each job's pass tracks the endpoints it needs; one job's pass must not stop the polling of
 // an agent only another job uses (nor restart its silence clock). Endpoints no pass names for
 // `forget_after` are dropped with their pollers.

@@ -455,6 +455,23 @@ TEST_F(PhasesTest, TheSharedPoolIsUsedWithoutSpecAgentsAndLosesAnAgentOnlyOnBoth
   for (const auto& [trial, ep] : Placed()) EXPECT_EQ(ep, "10.0.0.1:9443") << trial;
 }
 
+// Two agents of the shared pool, one of them seen a moment ago and not yet heard from: the
+// trials wait for its first answer instead of all going to the agent that answered first.
+TEST_F(PhasesTest, PlacementWaitsForTheFirstAnswerOfAnAgentJustSeen) {
+  PutJob(JobObject(false));
+  agents_.AddAgent("10.0.0.1:9443", "node-a");
+  agents_.AddAgent("10.0.0.2:9443", "node-b");
+  agents_.SetFirstAnswerDue("10.0.0.2:9443", true);
+  Reconcile();
+  for (const auto& [trial, ep] : Placed()) EXPECT_EQ(ep, "") << trial;
+  EXPECT_THAT(Status().trials[0].message,
+              HasSubstr("waiting for the first answer of agent node-b at 10.0.0.2:9443"));
+  agents_.SetFirstAnswerDue("10.0.0.2:9443", false);
+  Reconcile();
+  EXPECT_EQ(agents_.TrialsOn("10.0.0.1:9443").size(), 2u);
+  EXPECT_EQ(agents_.TrialsOn("10.0.0.2:9443").size(), 1u);
+}
+
 TEST(PhasesTlsTest, EachJobGetsACertificateOfItsOwnAndItsAgentsAreCheckedAgainstIt) {
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() / ("phases-tls-" + std::to_string(::getpid()));

@@ -421,7 +421,8 @@ void TrialScheduler::ParkClaimed(Slot& slot, std::unique_lock<std::mutex>& lock)
   lock.unlock();
   Status parked = Park(slot);
   if (!parked.ok()) {
-    EndClaimed(slot, kTrialInterrupted, "checkpoint while waiting: " + parked.message());
+    EndClaimed(slot, kTrialInterrupted,
+               CheckedFailure(slot, "checkpoint while waiting: " + parked.message()));
   }
   lock.lock();
   if (parked.ok()) {
@@ -470,7 +471,8 @@ void TrialScheduler::StopClaimed(Slot& slot) {
     why = slot.stop_why;
     state = slot.stop_state;
   }
-  if (!s.ok()) observer_->OnTrialMessage(r->trial, why + ": checkpoint: " + s.message());
+  if (!s.ok())
+    observer_->OnTrialMessage(r->trial, CheckedFailure(slot, why + ": checkpoint: " + s.message()));
   // An early-stopped trial's record is final; a suspended one resumes and goes on.
   if (state == kTrialEarlyStopped) CloseRecord(r);
   EndClaimed(slot, state, why);
@@ -478,7 +480,7 @@ void TrialScheduler::StopClaimed(Slot& slot) {
 
 Status TrialScheduler::Park(Slot& slot) {
   if (slot.r.step > slot.saved_step) RETURN_IF_ERROR(SaveCheckpoint(slot));
-  slot.exec.reset();  // the caller marks it not started: Start resumes it from the checkpoint
+  DropExecutor(slot);  // the caller marks it not started: Start resumes it from the checkpoint
   return OkStatus();
 }
 
@@ -908,8 +910,19 @@ std::optional<std::string> TrialScheduler::CheckDevice(int device) {
   if (failed) {
     std::lock_guard<std::mutex> lock(mu_);
     failed_devices_[device] = *failed;
+    cv_.notify_all();  // that device's worker, if it waits, ends its trials and stops
   }
   return failed;
+}
+
+std::string TrialScheduler::CheckedFailure(Slot& slot, const std::string& what) {
+  int bound = -1;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    bound = BoundDevice(slot, /*claimed=*/true);
+  }
+  const auto failed = bound >= 0 ? CheckDevice(bound) : std::nullopt;
+  return failed ? FailedDeviceMessage(bound, *failed) + " (" + what + ")" : what;
 }
 
 void TrialScheduler::EndTrialsOn(int device, const std::string& why) {

@@ -245,6 +245,10 @@ class TrialScheduler {
   /// After a failure on `device`: the factory's DeviceFailure, recorded in failed_devices_
   /// (under mu_, which must not be held) so that no device takes over a trial bound there.
   std::optional<std::string> CheckDevice(int device);
+  /// On a claimed slot (mu_ not held) whose checkpoint failed with `what`: `what`, or where the
+  /// GPU its executor is bound to is lost (CheckDevice), that failure with `what` in brackets;
+  /// DropExecutor then leaves the executor on that GPU.
+  std::string CheckedFailure(Slot& slot, const std::string& what);
   /// Ends as Interrupted every idle trial bound to failed `device`, or every idle trial once
   /// every device failed (mu_ not held).
   void EndTrialsOn(int device, const std::string& why);

@@ -28,6 +28,8 @@ struct DeviceLog {
   std::set<int> lost;  ///< devices an injected failure left lost (FakeTasks::failures_lose_devices)
   std::vector<int> step_order;  ///< the bound device of every step of every trial, in order
   size_t lost_after = 0;        ///< step_order's size when a device was lost
+  /// Executors destroyed while bound to a lost device (the scheduler must keep those).
+  int freed_on_lost = 0;
 };
 
 /// How a FakeExecutor runs its steps (FakeExecutorFactory's fields of the same names).
@@ -62,6 +64,11 @@ class FakeExecutor : public executor::TrialExecutorInterface {
         bound_device_(bound_device),
         log_(log),
         tasks_(tasks) {}
+  ~FakeExecutor() override {
+    if (log_ == nullptr) return;
+    std::lock_guard<std::mutex> lock(log_->mu);
+    log_->freed_on_lost += log_->lost.count(bound_device_) > 0;
+  }
 
   StatusOr<executor::TaskResult> RunTask() override {
     if (tasks_.per_step <= 1) return TrialExecutorInterface::RunTask();
@@ -79,10 +86,7 @@ class FakeExecutor : public executor::TrialExecutorInterface {
   bool MayMoveNow() const override { return tasks_.move_only_within_steps ? InStep() : !InStep(); }
 
   StatusOr<executor::StepMetrics> TrainStep() override {
-    if (tasks_.failures_lose_devices && log_) {
-      std::lock_guard<std::mutex> lock(log_->mu);
-      if (log_->lost.count(bound_device_)) return InternalError("its device is lost");
-    }
+    if (Lost()) return InternalError("its device is lost");
     if (step_ == fail_at_step_) {
       if (tasks_.failures_lose_devices && log_) {
         std::lock_guard<std::mutex> lock(log_->mu);
@@ -109,6 +113,7 @@ class FakeExecutor : public executor::TrialExecutorInterface {
   StatusOr<double> Evaluate() override { return 1.1 + weight_; }
   int64_t step() const override { return step_; }
   StatusOr<std::vector<executor::NamedBuffer>> ExportState() override {
+    if (Lost()) return InternalError("its device is lost: the state cannot be read");
     executor::NamedBuffer b{"w", "float64", {1}, std::vector<char>(sizeof(double))};
     std::memcpy(b.data.data(), &weight_, sizeof(double));
     return std::vector<executor::NamedBuffer>{b};
@@ -143,6 +148,13 @@ class FakeExecutor : public executor::TrialExecutorInterface {
   }
 
  private:
+  /// With failures_lose_devices: whether the device it is bound to was lost.
+  bool Lost() const {
+    if (!tasks_.failures_lose_devices || log_ == nullptr) return false;
+    std::lock_guard<std::mutex> lock(log_->mu);
+    return log_->lost.count(bound_device_) > 0;
+  }
+
   Trial trial_;
   std::function<void(const std::string&, int64_t)> on_step_;
   int64_t fail_at_step_;

@@ -193,9 +193,11 @@ class TrialSchedulerTest : public ::testing::Test {
     return drained;
   }
 
-  Status Submit(TrialScheduler& s, const Trial& t) {
+  /// Submits `t`, which may train to `step_limit` only (early stopping's limit; 0: to the end).
+  Status Submit(TrialScheduler& s, const Trial& t, int64_t step_limit = 0) {
     auto p = s.Prepare(t, Ckpt(t.name));
     if (!p.ok()) return p.status();
+    p->step_limit = step_limit;
     return s.Submit(std::move(p).value());
   }
 
@@ -280,10 +282,8 @@ bool WaitForStep(TrialScheduler& s, const std::string& key, int64_t step) {
 
 TEST_F(TrialSchedulerTest, AStepLimitHoldsATrialEvaluatedThereUntilItRises) {
   TrialScheduler s(&factory_, &observer_, {1});
-  auto p = s.Prepare(MakeTrial("a", 20), Ckpt("a"));
-  ASSERT_TRUE(p.ok());
-  p->step_limit = 7;  // not an evaluation step (evalEverySteps 5): evaluated anyway
-  ASSERT_TRUE(s.Submit(std::move(p).value()).ok());
+  ASSERT_TRUE(Submit(s, MakeTrial("a", 20), 7)
+                  .ok());  // not an evaluation step (evalEverySteps 5): evaluated anyway
   ASSERT_TRUE(WaitForStep(s, "a", 7));
   EXPECT_FALSE(s.WaitIdle(std::chrono::milliseconds(300)));  // it waits, not ends
   auto held = s.Get("a");
@@ -306,10 +306,7 @@ TEST_F(TrialSchedulerTest, AStepLimitHoldsATrialEvaluatedThereUntilItRises) {
 
 TEST_F(TrialSchedulerTest, StopEarlyEndsAWaitingTrialWithItsCheckpoint) {
   TrialScheduler s(&factory_, &observer_, {1});
-  auto p = s.Prepare(MakeTrial("a", 20), Ckpt("a"));
-  ASSERT_TRUE(p.ok());
-  p->step_limit = 7;
-  ASSERT_TRUE(s.Submit(std::move(p).value()).ok());
+  ASSERT_TRUE(Submit(s, MakeTrial("a", 20), 7).ok());
   ASSERT_TRUE(WaitForStep(s, "a", 7));
   ASSERT_TRUE(s.StopEarly("a", "asha: not in the top third").ok());
   ASSERT_TRUE(s.WaitIdle(std::chrono::seconds(20)));
@@ -364,12 +361,7 @@ TEST_F(TrialSchedulerTest, TrialsWaitingAtTheirLimitMakeRoomAndResumeToTheSameLo
   o.devices = 1;
   o.host_memory_bytes = 1;  // one trial admitted at a time
   TrialScheduler s(&factory_, &observer_, o);
-  for (const char* name : {"t1", "t2"}) {
-    auto p = s.Prepare(MakeTrial(name, 12), Ckpt(name));
-    ASSERT_TRUE(p.ok());
-    p->step_limit = 6;
-    ASSERT_TRUE(s.Submit(std::move(p).value()).ok());
-  }
+  for (const char* name : {"t1", "t2"}) ASSERT_TRUE(Submit(s, MakeTrial(name, 12), 6).ok());
   // t1 waits at 6 holding the only admission: it is checkpointed and parked so t2 can run.
   ASSERT_TRUE(WaitForStep(s, "t2", 6));
   EXPECT_EQ(s.Get("t1")->step, 6);
@@ -392,10 +384,8 @@ TEST_F(TrialSchedulerTest, ATrialResumedPastItsLimitIsEvaluatedWhereItStands) {
   ASSERT_EQ(drained.step, 8);
   ASSERT_EQ(drained.val_curve.back().step, 5);  // evaluations every 5 steps
   TrialScheduler s(&factory_, &observer_, {1});
-  auto p = s.Prepare(MakeTrial("x", 20), Ckpt("x"));
-  ASSERT_TRUE(p.ok());
-  p->step_limit = 5;  // early stopping's first rung, behind the checkpoint
-  ASSERT_TRUE(s.Submit(std::move(p).value()).ok());
+  ASSERT_TRUE(
+      Submit(s, MakeTrial("x", 20), 5).ok());  // early stopping's first rung, behind the checkpoint
   auto last_evaluation = [&] {
     const auto curve = s.Get("x")->val_curve;
     return curve.empty() ? int64_t{-1} : curve.back().step;
@@ -702,6 +692,38 @@ TEST_F(TrialSchedulerTest, AFailedGpuInterruptsTheTrialsItHeldAndRunsNoMore) {
                        order.end(), lost),
             0)
       << "steps on the lost GPU after it was lost";
+}
+
+TEST_F(TrialSchedulerTest, AParkWhoseCheckpointMeetsALostGpuEndsTheTrialsThereAndKeepsItsState) {
+  // "a" waits at its early-stopping limit holding the only admission; its GPU is lost as it
+  // reaches it, so parking it for "b" cannot read its state. The checkpoint's failure is the
+  // GPU's: "a" is Interrupted naming the device, its executor is not freed on the lost GPU,
+  // and the device takes nothing more ("b" is never built there).
+  factory_.bind_to_devices = true;
+  factory_.tasks.failures_lose_devices = true;
+  factory_.on_step = [&](const std::string& name, int64_t step) {
+    if (name != "a" || step != 6) return;
+    std::lock_guard<std::mutex> log(factory_.devices.mu);
+    factory_.devices.lost.insert(0);
+  };
+  TrialSchedulerOptions o;
+  o.devices = 1;
+  o.host_memory_bytes = 1;  // one trial admitted at a time
+  TrialScheduler s(&factory_, &observer_, o);
+  for (const char* name : {"a", "b"}) ASSERT_TRUE(Submit(s, MakeTrial(name, 12), 6).ok());
+  ASSERT_TRUE(s.WaitIdle(std::chrono::seconds(20)));
+  const auto a = s.Get("a");
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->state, kTrialInterrupted);
+  EXPECT_THAT(a->message, AllOf(HasSubstr("device 0 failed"), HasSubstr("checkpoint while waiting"),
+                                HasSubstr("state cannot be read")));
+  EXPECT_EQ(s.FailedDevices().count(0), 1u);
+  EXPECT_EQ(s.Get("b")->state, kTrialInterrupted);
+  EXPECT_THAT(s.Get("b")->message, HasSubstr("device 0 failed"));
+  std::lock_guard<std::mutex> built(factory_.mu);
+  std::lock_guard<std::mutex> log(factory_.devices.mu);
+  EXPECT_EQ(factory_.devices.freed_on_lost, 0) << "an executor freed on the lost GPU";
+  EXPECT_EQ(factory_.built_on.count("b"), 0u) << "a trial built on the lost GPU";
 }
 
 TEST_F(TrialSchedulerTest, ATrialHeldByAMoveWhenItsGpuFailsEndsToo) {

@@ -712,39 +712,7 @@ void TrialScheduler::Worker(int device) {
       cv_.wait_for(lock, std::chrono::milliseconds(20));  // the flag changes without a notify
       continue;
     }
-    // Admission: trials join, in order, while their state fits the host memory and their
-    // spill files fit the spill directory's free space.
-    int64_t admitted_bytes = 0, unwritten_disk = 0;
-    bool any_admitted = false;
-    for (auto& s : slots_) {
-      if (!s->admitted || s->done) continue;
-      any_admitted = true;
-      admitted_bytes += s->p.admission.host_bytes;
-      // Spill files not yet written are not yet taken from the free space.
-      if (!s->started) unwritten_disk += s->p.admission.disk_bytes;
-    }
-    int64_t disk_free = -1;  // read once per pass, only when a waiting trial spills to disk
-    bool blocked = false;    // a trial waits for admission
-    for (auto& s : slots_) {
-      if (s->admitted || s->done) continue;
-      if (AtLimit(*s)) continue;  // parked at its early-stopping limit: needs no room yet
-      // The first waiting trial is admitted even alone over a limit: it must run sometime (and
-      // fails with the numbers if it cannot).
-      blocked = true;
-      if (any_admitted && admitted_bytes + s->p.admission.host_bytes > host_limit) break;
-      if (any_admitted && s->p.admission.disk_bytes > 0 && !options_.spill_dir.empty()) {
-        if (disk_free < 0) {
-          disk_free = options_.free_disk_bytes ? options_.free_disk_bytes(options_.spill_dir)
-                                               : FreeDiskBytes(options_.spill_dir);
-        }
-        if (unwritten_disk + s->p.admission.disk_bytes > disk_free) break;
-      }
-      blocked = false;
-      s->admitted = true;
-      any_admitted = true;
-      admitted_bytes += s->p.admission.host_bytes;
-      unwritten_disk += s->p.admission.disk_bytes;
-    }
+    const bool blocked = AdmitWaiting(host_limit);
     // Early stopping: stop requested trials; make room by parking trials waiting at their
     // step limit when others wait for admission.
     if (Slot* stop = ClaimStopRequested()) {
@@ -768,140 +736,191 @@ void TrialScheduler::Worker(int device) {
       continue;
     }
     Slot& slot = *c.slots[policy_->Pick(c.runnable)];
-    slot.running = true;
-    slot.device = device;
-    const int bound = BoundDevice(slot, /*claimed=*/true);
-    slot.moving_from = bound >= 0 && bound != device ? bound : -1;
-    const int moved_from = slot.moving_from;
-    on_device_[device].push_back(&slot);
-    running_since_[device] = Seconds(Clock::now() - start_);
+    Turn turn = ClaimTurn(slot, device);
     lock.unlock();
+    RunTurn(slot, &turn);
+    SettleTurn(slot, &turn);
+    lock.lock();
+    EndTurn(slot, turn, &snapshot, lock);
+  }
+  cv_.notify_all();
+}
 
-    Status s;
-    bool tasked = false, stepped = false, evaluated = false;
-    size_t task = 0;
-    const int64_t task_step = slot.r.step;
-    Clock::time_point t0, t1;
-    bool move_failed = false;  // the move from moved_from failed, and was not undone
-    try {
-      if (!slot.started) s = Start(slot);
-      // Taken from a busy device: what the executor keeps on a device comes here first. No
-      // room here (memory other processes hold): the move was undone, it waits for its own.
-      bool no_room = false;
-      if (s.ok() && slot.moving_from >= 0) {
-        s = slot.exec->MoveTo(device);
-        no_room = s.code() == StatusCode::kUnavailable;
-        move_failed = !s.ok() && !no_room;
+bool TrialScheduler::AdmitWaiting(int64_t host_limit) {
+  // Admission: trials join, in order, while their state fits the host memory and their
+  // spill files fit the spill directory's free space.
+  int64_t admitted_bytes = 0, unwritten_disk = 0;
+  bool any_admitted = false;
+  for (auto& s : slots_) {
+    if (!s->admitted || s->done) continue;
+    any_admitted = true;
+    admitted_bytes += s->p.admission.host_bytes;
+    // Spill files not yet written are not yet taken from the free space.
+    if (!s->started) unwritten_disk += s->p.admission.disk_bytes;
+  }
+  int64_t disk_free = -1;  // read once per pass, only when a waiting trial spills to disk
+  for (auto& s : slots_) {
+    if (s->admitted || s->done) continue;
+    if (AtLimit(*s)) continue;  // parked at its early-stopping limit: needs no room yet
+    // The first waiting trial is admitted even alone over a limit: it must run sometime (and
+    // fails with the numbers if it cannot).
+    if (any_admitted && admitted_bytes + s->p.admission.host_bytes > host_limit) return true;
+    if (any_admitted && s->p.admission.disk_bytes > 0 && !options_.spill_dir.empty()) {
+      if (disk_free < 0) {
+        disk_free = options_.free_disk_bytes ? options_.free_disk_bytes(options_.spill_dir)
+                                             : FreeDiskBytes(options_.spill_dir);
       }
-      bool at_limit = false;  // a trial resumed at (or past) its early-stopping limit waits
-      {
-        std::lock_guard<std::mutex> relock(mu_);
-        if (no_room) {
-          Slot::NoRoom& n = slot.no_room[device];
-          n.wait = std::min<int64_t>(std::max<int64_t>(1, 2 * n.wait), kMostStepsWithoutMoving);
-          n.until = slot.r.step + n.wait;
-        } else if (s.ok() && moved_from >= 0) {
-          slot.no_room.erase(device);  // it found room: the next wait starts short again
-        }
-        slot.moving_from = -1;  // its old device's memory is free now (or it stayed there)
-        at_limit = AtLimit(slot);
-      }
-      if (no_room) {
-        observer_->OnTrialMessage(slot.r.trial, s.message());
-        s = OkStatus();
-      }
-      const bool runs = s.ok() && !no_room;
-      // Resumed at or past its limit without an evaluation there (a checkpoint of another
-      // run): evaluated now, so that early stopping has a result to decide on.
-      if (runs && at_limit) s = EvaluateAtStep(slot);
-      // A trial resumed from its final checkpoint only needs finishing.
-      if (runs && s.ok() && !at_limit && slot.r.step < slot.r.trial.training.steps) {
-        t0 = Clock::now();
-        s = TaskOnce(slot, &stepped, &evaluated, &task);
-        t1 = Clock::now();
-        tasked = true;
-      }
-      if (runs && s.ok() && slot.r.step >= slot.r.trial.training.steps) s = Finish(slot);
-    } catch (const std::exception& e) {
-      // Nothing may escape a worker thread: the trial fails, the others go on.
-      s = InternalError(std::string("unexpected error: ") + e.what());
+      if (unwritten_disk + s->p.admission.disk_bytes > disk_free) return true;
     }
-    // A failure a device caused (its GPU lost: this one, or the one a failed move came from):
-    // not the trial's; that device runs no more.
-    int failed_device = device;
-    std::optional<std::string> device_failed;
-    if (!s.ok() && s.code() != StatusCode::kAborted) {
-      device_failed = CheckDevice(device);
-      if (!device_failed && move_failed) {
-        failed_device = moved_from;
-        device_failed = CheckDevice(moved_from);
-      }
+    s->admitted = true;
+    any_admitted = true;
+    admitted_bytes += s->p.admission.host_bytes;
+    unwritten_disk += s->p.admission.disk_bytes;
+  }
+  return false;
+}
+
+TrialScheduler::Turn TrialScheduler::ClaimTurn(Slot& slot, int device) {
+  slot.running = true;
+  slot.device = device;
+  const int bound = BoundDevice(slot, /*claimed=*/true);
+  slot.moving_from = bound >= 0 && bound != device ? bound : -1;
+  on_device_[device].push_back(&slot);
+  running_since_[device] = Seconds(Clock::now() - start_);
+  Turn turn;
+  turn.device = device;
+  turn.moved_from = slot.moving_from;
+  turn.task_step = slot.r.step;
+  return turn;
+}
+
+void TrialScheduler::RunTurn(Slot& slot, Turn* turn) {
+  const int device = turn->device;
+  Status& s = turn->s;
+  try {
+    if (!slot.started) s = Start(slot);
+    // Taken from a busy device: what the executor keeps on a device comes here first. No
+    // room here (memory other processes hold): the move was undone, it waits for its own.
+    bool no_room = false;
+    if (s.ok() && slot.moving_from >= 0) {
+      s = slot.exec->MoveTo(device);
+      no_room = s.code() == StatusCode::kUnavailable;
+      turn->move_failed = !s.ok() && !no_room;
     }
-    if (device_failed) {
-      slot.r.state = kTrialInterrupted;
-      slot.r.message =
-          FailedDeviceMessage(failed_device, *device_failed) + " (" + s.message() + ")";
-      // On a GPU whose context is lost (the one it is bound to, or its failed move's source).
-      KeepToTheEnd(std::move(slot.exec));
-    } else if (!s.ok()) {
-      // ABORTED: fenced off (the trial moved to another agent); not a failure of the trial.
-      // UNAVAILABLE: its checkpoint could not be written (a full disk); it can resume.
-      slot.r.state = s.code() == StatusCode::kAborted       ? kTrialCancelled
-                     : s.code() == StatusCode::kUnavailable ? kTrialInterrupted
-                                                            : kTrialFailed;
-      slot.r.message = s.message();
-      DropExecutor(slot);
-    }
-    bool cancelled = false;
+    bool at_limit = false;  // a trial resumed at (or past) its early-stopping limit waits
     {
       std::lock_guard<std::mutex> relock(mu_);
-      cancelled = slot.cancel_requested && s.ok() && slot.r.state != kTrialSucceeded;
-    }
-    if (cancelled) {
-      DropExecutor(slot);
-      slot.r.state = kTrialCancelled;
-      slot.r.message = "cancelled at step " + std::to_string(slot.r.step);
-    }
-    // Still bound to a device that failed while it was ours (it stayed there: a move here
-    // found no room): no device will run it; it ends as the others there did.
-    const bool stranded =
-        s.ok() && !cancelled && slot.r.state != kTrialSucceeded && EndIfOnFailedDevice(slot);
-    if (stepped && observer_) {
-      observer_->OnStep(slot.r.trial.name, device, slot.last_step_seconds, slot.r.shards,
-                        evaluated);
-    }
-
-    lock.lock();
-    if (!s.ok() || cancelled || stranded || slot.r.state == kTrialSucceeded) slot.done = true;
-    if (tasked) {
-      // One shard-task (a whole step for an unsharded trial), timed without set-up and
-      // finishing; the next task of the trial may run on any device.
-      const double start = Seconds(t0 - start_);
-      const double end = Seconds(t1 - start_);
-      if (options_.record_schedule) {
-        schedule_.tasks.push_back({slot.index, task_step, task, device, start, end});
+      if (no_room) {
+        Slot::NoRoom& n = slot.no_room[device];
+        n.wait = std::min<int64_t>(std::max<int64_t>(1, 2 * n.wait), kMostStepsWithoutMoving);
+        n.until = slot.r.step + n.wait;
+      } else if (s.ok() && turn->moved_from >= 0) {
+        slot.no_room.erase(device);  // it found room: the next wait starts short again
       }
-      slot.ready_since = end;
+      slot.moving_from = -1;  // its old device's memory is free now (or it stayed there)
+      at_limit = AtLimit(slot);
     }
-    // Busy: the whole time the device held the trial (set-up, step, evaluation, checkpoint).
-    busy_[device] += std::max(0.0, Seconds(Clock::now() - start_) - running_since_[device]);
-    running_since_[device] = -1;
-    auto& on = on_device_[device];
-    on.erase(std::remove(on.begin(), on.end(), &slot), on.end());
-    Publish(slot);
-    // Report a copy taken while the trial is still ours: once `running` is cleared another
-    // device may step it and grow its curves. Assigned into the worker's buffer, whose
-    // capacity stays: a small model's trial reports thousands of steps a second.
-    snapshot = slot.published;
-    slot.running = false;
-    ++reporting_;  // WaitIdle waits for this report too
-    cv_.notify_all();
-    lock.unlock();
-    observer_->OnTrialUpdate(snapshot);
-    lock.lock();
-    --reporting_;
-    cv_.notify_all();
+    if (no_room) {
+      observer_->OnTrialMessage(slot.r.trial, s.message());
+      s = OkStatus();
+    }
+    const bool runs = s.ok() && !no_room;
+    // Resumed at or past its limit without an evaluation there (a checkpoint of another
+    // run): evaluated now, so that early stopping has a result to decide on.
+    if (runs && at_limit) s = EvaluateAtStep(slot);
+    // A trial resumed from its final checkpoint only needs finishing.
+    if (runs && s.ok() && !at_limit && slot.r.step < slot.r.trial.training.steps) {
+      turn->t0 = Clock::now();
+      s = TaskOnce(slot, &turn->stepped, &turn->evaluated, &turn->task);
+      turn->t1 = Clock::now();
+      turn->tasked = true;
+    }
+    if (runs && s.ok() && slot.r.step >= slot.r.trial.training.steps) s = Finish(slot);
+  } catch (const std::exception& e) {
+    // Nothing may escape a worker thread: the trial fails, the others go on.
+    s = InternalError(std::string("unexpected error: ") + e.what());
   }
+}
+
+void TrialScheduler::SettleTurn(Slot& slot, Turn* turn) {
+  const Status& s = turn->s;
+  // A failure a device caused (its GPU lost: this one, or the one a failed move came from):
+  // not the trial's; that device runs no more.
+  int failed_device = turn->device;
+  std::optional<std::string> device_failed;
+  if (!s.ok() && s.code() != StatusCode::kAborted) {
+    device_failed = CheckDevice(turn->device);
+    if (!device_failed && turn->move_failed) {
+      failed_device = turn->moved_from;
+      device_failed = CheckDevice(turn->moved_from);
+    }
+  }
+  if (device_failed) {
+    slot.r.state = kTrialInterrupted;
+    slot.r.message = FailedDeviceMessage(failed_device, *device_failed) + " (" + s.message() + ")";
+    // On a GPU whose context is lost (the one it is bound to, or its failed move's source).
+    KeepToTheEnd(std::move(slot.exec));
+  } else if (!s.ok()) {
+    // ABORTED: fenced off (the trial moved to another agent); not a failure of the trial.
+    // UNAVAILABLE: its checkpoint could not be written (a full disk); it can resume.
+    slot.r.state = s.code() == StatusCode::kAborted       ? kTrialCancelled
+                   : s.code() == StatusCode::kUnavailable ? kTrialInterrupted
+                                                          : kTrialFailed;
+    slot.r.message = s.message();
+    DropExecutor(slot);
+  }
+  {
+    std::lock_guard<std::mutex> relock(mu_);
+    turn->cancelled = slot.cancel_requested && s.ok() && slot.r.state != kTrialSucceeded;
+  }
+  if (turn->cancelled) {
+    DropExecutor(slot);
+    slot.r.state = kTrialCancelled;
+    slot.r.message = "cancelled at step " + std::to_string(slot.r.step);
+  }
+  // Still bound to a device that failed while it was ours (it stayed there: a move here
+  // found no room): no device will run it; it ends as the others there did.
+  turn->stranded =
+      s.ok() && !turn->cancelled && slot.r.state != kTrialSucceeded && EndIfOnFailedDevice(slot);
+  if (turn->stepped && observer_) {
+    observer_->OnStep(slot.r.trial.name, turn->device, slot.last_step_seconds, slot.r.shards,
+                      turn->evaluated);
+  }
+}
+
+void TrialScheduler::EndTurn(Slot& slot, const Turn& turn, TrialResult* snapshot,
+                             std::unique_lock<std::mutex>& lock) {
+  const int device = turn.device;
+  if (!turn.s.ok() || turn.cancelled || turn.stranded || slot.r.state == kTrialSucceeded) {
+    slot.done = true;
+  }
+  if (turn.tasked) {
+    // One shard-task (a whole step for an unsharded trial), timed without set-up and
+    // finishing; the next task of the trial may run on any device.
+    const double start = Seconds(turn.t0 - start_);
+    const double end = Seconds(turn.t1 - start_);
+    if (options_.record_schedule) {
+      schedule_.tasks.push_back({slot.index, turn.task_step, turn.task, device, start, end});
+    }
+    slot.ready_since = end;
+  }
+  // Busy: the whole time the device held the trial (set-up, step, evaluation, checkpoint).
+  busy_[device] += std::max(0.0, Seconds(Clock::now() - start_) - running_since_[device]);
+  running_since_[device] = -1;
+  auto& on = on_device_[device];
+  on.erase(std::remove(on.begin(), on.end(), &slot), on.end());
+  Publish(slot);
+  // Report a copy taken while the trial is still ours: once `running` is cleared another
+  // device may step it and grow its curves. Assigned into the worker's buffer, whose
+  // capacity stays: a small model's trial reports thousands of steps a second.
+  *snapshot = slot.published;
+  slot.running = false;
+  ++reporting_;  // WaitIdle waits for this report too
+  cv_.notify_all();
+  lock.unlock();
+  observer_->OnTrialUpdate(*snapshot);
+  lock.lock();
+  --reporting_;
   cv_.notify_all();
 }
 

@@ -205,6 +205,35 @@ class TrialScheduler {
   Status Finish(Slot& slot);
   Status SaveCheckpoint(Slot& slot);
   void Worker(int device);
+  /// One turn of a worker: a trial claimed on `device`, set up or moved there if it must be,
+  /// one shard-task, and how it ended.
+  struct Turn {
+    int device = -1;
+    int moved_from = -1;  ///< the device it was bound to, when it moved here (-1: none)
+    int64_t task_step = 0;
+    Status s;
+    bool move_failed = false;  ///< the move from moved_from failed, and was not undone
+    bool tasked = false, stepped = false, evaluated = false;
+    size_t task = 0;
+    std::chrono::steady_clock::time_point t0, t1;  ///< the task's start and end
+    bool cancelled = false;                        ///< cancelled meanwhile
+    bool stranded = false;                         ///< left bound to a device that failed
+  };
+  /// Needs mu_ held: admits waiting trials, in order, while their state fits the host memory
+  /// (`host_limit`) and their spill files the spill directory; whether one still waits.
+  bool AdmitWaiting(int64_t host_limit);
+  /// Needs mu_ held: `slot` becomes `device`'s (running there, moving there if bound elsewhere).
+  Turn ClaimTurn(Slot& slot, int device);
+  /// mu_ not held: sets the claimed trial up or moves it where it must, and runs its next task
+  /// (or evaluates or finishes it); the outcome in turn->s.
+  void RunTurn(Slot& slot, Turn* turn);
+  /// mu_ not held: what the outcome means for the trial: a lost GPU, a failure, a cancel
+  /// that arrived meanwhile, a device that failed under it; the step reported to the observer.
+  void SettleTurn(Slot& slot, Turn* turn);
+  /// Needs mu_ held (unlocked while reporting): the turn's bookkeeping (done, the recorded
+  /// schedule, busy time), and the trial published, released and reported.
+  void EndTurn(Slot& slot, const Turn& turn, TrialResult* snapshot,
+               std::unique_lock<std::mutex>& lock);
   void Publish(Slot& slot);  // copies the worker's record for readers; needs mu_ held
   int64_t PublishedLimit(const Slot& slot) const;  // the limit readers see (0: to the end)
   // Ends a trial this thread claimed (running == true): frees its executor, sets `state` and

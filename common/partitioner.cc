@@ -494,22 +494,278 @@ namespace {
 /// fits).
 enum class Placing { kAsOptions, kHostToFit };
 
+/// What PlanFor works from: each layer's needs on the device under one choice of attention
+/// memory, recompute and optimizer placement, and what of the budget the shards may use.
+struct PlanInputs {
+  int64_t mb_count = 1;       // micro-batches a step
+  int64_t micro = 0;          // sequences a micro-batch
+  int64_t opt = 0;            // optimizer state bytes a parameter
+  int64_t opt_on_device = 0;  // of those, what comes onto the device with a shard
+  int n = 0;                  // layers
+  AttentionMemory attention = AttentionMemory::kKept;
+  bool selective = false;  // selective recompute
+  OptimizerPlacement placement = OptimizerPlacement::kDevice;
+  bool device_stash = false;  // graphs kept on the device (PartitionOptions::stash_on_device)
+  PartitionOptions ro;        // the options with resident_state decided
+  std::vector<LayerNeed> need;
+  int64_t whole = 0;       // unsharded training's peak
+  int64_t transient = 0;   // what one layer's backward allocates while it runs
+  int64_t buffers = 0;     // the layers' buffers, on the device all along
+  int64_t tied_bytes = 0;  // tied weights and their gradients, resident all step
+  int64_t budget = 0;      // the device budget (<= 0: none)
+  int64_t usable = 0;      // the budget left for the shards' own needs
+};
+
+PlanInputs LayerNeeds(const Trial& trial, const PartitionOptions& o,
+                      const std::vector<LayerCost>& costs, AttentionMemory attention,
+                      bool selective, OptimizerPlacement placement) {
+  PlanInputs in;
+  in.mb_count = std::max<int64_t>(1, o.micro_batches);
+  in.micro = trial.training.batch_size / trial.training.gradient_accumulation_steps;
+  in.opt = OptimizerBytesPerParameter(trial.training);
+  in.n = static_cast<int>(costs.size());
+  in.attention = attention;
+  in.selective = selective;
+  in.placement = placement;
+  in.device_stash = o.stash_on_device && o.state_tier == StateTier::kHost;
+  // Shards stay resident only where their state would otherwise cross the link every step and
+  // their optimizer steps on the device.
+  in.ro = o;
+  in.ro.resident_state = o.resident_state && in.device_stash && o.host_link_bytes_per_second > 0 &&
+                         placement == OptimizerPlacement::kDevice;
+  in.opt_on_device = placement == OptimizerPlacement::kDevice ? in.opt : 0;
+  const int64_t opt = in.opt, opt_on_device = in.opt_on_device;
+  in.need.resize(in.n);
+  int64_t tied = 0;
+  for (int i = 0; i < in.n; ++i) {
+    LayerNeed& need = in.need[i];
+    in.transient = std::max(in.transient, BackwardTransientBytes(costs[i], attention, selective));
+    in.buffers += costs[i].buffer_bytes;
+    tied += costs[i].tied_parameters;
+    need.params = costs[i].parameters - costs[i].tied_parameters;
+    // Tied weights stay on the device, but their optimizer state moves with the shard.
+    need.moved = need.params * (4 + opt) + costs[i].tied_parameters * opt;
+    need.state = need.params * (4 + opt_on_device) + costs[i].tied_parameters * opt_on_device;
+    need.grad = need.params * 4;
+    need.act = KeptActivationBytes(costs[i], attention, selective);
+    need.out = costs[i].output_bytes;
+    need.flops = costs[i].forward_flops;
+    need.step_flops = 3 * costs[i].forward_flops +
+                      (attention == AttentionMemory::kRecomputed ? costs[i].attention_flops : 0) +
+                      (selective ? costs[i].recompute_flops : 0);
+    in.whole += costs[i].parameters * (4 + opt) + costs[i].tied_parameters * 4;
+  }
+  // Unsharded: the tied parameters' gradients all the backward (the head's comes first).
+  in.whole += LiveBytes(in.need, 0, in.n - 1, in.mb_count) + in.transient + in.buffers;
+  in.tied_bytes = tied * 8;  // weights and gradients
+  in.budget = o.device_budget;
+  in.usable = in.budget - in.tied_bytes - in.buffers - in.transient;
+  return in;
+}
+
+/// RESOURCE_EXHAUSTED: layer i alone needs `single` bytes, more than the shards may use.
+Status LayerTooLargeError(const PlanInputs& in, const std::vector<LayerCost>& costs, int i,
+                          int64_t single) {
+  const std::string held = FormatBytes(in.tied_bytes) + " of shared (tied) parameters" +
+                           (in.buffers > 0 ? ", " + FormatBytes(in.buffers) + " of buffers" : "") +
+                           (in.transient > 0 ? " and " + FormatBytes(in.transient) +
+                                                   " that a layer's backward needs while it runs"
+                                             : "");
+  char buf[640];
+  std::snprintf(buf, sizeof(buf),
+                "layer %s needs %s on the device (%s %s, %s "
+                "gradients, %s activations at micro-batch %lld) but the device budget of "
+                "%s leaves %s after %s; raise "
+                "spec.resources.deviceMemoryBudget or lower the batch size",
+                costs[i].name.c_str(), FormatBytes(single).c_str(),
+                FormatBytes(in.need[i].state).c_str(),
+                in.opt_on_device > 0 ? "weights and optimizer state"
+                                     : "weights, its optimizer stepping on the host",
+                FormatBytes(in.need[i].grad).c_str(), FormatBytes(in.need[i].act).c_str(),
+                static_cast<long long>(in.micro), FormatBytes(in.budget).c_str(),
+                FormatBytes(std::max<int64_t>(0, in.usable)).c_str(), held.c_str());
+  return ResourceExhaustedError(buf);
+}
+
+/// Where a plan cuts the layers: each shard's first layer, and how many of the last shards
+/// stay resident.
+struct Cut {
+  std::vector<int> starts;
+  size_t residents = 0;
+  bool packed = false;  // cut to the budget (possibly into one shard, its optimizer on the host)
+};
+
+/// The manifest's shardBoundaries; one shard where the trial fits unsharded; otherwise the
+/// fewest shards whose packing (with prefetch buffers) fits the budget.
+StatusOr<Cut> CutIntoShards(const PlanInputs& in, const PartitionOptions& o,
+                            const std::vector<LayerCost>& costs) {
+  Cut cut;
+  const int n = in.n;
+  if (!o.explicit_boundaries.empty()) {
+    cut.starts.push_back(0);
+    for (int b : o.explicit_boundaries) {
+      if (b <= cut.starts.back() || b >= n) {
+        return InvalidArgumentError(
+            "spec.resources.shardBoundaries: boundaries must be increasing layer indices in 1.." +
+            std::to_string(n - 1) + ", got " + std::to_string(b));
+      }
+      cut.starts.push_back(b);
+    }
+    return cut;
+  }
+  if (in.budget <= 0 || (in.whole <= in.budget && o.state_tier == StateTier::kHost)) {
+    cut.starts = {0};  // fits: plain training
+    return cut;
+  }
+  cut.packed = true;
+  for (int i = 0; i < n; ++i) {
+    const int64_t single = ShardNeed(in.need, i, i, in.mb_count);
+    if (single > in.usable) return LayerTooLargeError(in, costs, i, single);
+  }
+  // Largest per-shard cap whose packing (with prefetch buffers) fits: fewest shards.
+  if (in.device_stash) {
+    Packing packing = PackForDeviceStash(in.need, in.usable, in.mb_count, in.ro);
+    cut.starts = std::move(packing.starts);
+    cut.residents = packing.residents;
+  }
+  for (int64_t cap = in.usable; cut.starts.empty() && cap > 0; cap = cap * 15 / 16) {
+    auto p = Pack(in.need, cap, in.mb_count);
+    if (!p.empty() && PackPeak(in.need, p, in.mb_count) <= in.usable) {
+      cut.starts = p;
+      break;
+    }
+  }
+  if (!cut.starts.empty()) return cut;
+  // Fall back to one layer per shard if it fits with its neighbours.
+  std::vector<int> all(n);
+  for (int i = 0; i < n; ++i) all[i] = i;
+  if (PackPeak(in.need, all, in.mb_count) > in.usable) {
+    return ResourceExhaustedError(
+        "no sharding fits the device budget of " + FormatBytes(in.budget) +
+        " with a prefetch buffer; one layer per shard needs " +
+        FormatBytes(PackPeak(in.need, all, in.mb_count) + in.tied_bytes + in.buffers +
+                    in.transient) +
+        (in.placement == OptimizerPlacement::kHost ? ", its optimizer stepping on the host" : ""));
+  }
+  cut.starts = all;
+  return cut;
+}
+
+/// Shard s of the cut: its layers, bytes, FLOPs, activation policy, optimizer placement and
+/// residency; what it offloads and keeps resident is added to `plan`.
+ShardPlan DescribeShard(const PlanInputs& in, const PartitionOptions& o,
+                        const std::vector<LayerCost>& costs, const std::vector<int>& starts,
+                        size_t s, bool sharded, const ActivationChoice& choice,
+                        PartitionPlan* plan) {
+  const int64_t mb_count = in.mb_count;
+  ShardPlan sp;
+  sp.first_layer = starts[s];
+  sp.last_layer = s + 1 < starts.size() ? starts[s + 1] - 1 : in.n - 1;
+  sp.first_name = costs[sp.first_layer].name;
+  sp.last_name = costs[sp.last_layer].name;
+  for (int i = sp.first_layer; i <= sp.last_layer; ++i) {
+    const int64_t p = sharded ? in.need[i].params : costs[i].parameters;
+    sp.parameters += p;
+    sp.state_bytes += sharded ? in.need[i].moved : p * (4 + in.opt);
+    sp.gradient_bytes += p * 4;
+    sp.activation_bytes += in.need[i].act;
+    sp.forward_flops += in.need[i].flops;
+    if (in.attention == AttentionMemory::kRecomputed)
+      sp.attention_flops += costs[i].attention_flops;
+    if (in.selective) sp.recompute_flops += costs[i].recompute_flops;
+  }
+  const double recompute_cost =
+      sp.forward_flops * static_cast<double>(mb_count) / o.flops_per_second;
+  const double stash_bytes = 2.0 * static_cast<double>(sp.activation_bytes * mb_count);
+  const double stash_cost =
+      o.host_link_bytes_per_second > 0 ? stash_bytes / o.host_link_bytes_per_second : 0.0;
+  const bool last = s + 1 == starts.size();
+  if (last || !sharded) {
+    sp.policy = ActivationPolicy::kStash;
+  } else if (in.device_stash) {
+    sp.policy = choice.policy[s];
+  } else {
+    sp.policy =
+        stash_cost <= recompute_cost ? ActivationPolicy::kStash : ActivationPolicy::kRecompute;
+  }
+  if (sp.policy == ActivationPolicy::kOffload) plan->offloaded_bytes += choice.off[s];
+  sp.input_offloaded = sharded && choice.InputOffloaded(s);
+  if (sp.input_offloaded) plan->offloaded_bytes += InputBytes(in.need, starts, s, mb_count);
+  sp.optimizer = sharded ? in.placement : OptimizerPlacement::kDevice;
+  sp.resident = sharded && choice.resident[s];
+  if (sp.resident) plan->resident_bytes += sp.state_bytes;
+  sp.workspace_bytes = sp.activation_bytes +
+                       BoundaryBytes(in.need, sp.first_layer, sp.last_layer, mb_count) +
+                       in.transient;
+  sp.backward_freed_bytes = FreedBytes(in.need, sp.first_layer, sp.last_layer, mb_count);
+  return sp;
+}
+
+/// Stashed activations live in the host tier until their backward; past the host budget the
+/// shards with the most activations recompute instead. A stashed autograd graph also holds the
+/// shard's weights (GEMMs save them for backward), so with the state on disk a stashed shard's
+/// weights cannot leave memory until its backward.
+void RecomputePastTheHostBudget(const PartitionOptions& o, int64_t mb_count, PartitionPlan* plan) {
+  auto stash_bytes = [&](const ShardPlan& sp) {
+    return sp.activation_bytes * mb_count +
+           (o.state_tier == StateTier::kDisk ? sp.parameters * 4 : 0);
+  };
+  // A discrete device stashes in its own memory or not at all.
+  const int64_t host_budget = o.stash_on_device ? 0 : o.host_activation_budget;
+  if (host_budget < 0) return;
+  auto& shards = plan->shards;
+  int64_t stashed = 0;
+  for (size_t s = 0; s + 1 < shards.size(); ++s) {
+    if (shards[s].policy == ActivationPolicy::kStash) stashed += stash_bytes(shards[s]);
+  }
+  std::vector<size_t> order;
+  for (size_t s = 0; s + 1 < shards.size(); ++s) order.push_back(s);
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return stash_bytes(shards[a]) > stash_bytes(shards[b]); });
+  for (size_t s : order) {
+    if (stashed <= host_budget) break;
+    if (shards[s].policy != ActivationPolicy::kStash) continue;
+    shards[s].policy = ActivationPolicy::kRecompute;
+    stashed -= stash_bytes(shards[s]);
+  }
+}
+
+/// Per shard, the optimizer steps where that shard's step is shorter. The trial-wide choice
+/// leaves compute out; compute hides the optimizer state's copies on the copy streams but not
+/// the host optimizer's time, so a shard with enough work per parameter steps on the device
+/// even where the trial-wide choice is the host (never the other way round), or where the host
+/// is where every shard's state had to go for the plan to fit. Its state comes onto the device
+/// only if the plan still fits the budget (`in.need` then counts it).
+void RefineOptimizerPlacement(PlanInputs& in, const PartitionOptions& o,
+                              const std::vector<LayerCost>& costs, const std::vector<int>& starts,
+                              const ActivationChoice* on_device, PartitionPlan* plan) {
+  for (ShardPlan& sp : plan->shards) {
+    double params = 0;  // with tied ones: their optimizer state moves with the shard
+    for (int i = sp.first_layer; i <= sp.last_layer; ++i) params += costs[i].parameters;
+    const double state = static_cast<double>(in.opt);
+    if (OptimizerStepSeconds(OptimizerPlacement::kDevice, sp.estimated_seconds, params, state, o) >=
+        OptimizerStepSeconds(OptimizerPlacement::kHost, sp.estimated_seconds, params, state, o)) {
+      continue;
+    }
+    auto add_state = [&](int64_t per_parameter) {
+      for (int i = sp.first_layer; i <= sp.last_layer; ++i) {
+        in.need[i].state += per_parameter * costs[i].parameters;
+      }
+    };
+    add_state(in.opt);
+    if (in.budget > 0 && PackPeak(in.need, starts, in.mb_count, on_device) > in.usable) {
+      add_state(-in.opt);
+      continue;
+    }
+    sp.optimizer = OptimizerPlacement::kDevice;
+  }
+}
+
 /// PlanShards for one choice of what attention layers keep (KeptActivationBytes); the largest
 /// layer's BackwardTransientBytes is the transient of whichever layer runs its backward.
 StatusOr<PartitionPlan> PlanFor(const Trial& trial, const PartitionOptions& o,
                                 const std::vector<LayerCost>& costs, AttentionMemory attention,
                                 bool selective, Placing placing) {
-  const int64_t mb_count = std::max<int64_t>(1, o.micro_batches);
-  const int64_t micro = trial.training.batch_size / trial.training.gradient_accumulation_steps;
-  const int64_t opt = OptimizerBytesPerParameter(trial.training);
-  const int n = static_cast<int>(costs.size());
-
-  PartitionPlan plan;
-  plan.state_tier = o.state_tier;
-  plan.attention = attention;
-  plan.selective_recompute = selective;
-  const bool device_stash = o.stash_on_device && o.state_tier == StateTier::kHost;
-  plan.stash_on_device = device_stash;
   if (o.state_tier == StateTier::kDisk && o.optimizer_placement == OptimizerPlacement::kHost) {
     return InvalidArgumentError(
         "the optimizer steps on the host only with the state in the host tier, not on disk");
@@ -517,240 +773,52 @@ StatusOr<PartitionPlan> PlanFor(const Trial& trial, const PartitionOptions& o,
   const OptimizerPlacement placement = placing == Placing::kHostToFit
                                            ? OptimizerPlacement::kHost
                                            : ChooseOptimizerPlacement(trial, o);
+  PlanInputs in = LayerNeeds(trial, o, costs, attention, selective, placement);
+  PartitionPlan plan;
+  plan.state_tier = o.state_tier;
+  plan.attention = attention;
+  plan.selective_recompute = selective;
+  plan.stash_on_device = in.device_stash;
   plan.optimizer_on_host_to_fit = placing == Placing::kHostToFit;
-  // Shards stay resident only where their state would otherwise cross the link every step and
-  // their optimizer steps on the device.
-  PartitionOptions ro = o;
-  ro.resident_state = o.resident_state && device_stash && o.host_link_bytes_per_second > 0 &&
-                      placement == OptimizerPlacement::kDevice;
-  const int64_t opt_on_device = placement == OptimizerPlacement::kDevice ? opt : 0;
-  std::vector<LayerNeed> need(n);
-  int64_t tied = 0;
-  int64_t whole = 0;
-  int64_t transient = 0;  // what one layer's backward allocates while it runs
-  int64_t buffers = 0;    // the layers' buffers, on the device all along
-  for (int i = 0; i < n; ++i) {
-    transient = std::max(transient, BackwardTransientBytes(costs[i], attention, selective));
-    buffers += costs[i].buffer_bytes;
-    tied += costs[i].tied_parameters;
-    need[i].params = costs[i].parameters - costs[i].tied_parameters;
-    // Tied weights stay on the device, but their optimizer state moves with the shard.
-    need[i].moved = need[i].params * (4 + opt) + costs[i].tied_parameters * opt;
-    need[i].state = need[i].params * (4 + opt_on_device) + costs[i].tied_parameters * opt_on_device;
-    need[i].grad = need[i].params * 4;
-    need[i].act = KeptActivationBytes(costs[i], attention, selective);
-    need[i].out = costs[i].output_bytes;
-    need[i].flops = costs[i].forward_flops;
-    need[i].step_flops =
-        3 * costs[i].forward_flops +
-        (attention == AttentionMemory::kRecomputed ? costs[i].attention_flops : 0) +
-        (selective ? costs[i].recompute_flops : 0);
-    whole += costs[i].parameters * (4 + opt) + costs[i].tied_parameters * 4;
-  }
-  // Unsharded: the tied parameters' gradients all the backward (the head's comes first).
-  whole += LiveBytes(need, 0, n - 1, mb_count) + transient + buffers;
-  const int64_t tied_bytes = tied * 8;  // weights and gradients, resident all step
-  const int64_t budget = o.device_budget;
-  // For the shards' own needs:
-  const int64_t usable = budget - tied_bytes - buffers - transient;
-
-  std::vector<int> starts;
-  size_t residents = 0;  // the last shards whose state stays on the device
-  bool packed = false;   // cut to the budget (possibly into one shard, its optimizer on the host)
-  if (!o.explicit_boundaries.empty()) {
-    starts.push_back(0);
-    for (int b : o.explicit_boundaries) {
-      if (b <= starts.back() || b >= n) {
-        return InvalidArgumentError(
-            "spec.resources.shardBoundaries: boundaries must be increasing layer indices in 1.." +
-            std::to_string(n - 1) + ", got " + std::to_string(b));
-      }
-      starts.push_back(b);
-    }
-  } else if (budget <= 0 || (whole <= budget && o.state_tier == StateTier::kHost)) {
-    starts = {0};  // fits: plain training
-  } else {
-    packed = true;
-    for (int i = 0; i < n; ++i) {
-      const int64_t single = ShardNeed(need, i, i, mb_count);
-      if (single > usable) {
-        const std::string held = FormatBytes(tied_bytes) + " of shared (tied) parameters" +
-                                 (buffers > 0 ? ", " + FormatBytes(buffers) + " of buffers" : "") +
-                                 (transient > 0 ? " and " + FormatBytes(transient) +
-                                                      " that a layer's backward needs "
-                                                      "while it runs"
-                                                : "");
-        char buf[640];
-        std::snprintf(buf, sizeof(buf),
-                      "layer %s needs %s on the device (%s %s, %s "
-                      "gradients, %s activations at micro-batch %lld) but the device budget of "
-                      "%s leaves %s after %s; raise "
-                      "spec.resources.deviceMemoryBudget or lower the batch size",
-                      costs[i].name.c_str(), FormatBytes(single).c_str(),
-                      FormatBytes(need[i].state).c_str(),
-                      opt_on_device > 0 ? "weights and optimizer state"
-                                        : "weights, its optimizer stepping on the host",
-                      FormatBytes(need[i].grad).c_str(), FormatBytes(need[i].act).c_str(),
-                      static_cast<long long>(micro), FormatBytes(budget).c_str(),
-                      FormatBytes(std::max<int64_t>(0, usable)).c_str(), held.c_str());
-        return ResourceExhaustedError(buf);
-      }
-    }
-    // Largest per-shard cap whose packing (with prefetch buffers) fits: fewest shards.
-    if (device_stash) {
-      Packing packing = PackForDeviceStash(need, usable, mb_count, ro);
-      starts = std::move(packing.starts);
-      residents = packing.residents;
-    }
-    for (int64_t cap = usable; starts.empty() && cap > 0; cap = cap * 15 / 16) {
-      auto p = Pack(need, cap, mb_count);
-      if (!p.empty() && PackPeak(need, p, mb_count) <= usable) {
-        starts = p;
-        break;
-      }
-    }
-    if (starts.empty()) {
-      // Fall back to one layer per shard if it fits with its neighbours.
-      std::vector<int> all(n);
-      for (int i = 0; i < n; ++i) all[i] = i;
-      if (PackPeak(need, all, mb_count) > usable) {
-        return ResourceExhaustedError(
-            "no sharding fits the device budget of " + FormatBytes(budget) +
-            " with a prefetch buffer; one layer per shard needs " +
-            FormatBytes(PackPeak(need, all, mb_count) + tied_bytes + buffers + transient) +
-            (placement == OptimizerPlacement::kHost ? ", its optimizer stepping on the host" : ""));
-      }
-      starts = all;
-    }
-  }
-
-  const bool sharded = starts.size() > 1 || packed || o.state_tier == StateTier::kDisk;
-  plan.pinned_bytes = sharded ? tied_bytes : 0;
-  plan.buffer_bytes = buffers;
+  ASSIGN_OR_RETURN(const Cut cut, CutIntoShards(in, o, costs));
+  const std::vector<int>& starts = cut.starts;
+  const bool sharded = starts.size() > 1 || cut.packed || o.state_tier == StateTier::kDisk;
+  plan.pinned_bytes = sharded ? in.tied_bytes : 0;
+  plan.buffer_bytes = in.buffers;
   const ActivationChoice choice =
-      device_stash ? ChooseActivations(need, starts, mb_count,
-                                       budget > 0 ? usable : std::numeric_limits<int64_t>::max(),
-                                       ro, residents)
-                   : ActivationChoice::Recompute(starts.size());
-  const ActivationChoice* on_device = device_stash ? &choice : nullptr;
+      in.device_stash
+          ? ChooseActivations(in.need, starts, in.mb_count,
+                              in.budget > 0 ? in.usable : std::numeric_limits<int64_t>::max(),
+                              in.ro, cut.residents)
+          : ActivationChoice::Recompute(starts.size());
+  const ActivationChoice* on_device = in.device_stash ? &choice : nullptr;
   for (size_t s = 0; s < starts.size(); ++s) {
-    ShardPlan sp;
-    sp.first_layer = starts[s];
-    sp.last_layer = s + 1 < starts.size() ? starts[s + 1] - 1 : n - 1;
-    sp.first_name = costs[sp.first_layer].name;
-    sp.last_name = costs[sp.last_layer].name;
-    for (int i = sp.first_layer; i <= sp.last_layer; ++i) {
-      const int64_t p = sharded ? need[i].params : costs[i].parameters;
-      sp.parameters += p;
-      sp.state_bytes += sharded ? need[i].moved : p * (4 + opt);
-      sp.gradient_bytes += p * 4;
-      sp.activation_bytes += need[i].act;
-      sp.forward_flops += need[i].flops;
-      if (attention == AttentionMemory::kRecomputed) sp.attention_flops += costs[i].attention_flops;
-      if (selective) sp.recompute_flops += costs[i].recompute_flops;
-    }
-    const double fwd = sp.forward_flops * static_cast<double>(mb_count) / o.flops_per_second;
-    const double recompute_cost = fwd;
-    const double stash_bytes = 2.0 * static_cast<double>(sp.activation_bytes * mb_count);
-    const double stash_cost =
-        o.host_link_bytes_per_second > 0 ? stash_bytes / o.host_link_bytes_per_second : 0.0;
-    const bool last = s + 1 == starts.size();
-    if (last || !sharded) {
-      sp.policy = ActivationPolicy::kStash;
-    } else if (device_stash) {
-      sp.policy = choice.policy[s];
-    } else {
-      sp.policy =
-          stash_cost <= recompute_cost ? ActivationPolicy::kStash : ActivationPolicy::kRecompute;
-    }
-    if (sp.policy == ActivationPolicy::kOffload) plan.offloaded_bytes += choice.off[s];
-    sp.input_offloaded = sharded && choice.InputOffloaded(s);
-    if (sp.input_offloaded) plan.offloaded_bytes += InputBytes(need, starts, s, mb_count);
-    sp.optimizer = sharded ? placement : OptimizerPlacement::kDevice;
-    sp.resident = sharded && choice.resident[s];
-    if (sp.resident) plan.resident_bytes += sp.state_bytes;
-    sp.workspace_bytes = sp.activation_bytes +
-                         BoundaryBytes(need, sp.first_layer, sp.last_layer, mb_count) + transient;
-    sp.backward_freed_bytes = FreedBytes(need, sp.first_layer, sp.last_layer, mb_count);
-    plan.shards.push_back(sp);
-    plan.total_state_bytes += sp.state_bytes;
+    plan.shards.push_back(DescribeShard(in, o, costs, starts, s, sharded, choice, &plan));
+    plan.total_state_bytes += plan.shards.back().state_bytes;
   }
   plan.total_state_bytes += plan.pinned_bytes / 2;  // the tied weights (not their gradients)
-  // Stashed activations live in the host tier until their backward; past the host budget the
-  // shards with the most activations recompute instead.
-  // A stashed autograd graph also holds the shard's weights (GEMMs save them for backward), so
-  // with the state on disk a stashed shard's weights cannot leave memory until its backward.
-  auto stash_bytes = [&](const ShardPlan& sp) {
-    return sp.activation_bytes * mb_count +
-           (o.state_tier == StateTier::kDisk ? sp.parameters * 4 : 0);
-  };
-  // A discrete device stashes in its own memory or not at all.
-  const int64_t host_budget = o.stash_on_device ? 0 : o.host_activation_budget;
-  if (host_budget >= 0 && sharded && !device_stash) {
-    int64_t stashed = 0;
-    for (size_t s = 0; s + 1 < plan.shards.size(); ++s) {
-      if (plan.shards[s].policy == ActivationPolicy::kStash) stashed += stash_bytes(plan.shards[s]);
-    }
-    std::vector<size_t> order;
-    for (size_t s = 0; s + 1 < plan.shards.size(); ++s) order.push_back(s);
-    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-      return stash_bytes(plan.shards[a]) > stash_bytes(plan.shards[b]);
-    });
-    for (size_t s : order) {
-      if (stashed <= host_budget) break;
-      if (plan.shards[s].policy != ActivationPolicy::kStash) continue;
-      plan.shards[s].policy = ActivationPolicy::kRecompute;
-      stashed -= stash_bytes(plan.shards[s]);
-    }
-  }
+  if (sharded && !in.device_stash) RecomputePastTheHostBudget(o, in.mb_count, &plan);
   for (auto& sp : plan.shards) {
-    const double fwd = sp.forward_flops * static_cast<double>(mb_count) / o.flops_per_second;
+    const double fwd = sp.forward_flops * static_cast<double>(in.mb_count) / o.flops_per_second;
     sp.estimated_seconds = 3.0 * fwd + (sp.policy == ActivationPolicy::kRecompute ? fwd : 0.0) +
                            (sp.attention_flops + sp.recompute_flops) *
-                               static_cast<double>(mb_count) / o.flops_per_second;
+                               static_cast<double>(in.mb_count) / o.flops_per_second;
   }
   // The offloaded graphs' copies in where the backward beside them cannot hide them.
-  if (device_stash && sharded) plan.shards.back().estimated_seconds += choice.stall_seconds;
-  // Per shard, the optimizer steps where that shard's step is shorter. The trial-wide choice
-  // above leaves compute out; compute hides the optimizer state's copies on the copy streams
-  // but not the host optimizer's time, so a shard with enough work per parameter steps on the
-  // device even where the trial-wide choice is the host (never the other way round), or where
-  // the host is where every shard's state had to go for the plan to fit. Its state comes onto
-  // the device only if the plan still fits the budget.
-  const bool refine = sharded && placement == OptimizerPlacement::kHost && !o.optimizer_placement &&
-                      o.host_link_bytes_per_second > 0 && o.host_optimizer_bytes_per_second > 0;
-  for (size_t s = 0; refine && s < plan.shards.size(); ++s) {
-    ShardPlan& sp = plan.shards[s];
-    double params = 0;  // with tied ones: their optimizer state moves with the shard
-    for (int i = sp.first_layer; i <= sp.last_layer; ++i) params += costs[i].parameters;
-    const double state = static_cast<double>(opt);
-    if (OptimizerStepSeconds(OptimizerPlacement::kDevice, sp.estimated_seconds, params, state, o) >=
-        OptimizerStepSeconds(OptimizerPlacement::kHost, sp.estimated_seconds, params, state, o)) {
-      continue;
-    }
-    auto add_state = [&](int64_t per_parameter) {
-      for (int i = sp.first_layer; i <= sp.last_layer; ++i) {
-        need[i].state += per_parameter * costs[i].parameters;
-      }
-    };
-    add_state(opt);
-    if (budget > 0 && PackPeak(need, starts, mb_count, on_device) > usable) {
-      add_state(-opt);
-      continue;
-    }
-    sp.optimizer = OptimizerPlacement::kDevice;
+  if (in.device_stash && sharded) plan.shards.back().estimated_seconds += choice.stall_seconds;
+  if (sharded && placement == OptimizerPlacement::kHost && !o.optimizer_placement &&
+      o.host_link_bytes_per_second > 0 && o.host_optimizer_bytes_per_second > 0) {
+    RefineOptimizerPlacement(in, o, costs, starts, on_device, &plan);
   }
-  if (ro.resident_state && sharded) {
-    plan.link_seconds = LinkBytes(need, starts, choice, mb_count) / o.host_link_bytes_per_second;
+  if (in.ro.resident_state && sharded) {
+    plan.link_seconds =
+        LinkBytes(in.need, starts, choice, in.mb_count) / o.host_link_bytes_per_second;
   }
   // After the optimizer's placement, which weighs compute alone against the copies.
   for (auto& sp : plan.shards) sp.estimated_seconds += sharded ? kShardOverheadSeconds : 0.0;
-  if (!sharded) {
-    plan.peak_device_bytes = whole;
-  } else {
-    plan.peak_device_bytes =
-        PackPeak(need, starts, mb_count, on_device) + plan.pinned_bytes + buffers + transient;
-  }
+  plan.peak_device_bytes = sharded ? PackPeak(in.need, starts, in.mb_count, on_device) +
+                                         plan.pinned_bytes + in.buffers + in.transient
+                                   : in.whole;
   return plan;
 }
 

@@ -45,6 +45,29 @@ TEST(Gpt2Test, ParameterCountMatchesCostModelAndHeadIsTied) {
   EXPECT_EQ(head, 2 * 32);
 }
 
+TEST(Gpt2Test, BuffersAreWhatTheCostModelCounts) {
+  // The spilling executor's ledger takes the built model's buffers on the device (each tensor
+  // once: the causal mask is every block's); the planner counts the cost model's buffer_bytes.
+  for (const Precision precision : {Precision::kFp32, Precision::kBf16}) {
+    SCOPED_TRACE(PrecisionName(precision));
+    Trial t;
+    t.model = Small();
+    t.training.precision = precision;
+    const auto seq = BuildGpt2(t.model, 1);
+    std::set<const void*> seen;
+    int64_t built = 0;
+    for (const auto& layer : seq.layers) {
+      for (const auto& b : layer->buffers()) {
+        if (seen.insert(b.unsafeGetTensorImpl()).second) built += static_cast<int64_t>(b.nbytes());
+      }
+    }
+    int64_t counted = 0;
+    for (const auto& l : ModelLayerCosts(t, 1)) counted += l.buffer_bytes;
+    EXPECT_GT(built, 0);
+    EXPECT_EQ(counted, built);
+  }
+}
+
 /// How many nodes of `out`'s autograd graph are called `name`.
 int GraphNodesNamed(const torch::Tensor& out, const std::string& name) {
   std::vector<torch::autograd::Node*> todo{out.grad_fn().get()};

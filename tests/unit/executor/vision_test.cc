@@ -146,8 +146,8 @@ TEST_P(VisionTest, Bf16TracksFp32AndSpillsLikeInMemory) {
 }
 
 TEST_P(VisionTest, CostModelMatchesTheBuiltLayers) {
-  // Per layer, the planner's parameters and output sizes are those of the real model (resnet
-  // with 4 blocks, so one block halves the resolution and doubles the channels).
+  // Per layer, the planner's parameters, buffers and output sizes are those of the real model
+  // (resnet with 4 blocks, so one block halves the resolution and doubles the channels).
   Trial t = Make(GetParam());
   t.model.n_layer = 4;
   t.model.n_embd = 16;
@@ -163,6 +163,9 @@ TEST_P(VisionTest, CostModelMatchesTheBuiltLayers) {
     int64_t params = 0;
     for (const auto& p : seq.layers[i]->parameters()) params += p.numel();
     EXPECT_EQ(costs[i].parameters, params) << seq.names[i];
+    int64_t buffers = 0;  // what the spilling executor's ledger takes for them
+    for (const auto& b : seq.layers[i]->buffers()) buffers += static_cast<int64_t>(b.nbytes());
+    EXPECT_EQ(costs[i].buffer_bytes, buffers) << seq.names[i];
     x = seq.layers[i]->forward(x);
     EXPECT_EQ(costs[i].output_bytes, x.numel() * 4) << seq.names[i];
     EXPECT_GE(costs[i].activation_bytes, costs[i].output_bytes) << seq.names[i];

@@ -249,7 +249,8 @@ double GrpcAgentPool::SecondsSinceContact(const std::string& endpoint) {
 bool GrpcAgentPool::FirstAnswerDue(const std::string& endpoint) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = entries_.find(endpoint);
-  return it != entries_.end() && !it->second.asked;
+  if (it == entries_.end() || it->second.ever_ok) return false;
+  return Clock::now() - it->second.tracked_since < 2 * (refresh_ + status_timeout_);
 }
 
 bool GrpcAgentPool::Refresh(const std::string& endpoint, const Poller* poller) {
@@ -275,7 +276,6 @@ bool GrpcAgentPool::Refresh(const std::string& endpoint, const Poller* poller) {
   }
   auto& e = it->second;
   LogTransition(endpoint, e, s);
-  e.asked = true;
   e.last_ok = s.ok();
   if (s.ok()) {
     e.last = std::move(resp);

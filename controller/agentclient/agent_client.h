@@ -60,9 +60,11 @@ class AgentPoolInterface {
   virtual void Forget(const std::vector<std::string>& endpoints) = 0;
   /// Seconds since `endpoint` last answered (since tracking began if it never did).
   virtual double SecondsSinceContact(const std::string& endpoint) = 0;
-  /// Whether `endpoint` is tracked and its first GetStatus has neither answered nor failed:
-  /// an agent just seen, whose answer is at most a status timeout away. Placement waits for
-  /// it rather than giving every trial to the agents that happened to answer first.
+  /// Whether `endpoint` is an agent just seen whose first answer is still to be expected:
+  /// tracked, never answered, and tracked for less than a first answer may take (a call's
+  /// deadline and one retry: a connection or TLS handshake that missed the first deadline).
+  /// Placement waits for it rather than giving every trial to the agents that happened to
+  /// answer first.
   virtual bool FirstAnswerDue(const std::string& endpoint) = 0;
   /// With TLS: the name `endpoint`'s certificate must carry from now on (a job's own agent pod:
   /// a name of the job's), instead of the pool's default. A change drops the endpoint's channel
@@ -116,7 +118,6 @@ class GrpcAgentPool : public AgentPoolInterface {
     std::string server_name;  ///< empty: the pool's
     v1::GetStatusResponse last;
     bool ever_ok = false, last_ok = false;
-    bool asked = false;  ///< a GetStatus came back (answered or failed) since tracking began
     std::string last_error;
     std::chrono::steady_clock::time_point last_ok_at;
     std::chrono::steady_clock::time_point tracked_since = std::chrono::steady_clock::now();

@@ -28,8 +28,14 @@ void ReadReports(const ReconcileContext& ctx, Pass& pass, std::set<std::string>&
   }
   ctx.agents->Track(pass.endpoints);
   for (const auto& ep : pass.endpoints) {
+    // Asked first: an answer that comes in between is then in the report, not lost between
+    // the two (an agent answers once and stays answered).
+    const bool due = ctx.agents->FirstAnswerDue(ep);
     auto r = ctx.agents->LastStatus(ep);
-    if (!r.ok()) continue;
+    if (!r.ok()) {
+      if (due) pass.first_answer_due.insert(ep);
+      continue;
+    }
     for (const auto& t : r->trials()) {
       pass.load[ep] += t.state() == v1::PENDING || t.state() == v1::RUNNING;
     }

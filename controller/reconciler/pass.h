@@ -85,6 +85,9 @@ struct Pass {
   std::set<std::string> in_inventory;
   std::vector<std::string> endpoints;  ///< tracked this pass
   std::map<std::string, v1::GetStatusResponse> reports;
+  /// Tracked endpoints without a report whose first answer is still to be expected
+  /// (AgentPoolInterface::FirstAnswerDue, asked before their reports were read).
+  std::set<std::string> first_answer_due;
   std::map<std::string, int> load;  ///< unfinished trials per agent, from the agents
   JobPods pods;                     ///< spec.agents only
 

@@ -69,14 +69,15 @@ std::vector<AgentInventory> ConfirmedAgents(const ReconcileContext& ctx, const P
   return out;
 }
 
-/// Why placement waits this pass: an agent of the inventory (of the job's pods, for a job with
-/// its own) was just seen and its first GetStatus is under way. Without the wait, every trial
-/// would go to the agents that happened to answer first. Empty when none is awaited; the wait
-/// is bounded by the pool's status timeout (an agent that fails to answer is not awaited).
-std::string AwaitedAgent(const ReconcileContext& ctx, const Pass& pass) {
+/// Why placement waits this pass: an agent of the shared pool was just seen and its first
+/// answer is still to be expected (FirstAnswerDue, bounded by the pool). Without the wait,
+/// every trial would go to the agents that happened to answer first. Empty when none is
+/// awaited. A job's own pods are waited for otherwise: a trial per device while any is not
+/// serving (PlaceWaitingTrials).
+std::string AwaitedAgent(const Pass& pass) {
+  if (pass.own_agents) return "";
   for (const AgentInventory& a : *pass.inventory) {
-    if (pass.own_agents && pass.pods.AtEndpoint(a.endpoint) == nullptr) continue;
-    if (!pass.reports.count(a.endpoint) && ctx.agents->FirstAnswerDue(a.endpoint)) {
+    if (pass.first_answer_due.count(a.endpoint)) {
       return "waiting for the first answer of agent " + a.node + " at " + a.endpoint +
              ", just seen";
     }
@@ -198,7 +199,7 @@ StatusOr<bool> PlaceWaitingTrials(const ReconcileContext& ctx, Pass& pass) {
     for (const auto& w : waiting) pass.no_room[w.trial.name] = pass.inventory.status().message();
     return true;
   }
-  if (const std::string why = AwaitedAgent(ctx, pass); !why.empty()) {
+  if (const std::string why = AwaitedAgent(pass); !why.empty()) {
     for (const auto& w : waiting) pass.no_room[w.trial.name] = why;
     return true;
   }

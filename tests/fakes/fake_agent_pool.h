@@ -150,6 +150,7 @@ class FakeAgentPool : public controller::AgentPoolInterface,
     if (it == agents_.end() || (it->second.first_answer_due && !fresh)) {
       return NotFoundError(endpoint + ": never reached");
     }
+    it->second.first_answer_due = false;  // asked now: it answered
     if (!it->second.reachable) return Unreachable(endpoint);
     const Agent& a = it->second;
     v1::GetStatusResponse r;
@@ -187,10 +188,11 @@ class FakeAgentPool : public controller::AgentPoolInterface,
     auto it = agents_.find(endpoint);
     return it != agents_.end() && it->second.first_answer_due;
   }
-  /// An agent just seen, whose first GetStatus has not come back (`due`), or has.
+  /// An agent (AddAgent) just seen, whose first GetStatus has not come back (`due`), or has.
   void SetFirstAnswerDue(const std::string& endpoint, bool due) {
     std::lock_guard<std::mutex> lock(mu_);
-    agents_[endpoint].first_answer_due = due;
+    auto it = agents_.find(endpoint);
+    if (it != agents_.end()) it->second.first_answer_due = due;
   }
   void SetServerName(const std::string& endpoint, const std::string& server_name) override {
     std::lock_guard<std::mutex> lock(mu_);

@@ -563,8 +563,9 @@ Status TrialScheduler::Drain(const std::string& reason) {
     // A step half done (some shards stepped) cannot be checkpointed: finish it first.
     Status finished = FinishStep(*slot);
     if (!finished.ok()) {
-      observer_->OnTrialMessage(slot->r.trial,
-                                "finishing the step on drain: " + finished.message());
+      observer_->OnTrialMessage(
+          slot->r.trial,
+          CheckedFailure(*slot, "finishing the step on drain: " + finished.message()));
       if (first.ok()) first = finished;
       EndClaimed(*slot, kTrialInterrupted, reason);
       continue;
@@ -572,7 +573,8 @@ Status TrialScheduler::Drain(const std::string& reason) {
     if (slot->started && slot->r.step > slot->saved_step) {
       Status s = SaveCheckpoint(*slot);
       if (!s.ok()) {
-        observer_->OnTrialMessage(slot->r.trial, "checkpoint on drain: " + s.message());
+        observer_->OnTrialMessage(slot->r.trial,
+                                  CheckedFailure(*slot, "checkpoint on drain: " + s.message()));
         if (first.ok()) first = s;
       }
     }

@@ -274,7 +274,8 @@ class TrialScheduler {
   /// After a failure on `device`: the factory's DeviceFailure, recorded in failed_devices_
   /// (under mu_, which must not be held) so that no device takes over a trial bound there.
   std::optional<std::string> CheckDevice(int device);
-  /// On a claimed slot (mu_ not held) whose checkpoint failed with `what`: `what`, or where the
+  /// On a claimed slot (mu_ not held) whose checkpoint (or the step before it) failed with
+  /// `what`: `what`, or where the
   /// GPU its executor is bound to is lost (CheckDevice), that failure with `what` in brackets;
   /// DropExecutor then leaves the executor on that GPU.
   std::string CheckedFailure(Slot& slot, const std::string& what);

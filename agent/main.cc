@@ -157,18 +157,23 @@ struct Settings {
   std::shared_ptr<grpc::ServerCredentials> creds;
 };
 
-/// Whether the TLS flags make sense together and plaintext gRPC is allowed where it binds;
-/// clears the client identity where none is checked. Says why not on stderr.
-bool CheckTlsFlags(const CLI::App& app, Flags* f) {
+/// Whether --tls-client-identity comes with mutual TLS; clears the identity where none is
+/// checked. Says why not on stderr.
+bool CheckClientIdentity(const CLI::App& app, Flags* f) {
   if (app.count("--tls-client-identity") > 0 && f->tls_client_ca.empty()) {
     std::cerr << "error: --tls-client-identity needs mutual TLS (--tls-client-ca-file)\n";
     return false;
   }
   if (f->tls_client_ca.empty() || f->tls_client_identity == "*") f->tls_client_identity.clear();
-  if (!f->tls_cert.empty()) return true;
-  const std::string host = hydra::agent::HostOf(f->grpc_bind);
-  if (!hydra::agent::IsLoopbackHost(host) && !f->insecure) {
-    std::cerr << "error: --grpc-bind-address " << f->grpc_bind
+  return true;
+}
+
+/// Whether gRPC may be plaintext where it binds (loopback, or --insecure); warns when it is.
+bool CheckPlaintext(const Flags& f) {
+  if (!f.tls_cert.empty()) return true;
+  const std::string host = hydra::agent::HostOf(f.grpc_bind);
+  if (!hydra::agent::IsLoopbackHost(host) && !f.insecure) {
+    std::cerr << "error: --grpc-bind-address " << f.grpc_bind
               << " is reachable from other machines, and without --tls-cert-file the gRPC "
                  "service would be plaintext: anyone who reaches it could assign, cancel and "
                  "read trials. Give --tls-cert-file/--tls-key-file (and "
@@ -177,22 +182,28 @@ bool CheckTlsFlags(const CLI::App& app, Flags* f) {
   }
   std::cerr << "hydra-agent: WARNING: gRPC is plaintext (no --tls-cert-file): anyone who "
                "reaches "
-            << f->grpc_bind << " can assign, cancel and read trials\n";
+            << f.grpc_bind << " can assign, cancel and read trials\n";
   return true;
 }
 
-/// The flags checked and resolved (roots made canonical in `f`); INVALID_ARGUMENT-like
-/// problems are said on stderr and give nullopt.
+/// The flags checked and resolved (roots made canonical in `f`); problems are said on stderr
+/// and give nullopt.
 std::optional<Settings> Resolve(const CLI::App& app, Flags* f) {
   if (!CanonicalRoots("--data-root", &f->data_roots) ||
-      !CanonicalRoots("--checkpoint-root", &f->checkpoint_roots) || !CheckTlsFlags(app, f)) {
+      !CanonicalRoots("--checkpoint-root", &f->checkpoint_roots) || !CheckClientIdentity(app, f)) {
     return std::nullopt;
   }
-  auto resolved = [&]() -> hydra::StatusOr<Settings> {
-    Settings s;
-    if (!f->dedicated_job.empty()) {
-      ASSIGN_OR_RETURN(s.dedicated, hydra::agent::ParseDedicatedJob(f->dedicated_job));
+  Settings s;
+  if (!f->dedicated_job.empty()) {
+    auto parsed = hydra::agent::ParseDedicatedJob(f->dedicated_job);
+    if (!parsed.ok()) {
+      std::cerr << "error: " << parsed.status().message() << "\n";
+      return std::nullopt;
     }
+    s.dedicated = *parsed;
+  }
+  if (!CheckPlaintext(*f)) return std::nullopt;
+  hydra::Status resolved = [&]() -> hydra::Status {
     s.host_bytes = hydra::DefaultHostMemoryBytes();
     if (!f->host_memory.empty()) {
       auto parsed = hydra::ParseByteQuantity(f->host_memory);
@@ -207,14 +218,13 @@ std::optional<Settings> Resolve(const CLI::App& app, Flags* f) {
     RETURN_IF_ERROR(hydra::executor::CheckExecutorsCanUse(s.devices));
     ASSIGN_OR_RETURN(
         s.creds, hydra::agent::MakeServerCredentials({f->tls_cert, f->tls_key, f->tls_client_ca}));
-    RETURN_IF_ERROR(hydra::executor::CapGpuMemory(s.devices));
-    return s;
+    return hydra::executor::CapGpuMemory(s.devices);
   }();
   if (!resolved.ok()) {
-    std::cerr << "error: " << resolved.status().message() << "\n";
+    std::cerr << "error: " << resolved.message() << "\n";
     return std::nullopt;
   }
-  return std::move(resolved).value();
+  return s;
 }
 
 hydra::agent::AgentConfig ConfigOf(const Flags& f, const Settings& s, int per_device_threads) {

@@ -1125,6 +1125,102 @@ std::vector<std::string> SearchableFields() {
   return names;
 }
 
+namespace {
+
+/// spec.maxRestarts, spec.suspend and spec.checkpointRetention, where given.
+void ParseJobScalars(Checker& c, const YAML::Node& spec, MultiModelJobSpec* out) {
+  if (const auto& r = spec["maxRestarts"]; r) {
+    int64_t v = -1;
+    try {
+      v = r.as<int64_t>();
+    } catch (...) {
+    }
+    if (v < 0 || v > 1000) {
+      c.Error("spec.maxRestarts", r, "must be an integer from 0 to 1000");
+    } else {
+      out->max_restarts = v;
+    }
+  }
+  if (const auto& r = spec["suspend"]; r) {
+    if (!r.IsScalar() || (r.Scalar() != "true" && r.Scalar() != "false")) {
+      c.Error("spec.suspend", r, "must be true or false");
+    } else {
+      out->suspend = r.Scalar() == "true";
+    }
+  }
+  if (const auto& r = spec["checkpointRetention"]; r) {
+    if (!r.IsScalar() || (r.Scalar() != "Retain" && r.Scalar() != "Delete")) {
+      c.Error("spec.checkpointRetention", r, "must be one of: Retain, Delete");
+    } else {
+      out->checkpoint_retention = r.Scalar() == "Delete"
+                                      ? MultiModelJobSpec::CheckpointRetention::kDelete
+                                      : MultiModelJobSpec::CheckpointRetention::kRetain;
+    }
+  }
+}
+
+/// spec: the model and training (the trials' base), the dataset, and the optional sections.
+void ParseSpec(Checker& c, const YAML::Node& spec, const std::string& base_dir,
+               MultiModelJobSpec* out) {
+  TrialConfig base;
+  if (!spec["model"]) {
+    c.Error("spec.model", spec, "required field is missing");
+  } else {
+    ParseSection(c, spec["model"], "model", "spec.model", &base, {"family"}, {"path", "init"});
+    ParseModelPath(c, spec["model"], base_dir, &base.model);
+    ParseModelInit(c, spec["model"], base_dir, &base.model);
+  }
+  if (!spec["training"]) {
+    c.Error("spec.training", spec, "required field is missing");
+  } else {
+    ParseSection(c, spec["training"], "training", "spec.training", &base, {"steps"});
+  }
+  out->model = base.model;
+  out->training = base.training;
+  if (!spec["dataset"]) {
+    c.Error("spec.dataset", spec, "required field is missing");
+  } else {
+    ParseDataset(c, spec["dataset"], base_dir, &out->dataset);
+  }
+  if (spec["search"]) ParseSearch(c, spec["search"], out);
+  if (spec["resources"]) ParseResources(c, spec["resources"], &out->resources);
+  if (spec["agents"]) {
+    AgentsSpec agents;
+    ParseAgents(c, spec["agents"], &agents);
+    out->agents = agents;
+  }
+  ParseJobScalars(c, spec, out);
+}
+
+/// The document: apiVersion, kind, metadata and spec.
+void ParseRoot(Checker& c, const YAML::Node& root, const std::string& base_dir,
+               MultiModelJob* job) {
+  if (!c.Map(root, "", {"apiVersion", "kind", "metadata", "spec"})) return;
+  if (!root["apiVersion"] || !root["apiVersion"].IsScalar() ||
+      root["apiVersion"].Scalar() != kApiVersion) {
+    c.Error("apiVersion", root["apiVersion"] ? root["apiVersion"] : root,
+            std::string("must be ") + kApiVersion);
+  }
+  if (!root["kind"] || !root["kind"].IsScalar() || root["kind"].Scalar() != kKind) {
+    c.Error("kind", root["kind"] ? root["kind"] : root, std::string("must be ") + kKind);
+  }
+  if (!root["metadata"]) {
+    c.Error("metadata", root, "required field is missing");
+  } else {
+    ParseMetadata(c, root["metadata"], &job->metadata);
+  }
+  const YAML::Node spec = root["spec"];
+  if (!spec) {
+    c.Error("spec", root, "required field is missing");
+  } else if (c.Map(spec, "spec",
+                   {"model", "dataset", "search", "training", "resources", "checkpointRetention",
+                    "maxRestarts", "suspend", "agents"})) {
+    ParseSpec(c, spec, base_dir, &job->spec);
+  }
+}
+
+}  // namespace
+
 StatusOr<MultiModelJob> ParseJobYaml(const std::string& yaml_text, const std::string& base_dir,
                                      std::vector<FieldError>* errors_out) {
   std::vector<FieldError> errors;
@@ -1134,85 +1230,7 @@ StatusOr<MultiModelJob> ParseJobYaml(const std::string& yaml_text, const std::st
   if (!doc.error.empty()) {
     errors.push_back(FieldError{"", doc.error, doc.line});
   } else {
-    {
-      const YAML::Node& root = doc.root;
-      if (c.Map(root, "", {"apiVersion", "kind", "metadata", "spec"})) {
-        if (!root["apiVersion"] || !root["apiVersion"].IsScalar() ||
-            root["apiVersion"].Scalar() != kApiVersion) {
-          c.Error("apiVersion", root["apiVersion"] ? root["apiVersion"] : root,
-                  std::string("must be ") + kApiVersion);
-        }
-        if (!root["kind"] || !root["kind"].IsScalar() || root["kind"].Scalar() != kKind) {
-          c.Error("kind", root["kind"] ? root["kind"] : root, std::string("must be ") + kKind);
-        }
-        if (!root["metadata"]) {
-          c.Error("metadata", root, "required field is missing");
-        } else {
-          ParseMetadata(c, root["metadata"], &job.metadata);
-        }
-        const YAML::Node spec = root["spec"];
-        if (!spec) {
-          c.Error("spec", root, "required field is missing");
-        } else if (c.Map(spec, "spec",
-                         {"model", "dataset", "search", "training", "resources",
-                          "checkpointRetention", "maxRestarts", "suspend", "agents"})) {
-          TrialConfig base;
-          if (!spec["model"]) {
-            c.Error("spec.model", spec, "required field is missing");
-          } else {
-            ParseSection(c, spec["model"], "model", "spec.model", &base, {"family"},
-                         {"path", "init"});
-            ParseModelPath(c, spec["model"], base_dir, &base.model);
-            ParseModelInit(c, spec["model"], base_dir, &base.model);
-          }
-          if (!spec["training"]) {
-            c.Error("spec.training", spec, "required field is missing");
-          } else {
-            ParseSection(c, spec["training"], "training", "spec.training", &base, {"steps"});
-          }
-          job.spec.model = base.model;
-          job.spec.training = base.training;
-          if (!spec["dataset"]) {
-            c.Error("spec.dataset", spec, "required field is missing");
-          } else {
-            ParseDataset(c, spec["dataset"], base_dir, &job.spec.dataset);
-          }
-          if (spec["search"]) ParseSearch(c, spec["search"], &job.spec);
-          if (spec["resources"]) ParseResources(c, spec["resources"], &job.spec.resources);
-          if (spec["agents"]) {
-            AgentsSpec agents;
-            ParseAgents(c, spec["agents"], &agents);
-            job.spec.agents = agents;
-          }
-          if (const auto& r = spec["maxRestarts"]; r) {
-            int64_t v = -1;
-            try {
-              v = r.as<int64_t>();
-            } catch (...) {
-            }
-            if (v < 0 || v > 1000) {
-              c.Error("spec.maxRestarts", r, "must be an integer from 0 to 1000");
-            } else {
-              job.spec.max_restarts = v;
-            }
-          }
-          if (const auto& r = spec["suspend"]; r) {
-            if (!r.IsScalar() || (r.Scalar() != "true" && r.Scalar() != "false")) {
-              c.Error("spec.suspend", r, "must be true or false");
-            } else {
-              job.spec.suspend = r.Scalar() == "true";
-            }
-          }
-          if (const auto& r = spec["checkpointRetention"]; r) {
-            if (!r.IsScalar() || (r.Scalar() != "Retain" && r.Scalar() != "Delete")) {
-              c.Error("spec.checkpointRetention", r, "must be one of: Retain, Delete");
-            } else {
-              job.spec.checkpoint_retention = r.Scalar();
-            }
-          }
-        }
-      }
-    }
+    ParseRoot(c, doc.root, base_dir, &job);
   }
   if (errors.empty()) ExpandInto(job, &errors);
   if (!errors.empty()) {

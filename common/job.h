@@ -216,8 +216,10 @@ struct MultiModelJobSpec {
   EarlyStoppingSpec early_stopping;        ///< spec.search.earlyStopping
   TrainingSpec training;
   ResourcesSpec resources;
-  /// On deletion of the job in Kubernetes: Retain (keep checkpoints) | Delete.
-  std::string checkpoint_retention = "Retain";
+  /// On deletion of the job in Kubernetes: spec.checkpointRetention Retain (keep checkpoints)
+  /// or Delete.
+  enum class CheckpointRetention { kRetain, kDelete };
+  CheckpointRetention checkpoint_retention = CheckpointRetention::kRetain;
   /// In Kubernetes: how often a trial may be moved to another agent (its agent was lost or
   /// preempted) before it is Failed.
   int64_t max_restarts = 10;

@@ -214,7 +214,7 @@ TEST(ManifestTextTest, TheApiObjectParsesWithTheManifestParser) {
   auto job = ParseJobYaml(ManifestText(obj), "/data-root");
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->spec.dataset.resolved_path, "/data-root/data/corpus.txt");
-  EXPECT_EQ(job->spec.checkpoint_retention, "Delete");
+  EXPECT_EQ(job->spec.checkpoint_retention, MultiModelJobSpec::CheckpointRetention::kDelete);
   EXPECT_EQ(ExpandTrials(*job)->size(), 2u);
 }
 

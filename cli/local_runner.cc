@@ -22,6 +22,39 @@ std::string StoppedUnder(const EarlyStoppingSpec& spec) {
   return "+earlyStopping:" + std::string(EarlyStoppingAlgorithmName(spec.algorithm)) + "/" +
          std::to_string(spec.min_steps) + "/" + std::to_string(spec.reduction_factor);
 }
+
+agent::TrialSchedulerOptions SchedulerOptions(const RunOptions& o) {
+  agent::TrialSchedulerOptions so;
+  so.devices = std::max(1, o.devices);
+  so.device_memory_bytes = o.device_memory_bytes;
+  so.host_memory_bytes = o.host_memory_bytes;
+  so.spill_dir = o.spill_dir;
+  so.hold = o.interrupted;
+  so.threads = o.threads;
+  so.cpu = CpuModelName();
+  return so;
+}
+
+/// Whether `trial`'s result.json at `path` is an earlier run's with the same configuration
+/// (`fingerprint`) that finished it, or stopped it early under the same early stopping: then
+/// `*out` is that result and the trial is not trained again. Any other result.json is removed.
+bool FinishedEarlier(const std::string& path, const std::string& fingerprint, const Trial& trial,
+                     const EarlyStoppingSpec& stopping, TrialResult* out) {
+  if (!fs::exists(path)) return false;
+  std::string previous_fingerprint;
+  auto previous = ReadTrialResultFile(path, trial, &previous_fingerprint);
+  const bool same = previous.ok() &&
+                    ((previous->state == kTrialSucceeded && previous_fingerprint == fingerprint) ||
+                     (previous->state == kTrialEarlyStopped &&
+                      previous_fingerprint == fingerprint + StoppedUnder(stopping)));
+  if (same) {
+    *out = std::move(previous).value();
+    return true;
+  }
+  std::error_code ec;
+  fs::remove(path, ec);
+  return false;
+}
 }  // namespace
 
 /// Forwards the scheduler's reports to the progress sink, by trial index, one at a time, and
@@ -172,15 +205,7 @@ Status LocalRunner::Run(const MultiModelJob& job, const std::vector<Trial>& tria
                                    ec.message());
   }
   Observer observer(progress_, &index, &result_files);
-  agent::TrialSchedulerOptions so;
-  so.devices = std::max(1, options_.devices);
-  so.device_memory_bytes = options_.device_memory_bytes;
-  so.host_memory_bytes = options_.host_memory_bytes;
-  so.spill_dir = options_.spill_dir;
-  so.hold = options_.interrupted;
-  so.threads = options_.threads;
-  so.cpu = CpuModelName();
-  agent::TrialScheduler scheduler(factory_, &observer, so,
+  agent::TrialScheduler scheduler(factory_, &observer, SchedulerOptions(options_),
                                   policy_ ? std::move(policy_) : MakeShardedLrtfPolicy());
   // Pre-flight: every dataset opens and every trial passes admission before any training.
   std::vector<agent::PreparedTrial> prepared;
@@ -209,20 +234,8 @@ Status LocalRunner::Run(const MultiModelJob& job, const std::vector<Trial>& tria
   std::vector<bool> finished(trials.size(), false);
   for (size_t i = 0; i < prepared.size(); ++i) {
     const auto& [path, fingerprint] = result_files[trials[i].name];
-    if (!fs::exists(path)) continue;
-    std::string previous_fingerprint;
-    auto previous = ReadTrialResultFile(path, trials[i], &previous_fingerprint);
-    const bool same =
-        previous.ok() &&
-        ((previous->state == kTrialSucceeded && previous_fingerprint == fingerprint) ||
-         (previous->state == kTrialEarlyStopped &&
-          previous_fingerprint == fingerprint + StoppedUnder(job.spec.early_stopping)));
-    if (same) {
-      (*results)[i] = std::move(previous).value();
-      finished[i] = true;
-    } else {
-      fs::remove(path, ec);
-    }
+    finished[i] =
+        FinishedEarlier(path, fingerprint, trials[i], job.spec.early_stopping, &(*results)[i]);
   }
   for (size_t i = 0; i < prepared.size(); ++i) {
     if (finished[i]) continue;

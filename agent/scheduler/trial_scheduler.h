@@ -275,9 +275,8 @@ class TrialScheduler {
   /// (under mu_, which must not be held) so that no device takes over a trial bound there.
   std::optional<std::string> CheckDevice(int device);
   /// On a claimed slot (mu_ not held) whose checkpoint (or the step before it) failed with
-  /// `what`: `what`, or where the
-  /// GPU its executor is bound to is lost (CheckDevice), that failure with `what` in brackets;
-  /// DropExecutor then leaves the executor on that GPU.
+  /// `what`: `what`, or where the GPU its executor is bound to is lost (CheckDevice), that
+  /// failure with `what` in brackets; DropExecutor then leaves the executor on that GPU.
   std::string CheckedFailure(Slot& slot, const std::string& what);
   /// Ends as Interrupted every idle trial bound to failed `device`, or every idle trial once
   /// every device failed (mu_ not held).

@@ -150,8 +150,8 @@ class FakeAgentPool : public controller::AgentPoolInterface,
     if (it == agents_.end() || (it->second.first_answer_due && !fresh)) {
       return NotFoundError(endpoint + ": never reached");
     }
-    it->second.first_answer_due = false;  // asked now: it answered
     if (!it->second.reachable) return Unreachable(endpoint);
+    it->second.first_answer_due = false;  // asked now, and it answered (as the pool's ever_ok)
     const Agent& a = it->second;
     v1::GetStatusResponse r;
     r.set_node_name(a.node);

@@ -94,7 +94,7 @@ StreamRun RunStream(const fs::path& dir, int trials, int64_t steps, int step_ms,
     t.namespace_ = "bench";
     t.job = "bench";
     t.job_uid = "bench-uid";
-    t.model = {"gpt2", 1, 8, 2, 8, 256};
+    t.model = {hydra::ModelFamily::kGpt2, 1, 8, 2, 8, 256};
     t.training.steps = steps;
     t.training.batch_size = 2;
     t.training.eval_every_steps = 10;

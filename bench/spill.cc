@@ -100,7 +100,7 @@ int main(int argc, char** argv) {
   CLI::App app{"Tokens/s of one GPT-2 trial trained by the shard-spilling executor"};
   hydra::Trial t;
   t.name = "bench-spill";
-  t.dataset.format = "text";
+  t.dataset.format = hydra::DatasetFormat::kText;
   t.model.n_layer = 12;
   t.model.n_embd = 768;
   t.model.n_head = 12;
@@ -162,7 +162,9 @@ int main(int argc, char** argv) {
   app.add_option("--host-budget", host_budget,
                  "bytes of RAM for stashed activations; -1: unlimited, 0: recompute every shard")
       ->capture_default_str();
-  app.add_option("--offload", offload, "host or disk")->capture_default_str();
+  app.add_option("--offload", offload, "host or disk")
+      ->check(CLI::IsMember(hydra::NamesOf<hydra::OffloadTier>()))
+      ->capture_default_str();
   app.add_option("--spill-dir", spill_dir)->capture_default_str();
   std::string precision = "fp32";
   app.add_option("--precision", precision, "fp32 | bf16")
@@ -235,7 +237,7 @@ int main(int argc, char** argv) {
         budget_bytes > 0 ? budget_bytes
                          : static_cast<int64_t>(static_cast<double>(footprint) * fraction);
   }
-  t.resources.offload = offload;
+  t.resources.offload = *hydra::ParseName<hydra::OffloadTier>(offload);
   if (host_budget >= 0) t.resources.host_memory_budget = host_budget;
 
   const int64_t baseline = hydra::ResidentBytes();

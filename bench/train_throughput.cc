@@ -16,7 +16,7 @@ int main(int argc, char** argv) {
   CLI::App app{"Tokens/s of one GPT-2 trial with Hydra's in-memory executor"};
   hydra::Trial t;
   t.name = "bench";
-  t.dataset.format = "text";
+  t.dataset.format = hydra::DatasetFormat::kText;
   t.dataset.validation_fraction = 0.05;
   int warmup = 3, threads = 2;
   app.add_option("--corpus", t.dataset.resolved_path, "text file")->required();

@@ -24,9 +24,9 @@ std::string Absolute(const std::string& path) {
 /// The manifest's model with `init` as its checkpoint, and its dataset read from `data`.
 StatusOr<Trial> EvalTrial(const EvalArgs& a) {
   ASSIGN_OR_RETURN(MultiModelJob job, LoadJobFile(a.manifest));
-  if (job.spec.model.family != "gpt2") {
-    return InvalidArgumentError(a.manifest + ": spec.model.family is " + job.spec.model.family +
-                                "; hydra eval scores gpt2 models");
+  if (job.spec.model.family != ModelFamily::kGpt2) {
+    return InvalidArgumentError(a.manifest + ": spec.model.family is " +
+                                NameOf(job.spec.model.family) + "; hydra eval scores gpt2 models");
   }
   Trial t;
   t.name = job.metadata.name;

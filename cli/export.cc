@@ -54,10 +54,10 @@ StatusOr<ExportReport> ExportTrial(const std::string& run_dir, const std::string
   }
   auto model = ModelSpecFromJson(latest->meta["model"]);
   if (!model.ok()) return InvalidArgumentError(path + ": " + model.status().message());
-  if (model->family != "gpt2") {
-    return InvalidArgumentError("trial " + trial + " is a " + model->family +
+  if (model->family != ModelFamily::kGpt2) {
+    return InvalidArgumentError("trial " + trial + " is a " + NameOf(model->family) +
                                 " model; only gpt2 exports to Hugging Face's format" +
-                                (model->family == "torchscript"
+                                (model->family == ModelFamily::kTorchScript
                                      ? " (its weights are in checkpoints/model.pt when it succeeds)"
                                      : ""));
   }

@@ -168,7 +168,7 @@ std::vector<LayerCost> GptCosts(const ModelSpec& m, int64_t micro_batch, Precisi
 
 std::vector<LayerCost> ModelCosts(const ModelSpec& m, int64_t micro_batch, Precision precision,
                                   Accountant& a) {
-  if (m.family == "torchscript") return ModuleLayerCosts(m, micro_batch, a);
+  if (m.family == ModelFamily::kTorchScript) return ModuleLayerCosts(m, micro_batch, a);
   return GptCosts(m, micro_batch, precision, a);
 }
 
@@ -266,10 +266,10 @@ std::vector<LayerCost> ResNetCosts(const ModelSpec& m, const std::vector<int64_t
 
 std::vector<LayerCost> FamilyCosts(const Trial& trial, int64_t micro_batch, Accountant& a) {
   const auto& shape = trial.dataset.image_shape;
-  if (shape.size() == 3 && trial.model.family == "mlp") {
+  if (shape.size() == 3 && trial.model.family == ModelFamily::kMlp) {
     return MlpCosts(trial.model, shape, micro_batch, trial.training.precision, a);
   }
-  if (shape.size() == 3 && trial.model.family == "resnet") {
+  if (shape.size() == 3 && trial.model.family == ModelFamily::kResNet) {
     return ResNetCosts(trial.model, shape, micro_batch, trial.training.precision, a);
   }
   return ModelCosts(trial.model, micro_batch, trial.training.precision, a);
@@ -311,7 +311,7 @@ std::vector<LayerCost> ModelLayerCosts(const Trial& trial, int64_t micro_batch) 
 }
 
 int64_t OptimizerBytesPerParameter(const TrainingSpec& training) {
-  if (training.optimizer == "adamw") return 8;
+  if (training.optimizer == OptimizerKind::kAdamW) return 8;
   return training.momentum > 0 ? 4 : 0;
 }
 

@@ -57,41 +57,27 @@ struct FieldDef {
         [](TrialConfig& c, const ParamValue& v) { c.sec.member = std::get<double>(v); }, \
         [](const TrialConfig& c) { return ParamValue(c.sec.member); } \
   }
-#define HYDRA_ENUM_FIELD(sec, name, abbrev, member, ...)                                    \
-  FieldDef {                                                                                \
-#sec, name, abbrev, Kind::kEnum, -INFINITY, false, INFINITY, {__VA_ARGS__},               \
-        [](TrialConfig& c, const ParamValue& v) { c.sec.member = std::get<std::string>(v); }, \
-        [](const TrialConfig& c) { return ParamValue(c.sec.member); } \
+/// A field of one of the manifest's closed sets (manifest_enums.h): its names in the manifest,
+/// its enum in the spec.
+#define HYDRA_ENUM_FIELD(sec, name, abbrev, member, Enum)                                        \
+  FieldDef {                                                                                     \
+#sec, name, abbrev, Kind::kEnum, -INFINITY, false, INFINITY, NamesOf<Enum>(),                  \
+        [](TrialConfig& c, const ParamValue& v) {                                                \
+          c.sec.member = *ParseName<Enum>(std::get<std::string>(v));                             \
+        },                                                                                       \
+        [](const TrialConfig& c) { return ParamValue(std::string(NameOf(c.sec.member))); } \
   }
-
-/// spec.training.precision: an enum string in the manifest, Precision in TrainingSpec.
-FieldDef PrecisionField() {
-  return FieldDef{"training",
-                  "precision",
-                  "prec",
-                  Kind::kEnum,
-                  -INFINITY,
-                  false,
-                  INFINITY,
-                  {"fp32", "bf16"},
-                  [](TrialConfig& c, const ParamValue& v) {
-                    c.training.precision = *ParsePrecision(std::get<std::string>(v));
-                  },
-                  [](const TrialConfig& c) {
-                    return ParamValue(std::string(PrecisionName(c.training.precision)));
-                  }};
-}
 
 const std::vector<FieldDef>& Fields() {
   static const std::vector<FieldDef> kFields = {
-      HYDRA_ENUM_FIELD(model, "family", "f", family, "gpt2", "torchscript", "mlp", "resnet"),
+      HYDRA_ENUM_FIELD(model, "family", "f", family, ModelFamily),
       HYDRA_INT_FIELD(model, "nLayer", "l", n_layer, 1, 1024),
       HYDRA_INT_FIELD(model, "nEmbd", "d", n_embd, 1, 65536),
       HYDRA_INT_FIELD(model, "nHead", "h", n_head, 1, 1024),
       HYDRA_INT_FIELD(model, "contextLength", "ctx", context_length, 2, 1 << 20),
       HYDRA_INT_FIELD(model, "vocabSize", "v", vocab_size, 2, 1 << 24),
       HYDRA_INT_FIELD(model, "numClasses", "k", num_classes, 2, 256),
-      HYDRA_ENUM_FIELD(training, "optimizer", "opt", optimizer, "adamw", "sgd"),
+      HYDRA_ENUM_FIELD(training, "optimizer", "opt", optimizer, OptimizerKind),
       HYDRA_FLOAT_FIELD(training, "learningRate", "lr", learning_rate, 0, true, 10),
       HYDRA_INT_FIELD(training, "batchSize", "bs", batch_size, 1, 1 << 20),
       HYDRA_INT_FIELD(training, "steps", "steps", steps, 1, 1e12),
@@ -106,9 +92,9 @@ const std::vector<FieldDef>& Fields() {
       HYDRA_FLOAT_FIELD(training, "beta2", "b2", beta2, 0, false, 1),
       HYDRA_FLOAT_FIELD(training, "epsilon", "eps", epsilon, 0, true, 1),
       HYDRA_FLOAT_FIELD(training, "gradClipNorm", "clip", grad_clip_norm, 0, false, 1e9),
-      HYDRA_ENUM_FIELD(training, "lrSchedule", "sched", lr_schedule, "constant", "cosine"),
+      HYDRA_ENUM_FIELD(training, "lrSchedule", "sched", lr_schedule, LrSchedule),
       HYDRA_INT_FIELD(training, "warmupSteps", "warm", warmup_steps, 0, 1e12),
-      PrecisionField(),
+      HYDRA_ENUM_FIELD(training, "precision", "prec", precision, Precision),
   };
   return kFields;
 }
@@ -185,16 +171,6 @@ std::string ValueProblem(const FieldDef& f, const ParamValue& v) {
 /// identity), shared by the manifest parser and ValidateTrial: one rule set. Each returns what
 /// is wrong with a value, empty if nothing.
 namespace rules {
-
-const std::vector<std::string> kFormats = {"text", "tokens-u16", "tokens-u32", "images-u8"};
-const std::vector<std::string> kOffloads = {"host", "disk"};
-
-std::string OneOf(const std::vector<std::string>& allowed, const std::string& v) {
-  for (const auto& a : allowed) {
-    if (a == v) return "";
-  }
-  return "must be one of: " + Join(allowed, ", ") + " (got '" + v + "')";
-}
 
 std::string ImageShapeProblem(const std::vector<int64_t>& shape) {
   bool ok = shape.size() == 3;
@@ -454,12 +430,12 @@ void ParseModelPath(Checker& c, const YAML::Node& node, const std::string& base_
   if (!node.IsMap()) return;  // reported by ParseSection
   const std::string p = "spec.model.path";
   if (!node["path"]) {
-    if (m->family == "torchscript") {
+    if (m->family == ModelFamily::kTorchScript) {
       c.Error(p, node, "required field is missing (family torchscript loads its module from it)");
     }
     return;
   }
-  if (m->family != "torchscript") {
+  if (m->family != ModelFamily::kTorchScript) {
     c.Error(p, node["path"], "only family torchscript reads a model file");
     return;
   }
@@ -472,12 +448,15 @@ void ParseModelInit(Checker& c, const YAML::Node& node, const std::string& base_
   const std::string p = "spec.model.init";
   const YAML::Node& n = node["init"];
   if (!c.Map(n, p, {"format", "path"})) return;
-  if (m->family != "gpt2") {
-    c.Error(p, n, "only family gpt2 starts from a checkpoint (got family " + m->family + ")");
+  if (m->family != ModelFamily::kGpt2) {
+    c.Error(p, n,
+            std::string("only family gpt2 starts from a checkpoint (got family ") +
+                NameOf(m->family) + ")");
     return;
   }
-  if (n["format"] && (!n["format"].IsScalar() || n["format"].Scalar() != "safetensors")) {
-    c.Error(p + ".format", n["format"], "must be one of: safetensors");
+  const std::string format = n["format"] && n["format"].IsScalar() ? n["format"].Scalar() : "";
+  if (n["format"] && !ParseName<InitFormat>(format)) {
+    c.Error(p + ".format", n["format"], NameProblem<InitFormat>(format));
     return;
   }
   if (!n["path"]) {
@@ -498,11 +477,11 @@ void ParseDataset(Checker& c, const YAML::Node& node, const std::string& base_di
   }
   if (node["format"]) {
     const auto& n = node["format"];
-    const std::string problem = rules::OneOf(rules::kFormats, n.IsScalar() ? n.Scalar() : "");
-    if (!problem.empty()) {
-      c.Error(p + ".format", n, problem);
+    const std::string text = n.IsScalar() ? n.Scalar() : "";
+    if (auto format = ParseName<DatasetFormat>(text)) {
+      ds->format = *format;
     } else {
-      ds->format = n.Scalar();
+      c.Error(p + ".format", n, NameProblem<DatasetFormat>(text));
     }
   }
   if (node["imageShape"]) {
@@ -514,7 +493,7 @@ void ParseDataset(Checker& c, const YAML::Node& node, const std::string& base_di
     const std::string problem = rules::ImageShapeProblem(shape);
     if (!problem.empty()) {
       c.Error(p + ".imageShape", n, problem);
-    } else if (ds->format != "images-u8") {
+    } else if (ds->format != DatasetFormat::kImagesU8) {
       c.Error(p + ".imageShape", n, "only format images-u8 has images");
     } else {
       ds->image_shape = shape;
@@ -701,11 +680,11 @@ void ParseResources(Checker& c, const YAML::Node& node, ResourcesSpec* res) {
   }
   if (node["offload"]) {
     const auto& n = node["offload"];
-    const std::string problem = rules::OneOf(rules::kOffloads, n.IsScalar() ? n.Scalar() : "");
-    if (!problem.empty()) {
-      c.Error(p + ".offload", n, problem);
+    const std::string text = n.IsScalar() ? n.Scalar() : "";
+    if (auto offload = ParseName<OffloadTier>(text)) {
+      res->offload = *offload;
     } else {
-      res->offload = n.Scalar();
+      c.Error(p + ".offload", n, NameProblem<OffloadTier>(text));
     }
   }
   if (node["shardBoundaries"]) {
@@ -932,7 +911,7 @@ void CheckTrialRules(const TrialConfig& t, const DatasetSpec& ds, const Resource
   auto err = [&](const std::string& path, const std::string& msg) {
     errors->push_back(FieldError{path, where + msg, -1});
   };
-  if (t.model.family == "gpt2" && t.model.n_embd % t.model.n_head != 0) {
+  if (t.model.family == ModelFamily::kGpt2 && t.model.n_embd % t.model.n_head != 0) {
     err("spec.model.nHead", "nHead (" + std::to_string(t.model.n_head) + ") must divide nEmbd (" +
                                 std::to_string(t.model.n_embd) + ")");
   }
@@ -941,22 +920,23 @@ void CheckTrialRules(const TrialConfig& t, const DatasetSpec& ds, const Resource
         "gradientAccumulationSteps (" + std::to_string(t.training.gradient_accumulation_steps) +
             ") must divide batchSize (" + std::to_string(t.training.batch_size) + ")");
   }
-  const bool image_family = t.model.family == "mlp" || t.model.family == "resnet";
-  if (image_family != (ds.format == "images-u8")) {
+  const bool image_family =
+      t.model.family == ModelFamily::kMlp || t.model.family == ModelFamily::kResNet;
+  if (image_family != (ds.format == DatasetFormat::kImagesU8)) {
     err("spec.model.family",
-        image_family
-            ? "family " + t.model.family +
-                  " classifies images: spec.dataset.format must be images-u8"
-            : "format images-u8 needs an image family (mlp, resnet), not " + t.model.family);
+        image_family ? std::string("family ") + NameOf(t.model.family) +
+                           " classifies images: spec.dataset.format must be images-u8"
+                     : std::string("format images-u8 needs an image family (mlp, resnet), not ") +
+                           NameOf(t.model.family));
   }
-  if (ds.format == "text" && t.model.vocab_size < 256) {
+  if (ds.format == DatasetFormat::kText && t.model.vocab_size < 256) {
     err("spec.model.vocabSize", "must be >= 256 for the text format (one token per byte), got " +
                                     std::to_string(t.model.vocab_size));
   }
-  if (ds.format == "tokens-u16" && t.model.vocab_size > 65536) {
+  if (ds.format == DatasetFormat::kTokensU16 && t.model.vocab_size > 65536) {
     err("spec.model.vocabSize", "must be <= 65536 for the tokens-u16 format");
   }
-  if (t.model.family == "gpt2" && !res.shard_boundaries.empty() &&
+  if (t.model.family == ModelFamily::kGpt2 && !res.shard_boundaries.empty() &&
       res.shard_boundaries.back() > t.model.n_layer + 1) {
     err("spec.resources.shardBoundaries",
         "layer index " + std::to_string(res.shard_boundaries.back()) + " is past the last layer (" +
@@ -1008,27 +988,6 @@ std::string TrialSuffix(const std::vector<Hyperparameter>& hps) {
 
 }  // namespace
 
-const char* InitFormatName(InitFormat f) {
-  switch (f) {
-    case InitFormat::kSafetensors: return "safetensors";
-  }
-  return "safetensors";
-}
-
-const char* PrecisionName(Precision p) {
-  switch (p) {
-    case Precision::kFp32: return "fp32";
-    case Precision::kBf16: return "bf16";
-  }
-  return "fp32";
-}
-
-std::optional<Precision> ParsePrecision(const std::string& text) {
-  if (text == "fp32") return Precision::kFp32;
-  if (text == "bf16") return Precision::kBf16;
-  return std::nullopt;
-}
-
 bool IsDnsSubdomain(const std::string& s) {
   if (s.empty() || s.size() > 253) return false;
   for (char ch : s) {
@@ -1073,7 +1032,7 @@ std::string FormatParamValue(const ParamValue& value) {
   return std::get<std::string>(value);
 }
 
-bool IsImageTask(const Trial& trial) { return trial.dataset.format == "images-u8"; }
+bool IsImageTask(const Trial& trial) { return trial.dataset.format == DatasetFormat::kImagesU8; }
 
 int64_t SampleWindow(const Trial& trial) {
   if (!IsImageTask(trial)) return trial.model.context_length + 1;
@@ -1094,7 +1053,7 @@ double LearningRateAt(const TrainingSpec& t, int64_t step) {
   if (step < t.warmup_steps) {
     return t.learning_rate * static_cast<double>(step + 1) / static_cast<double>(t.warmup_steps);
   }
-  if (t.lr_schedule != "cosine") return t.learning_rate;
+  if (t.lr_schedule != LrSchedule::kCosine) return t.learning_rate;
   const double span = static_cast<double>(std::max<int64_t>(1, t.steps - 1 - t.warmup_steps));
   const double progress = std::min(1.0, static_cast<double>(step - t.warmup_steps) / span);
   const double min_lr = 0.1 * t.learning_rate;
@@ -1404,14 +1363,13 @@ Status ValidateTrial(const Trial& trial, const std::string& prefix) {
     err(std::string(f.section) + "." + f.name, ValueProblem(f, f.get(config)));
   }
   const auto& ds = trial.dataset;
-  err("dataset.format", rules::OneOf(rules::kFormats, ds.format));
   err("dataset.imageShape", rules::ImageShapeProblem(ds.image_shape));
   if (ds.resolved_path.empty()) err("dataset.path", "must be a non-empty path");
-  if (trial.model.family == "torchscript" && trial.model.resolved_path.empty()) {
+  if (trial.model.family == ModelFamily::kTorchScript && trial.model.resolved_path.empty()) {
     err("model.path", "family torchscript needs the module's path");
   }
   if (trial.model.init) {
-    if (trial.model.family != "gpt2")
+    if (trial.model.family != ModelFamily::kGpt2)
       err("model.init", "only family gpt2 starts from a checkpoint");
     const std::string& ip = trial.model.init->resolved_path;
     if (ip.empty() || ip.front() != '/') {
@@ -1428,7 +1386,6 @@ Status ValidateTrial(const Trial& trial, const std::string& prefix) {
   if (res.host_memory_budget) {
     err("resources.hostMemoryBudget", rules::HostMemoryBudgetProblem(*res.host_memory_budget));
   }
-  err("resources.offload", rules::OneOf(rules::kOffloads, res.offload));
   int64_t prev = 0;
   for (size_t i = 0; i < res.shard_boundaries.size(); ++i) {
     err("resources.shardBoundaries[" + std::to_string(i) + "]",

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/early_stopping.h"
+#include "common/manifest_enums.h"
 #include "common/status.h"
 
 namespace hydra {
@@ -15,16 +16,6 @@ namespace hydra {
 /// API group/version and kind of the MultiModelJob resource.
 inline constexpr const char* kApiVersion = "hydra.dev/v1alpha1";
 inline constexpr const char* kKind = "MultiModelJob";
-
-/// spec.training.precision: the number format forward and backward compute in. In kBf16,
-/// matrix products and most element-wise work run in bfloat16 while master weights, optimizer
-/// state, softmax, LayerNorm statistics, the loss and the gradient norm stay fp32.
-enum class Precision { kFp32, kBf16 };
-
-/// "fp32" | "bf16".
-const char* PrecisionName(Precision p);
-/// The Precision named `text`; nullopt for any other text.
-std::optional<Precision> ParsePrecision(const std::string& text);
 
 /// One top-level child of a TorchScript model, measured when the module is loaded (not part of
 /// the manifest): what the partitioner and the cost model know of it.
@@ -54,13 +45,6 @@ struct ModuleLayer {
   std::optional<Memory> memory = {};
 };
 
-/// spec.model.init.format: how pretrained weights are stored. A closed set: Hugging Face's
-/// safetensors (a GPT2LMHeadModel's model.safetensors) is the one format read.
-enum class InitFormat { kSafetensors };
-
-/// "safetensors".
-const char* InitFormatName(InitFormat f);
-
 /// spec.model.init: pretrained weights a gpt2 trial starts from instead of random ones.
 struct ModelInit {
   InitFormat format = InitFormat::kSafetensors;
@@ -70,10 +54,10 @@ struct ModelInit {
 
 /// spec.model: the architecture. Field names are the manifest's (camelCase there).
 struct ModelSpec {
-  std::string family = "gpt2";  ///< gpt2 | torchscript | mlp | resnet
-  int64_t n_layer = 4;          ///< nLayer: transformer blocks (mlp: hidden layers; resnet: blocks)
-  int64_t n_embd = 128;         ///< nEmbd: hidden width (resnet: channels)
-  int64_t n_head = 4;           ///< nHead: attention heads; must divide nEmbd
+  ModelFamily family = ModelFamily::kGpt2;
+  int64_t n_layer = 4;   ///< nLayer: transformer blocks (mlp: hidden layers; resnet: blocks)
+  int64_t n_embd = 128;  ///< nEmbd: hidden width (resnet: channels)
+  int64_t n_head = 4;    ///< nHead: attention heads; must divide nEmbd
   int64_t context_length = 128;  ///< contextLength: tokens per sequence
   int64_t vocab_size = 256;      ///< vocabSize
   int64_t num_classes = 10;      ///< numClasses: mlp and resnet (image classification)
@@ -91,10 +75,7 @@ struct ModelSpec {
 
 /// spec.dataset: where the tokens come from.
 struct DatasetSpec {
-  /// text (bytes are tokens) | tokens-u16 | tokens-u32 (little-endian uint16 / uint32) |
-  /// images-u8 (records of one label byte and imageShape pixel bytes, channel-planar:
-  /// CIFAR-10's binary layout)
-  std::string format = "text";
+  DatasetFormat format = DatasetFormat::kText;
   std::string path;                   ///< as written in the manifest
   std::string resolved_path;          ///< absolute, resolved against the manifest's directory
   double validation_fraction = 0.05;  ///< tail of the token stream held out for validation
@@ -105,7 +86,7 @@ struct DatasetSpec {
 
 /// spec.training: the optimisation settings of one trial.
 struct TrainingSpec {
-  std::string optimizer = "adamw";  ///< adamw | sgd
+  OptimizerKind optimizer = OptimizerKind::kAdamW;
   double learning_rate = 1e-3;
   int64_t batch_size = 8;                ///< sequences per optimizer step (over all micro-batches)
   int64_t steps = 200;                   ///< optimizer steps
@@ -119,15 +100,15 @@ struct TrainingSpec {
   double beta2 = 0.999;                     ///< AdamW only
   double epsilon = 1e-8;                    ///< AdamW only
   double grad_clip_norm = 0;                ///< global L2 norm clip; 0 disables
-  std::string lr_schedule = "constant";     ///< constant | cosine (to 10% of learningRate)
-  int64_t warmup_steps = 0;                 ///< linear warm-up steps
-  Precision precision = Precision::kFp32;   ///< fp32 | bf16
+  LrSchedule lr_schedule = LrSchedule::kConstant;  ///< to 10% of learningRate for cosine
+  int64_t warmup_steps = 0;                        ///< linear warm-up steps
+  Precision precision = Precision::kFp32;          ///< fp32 | bf16
 };
 
 /// spec.resources.
 struct ResourcesSpec {
   std::optional<int64_t> device_memory_budget;  ///< bytes; unset: all the device has
-  std::string offload = "host";  ///< where shards' state lives off the device: host | disk
+  OffloadTier offload = OffloadTier::kHost;     ///< where shards' state lives off the device
   /// Host RAM for stashed activations (and, with offload: disk, the weights their graphs
   /// hold); past it shards recompute their forward in backward instead. Unset: unlimited.
   std::optional<int64_t> host_memory_budget;

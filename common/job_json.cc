@@ -20,19 +20,20 @@ nlohmann::json TrialConfigJson(const Trial& t) {
   const auto& m = t.model;
   const auto& tr = t.training;
   nlohmann::json j;
-  j["model"] = {{"family", m.family},
+  j["model"] = {{"family", NameOf(m.family)},
                 {"nLayer", m.n_layer},
                 {"nEmbd", m.n_embd},
                 {"nHead", m.n_head},
                 {"contextLength", m.context_length},
                 {"vocabSize", m.vocab_size}};
-  if (m.family == "mlp" || m.family == "resnet") j["model"]["numClasses"] = m.num_classes;
+  if (m.family == ModelFamily::kMlp || m.family == ModelFamily::kResNet)
+    j["model"]["numClasses"] = m.num_classes;
   if (!m.resolved_path.empty()) j["model"]["path"] = m.resolved_path;
   if (m.init) {
     j["model"]["init"] = {{"format", InitFormatName(m.init->format)},
                           {"path", m.init->resolved_path}};
   }
-  j["training"] = {{"optimizer", tr.optimizer},
+  j["training"] = {{"optimizer", NameOf(tr.optimizer)},
                    {"learningRate", tr.learning_rate},
                    {"batchSize", tr.batch_size},
                    {"steps", tr.steps},
@@ -44,16 +45,17 @@ nlohmann::json TrialConfigJson(const Trial& t) {
                    {"beta2", tr.beta2},
                    {"epsilon", tr.epsilon},
                    {"gradClipNorm", tr.grad_clip_norm},
-                   {"lrSchedule", tr.lr_schedule},
+                   {"lrSchedule", NameOf(tr.lr_schedule)},
                    {"warmupSteps", tr.warmup_steps}};
   // Only when not the default, so fp32 trials keep the fingerprints (and checkpoints) they had
   // before the field existed.
   if (tr.precision != Precision::kFp32) j["training"]["precision"] = PrecisionName(tr.precision);
-  j["dataset"] = {{"format", t.dataset.format},
+  j["dataset"] = {{"format", NameOf(t.dataset.format)},
                   {"path", t.dataset.resolved_path},
                   {"validationFraction", t.dataset.validation_fraction},
                   {"evalSequences", t.dataset.eval_sequences}};
-  if (t.dataset.format == "images-u8") j["dataset"]["imageShape"] = t.dataset.image_shape;
+  if (t.dataset.format == DatasetFormat::kImagesU8)
+    j["dataset"]["imageShape"] = t.dataset.image_shape;
   return j;
 }
 
@@ -69,7 +71,12 @@ StatusOr<ModelSpec> ModelSpecFromJson(const nlohmann::json& model) {
   if (!model.is_object() || !model.contains("family") || !model["family"].is_string()) {
     return InvalidArgumentError("model.family: missing or not a string");
   }
-  m.family = model["family"].get<std::string>();
+  const std::string family = model["family"].get<std::string>();
+  if (auto f = ParseName<ModelFamily>(family)) {
+    m.family = *f;
+  } else {
+    return InvalidArgumentError("model.family: " + NameProblem<ModelFamily>(family));
+  }
   RETURN_IF_ERROR(integer("nLayer", &m.n_layer));
   RETURN_IF_ERROR(integer("nEmbd", &m.n_embd));
   RETURN_IF_ERROR(integer("nHead", &m.n_head));

@@ -480,7 +480,8 @@ PartitionOptions PartitionOptionsFor(const Trial& trial) {
   for (int64_t b : trial.resources.shard_boundaries) {
     po.explicit_boundaries.push_back(static_cast<int>(b));
   }
-  po.state_tier = trial.resources.offload == "disk" ? StateTier::kDisk : StateTier::kHost;
+  po.state_tier =
+      trial.resources.offload == OffloadTier::kDisk ? StateTier::kDisk : StateTier::kHost;
   po.micro_batches = trial.training.gradient_accumulation_steps;
   po.host_activation_budget = trial.resources.host_memory_budget.value_or(-1);
   return po;

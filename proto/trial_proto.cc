@@ -4,6 +4,22 @@
 #include <filesystem>
 
 namespace hydra::wire {
+namespace {
+
+/// `text`, one of the manifest's closed sets on the wire, into `out`; what is wrong with it
+/// into `errors` under `path`.
+template <typename E>
+void ParseEnumField(const std::string& text, const char* path, E* out,
+                    std::vector<FieldError>* errors) {
+  if (auto value = ParseName<E>(text)) {
+    *out = *value;
+  } else {
+    errors->push_back({path, NameProblem<E>(text)});
+  }
+}
+
+}  // namespace
+
 void TrialToProto(const Trial& t, v1::TrialSpec* out) {
   out->set_job(t.job);
   out->set_namespace_(t.namespace_);
@@ -21,7 +37,7 @@ void TrialToProto(const Trial& t, v1::TrialSpec* out) {
     }
   }
   auto* m = out->mutable_model();
-  m->set_family(t.model.family);
+  m->set_family(NameOf(t.model.family));
   m->set_n_layer(t.model.n_layer);
   m->set_n_embd(t.model.n_embd);
   m->set_n_head(t.model.n_head);
@@ -34,14 +50,14 @@ void TrialToProto(const Trial& t, v1::TrialSpec* out) {
     m->mutable_init()->set_path(t.model.init->resolved_path);
   }
   auto* d = out->mutable_dataset();
-  d->set_format(t.dataset.format);
+  d->set_format(NameOf(t.dataset.format));
   d->set_path(t.dataset.resolved_path);
   d->set_validation_fraction(t.dataset.validation_fraction);
   d->set_eval_sequences(t.dataset.eval_sequences);
   for (int64_t v : t.dataset.image_shape) d->add_image_shape(v);
   const auto& tr = t.training;
   auto* o = out->mutable_training();
-  o->set_optimizer(tr.optimizer);
+  o->set_optimizer(NameOf(tr.optimizer));
   o->set_learning_rate(tr.learning_rate);
   o->set_batch_size(tr.batch_size);
   o->set_steps(tr.steps);
@@ -55,12 +71,12 @@ void TrialToProto(const Trial& t, v1::TrialSpec* out) {
   o->set_beta2(tr.beta2);
   o->set_epsilon(tr.epsilon);
   o->set_grad_clip_norm(tr.grad_clip_norm);
-  o->set_lr_schedule(tr.lr_schedule);
+  o->set_lr_schedule(NameOf(tr.lr_schedule));
   o->set_warmup_steps(tr.warmup_steps);
   o->set_precision(tr.precision == Precision::kBf16 ? v1::PRECISION_BF16 : v1::PRECISION_FP32);
   auto* r = out->mutable_resources();
   r->set_device_memory_budget_bytes(t.resources.device_memory_budget.value_or(0));
-  r->set_offload(t.resources.offload);
+  r->set_offload(NameOf(t.resources.offload));
   if (t.resources.host_memory_budget) {
     r->set_host_memory_budget_bytes(*t.resources.host_memory_budget);
   }
@@ -83,7 +99,8 @@ StatusOr<Trial> TrialFromProto(const v1::TrialSpec& s) {
     t.hyperparameters.push_back(std::move(hp));
   }
   const auto& m = s.model();
-  t.model.family = m.family();
+  std::vector<FieldError> extra;
+  ParseEnumField(m.family(), "trial.model.family", &t.model.family, &extra);
   t.model.n_layer = m.n_layer();
   t.model.n_embd = m.n_embd();
   t.model.n_head = m.n_head();
@@ -102,7 +119,7 @@ StatusOr<Trial> TrialFromProto(const v1::TrialSpec& s) {
     t.model.init = std::move(init);
   }
   const auto& d = s.dataset();
-  t.dataset.format = d.format();
+  ParseEnumField(d.format(), "trial.dataset.format", &t.dataset.format, &extra);
   t.dataset.path = d.path();
   t.dataset.validation_fraction = d.validation_fraction();
   t.dataset.eval_sequences = d.eval_sequences();
@@ -110,7 +127,7 @@ StatusOr<Trial> TrialFromProto(const v1::TrialSpec& s) {
     t.dataset.image_shape.assign(d.image_shape().begin(), d.image_shape().end());
   const auto& o = s.training();
   auto& tr = t.training;
-  tr.optimizer = o.optimizer();
+  ParseEnumField(o.optimizer(), "trial.training.optimizer", &tr.optimizer, &extra);
   tr.learning_rate = o.learning_rate();
   tr.batch_size = o.batch_size();
   tr.steps = o.steps();
@@ -124,7 +141,7 @@ StatusOr<Trial> TrialFromProto(const v1::TrialSpec& s) {
   tr.beta2 = o.beta2();
   tr.epsilon = o.epsilon();
   tr.grad_clip_norm = o.grad_clip_norm();
-  tr.lr_schedule = o.lr_schedule();
+  ParseEnumField(o.lr_schedule(), "trial.training.lrSchedule", &tr.lr_schedule, &extra);
   tr.warmup_steps = o.warmup_steps();
   switch (o.precision()) {
     case v1::PRECISION_UNSPECIFIED:
@@ -135,7 +152,9 @@ StatusOr<Trial> TrialFromProto(const v1::TrialSpec& s) {
                                   std::to_string(o.precision()) + " (a newer controller?)");
   }
   const auto& r = s.resources();
-  t.resources.offload = r.offload().empty() ? "host" : r.offload();
+  if (!r.offload().empty()) {
+    ParseEnumField(r.offload(), "trial.resources.offload", &t.resources.offload, &extra);
+  }
   // Zero means "not set" on the wire; negative sizes are kept so validation names them.
   if (r.device_memory_budget_bytes() != 0) {
     t.resources.device_memory_budget = r.device_memory_budget_bytes();
@@ -143,7 +162,6 @@ StatusOr<Trial> TrialFromProto(const v1::TrialSpec& s) {
   if (r.has_host_memory_budget_bytes()) {
     t.resources.host_memory_budget = r.host_memory_budget_bytes();
   }
-  std::vector<FieldError> extra;
   if (d.path().empty() || d.path().front() != '/') {
     extra.push_back({"trial.dataset.path", "must be an absolute path (got '" + d.path() + "')"});
   } else {

@@ -39,7 +39,9 @@ StatusOr<std::shared_ptr<const TokenDataset>> TokenDataset::Open(const DatasetSp
   }
   auto ds = std::shared_ptr<TokenDataset>(new TokenDataset());
   ds->path_ = path;
-  ds->bytes_per_token_ = spec.format == "tokens-u16" ? 2 : spec.format == "tokens-u32" ? 4 : 1;
+  ds->bytes_per_token_ = spec.format == DatasetFormat::kTokensU16   ? 2
+                         : spec.format == DatasetFormat::kTokensU32 ? 4
+                                                                    : 1;
   if (st.st_size == 0) {
     ::close(fd);
     return InvalidArgumentError(where + ": file is empty");
@@ -48,7 +50,7 @@ StatusOr<std::shared_ptr<const TokenDataset>> TokenDataset::Open(const DatasetSp
     ::close(fd);
     return InvalidArgumentError(where + ": size " + std::to_string(st.st_size) +
                                 " is not a multiple of " + std::to_string(ds->bytes_per_token_) +
-                                " bytes, so it is not a " + spec.format + " file");
+                                " bytes, so it is not a " + NameOf(spec.format) + " file");
   }
   void* p = ::mmap(nullptr, st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
   int e = errno;
@@ -57,7 +59,7 @@ StatusOr<std::shared_ptr<const TokenDataset>> TokenDataset::Open(const DatasetSp
   ds->data_ = static_cast<const uint8_t*>(p);
   ds->mapped_bytes_ = st.st_size;
   ds->num_tokens_ = st.st_size / ds->bytes_per_token_;
-  if (spec.format == "images-u8") {
+  if (spec.format == DatasetFormat::kImagesU8) {
     ds->record_bytes_ = window;
     if (st.st_size % window != 0) {
       return InvalidArgumentError(where + ": size " + std::to_string(st.st_size) +

@@ -36,10 +36,6 @@ std::string ShapeText(const std::vector<int64_t>& shape) {
 }
 
 Status CheckModelAndData(const Trial& trial, const TokenDataset& data) {
-  const std::string& f = trial.model.family;
-  if (f != "gpt2" && f != "torchscript" && f != "mlp" && f != "resnet") {
-    return InvalidArgumentError("spec.model.family: unsupported family '" + f + "'");
-  }
   const bool images = IsImageTask(trial);
   const int64_t limit = images ? trial.model.num_classes : trial.model.vocab_size;
   if (data.max_token() >= limit) {

@@ -31,7 +31,7 @@ void FusedAdamWCpu(float* p, const float* g, float* m, float* v, int64_t n,
 
 Optimizer::Optimizer(std::vector<std::pair<std::string, torch::Tensor>> params,
                      const TrainingSpec& training, const StateAllocator& allocate)
-    : training_(training), adamw_(training.optimizer == "adamw") {
+    : training_(training), adamw_(training.optimizer == OptimizerKind::kAdamW) {
   auto zeros = [&](const torch::Tensor& p) {
     return allocate ? allocate(p) : torch::zeros_like(p);
   };

@@ -15,7 +15,9 @@ namespace hydra::executor {
 StatusOr<PilotResult> RunPilot(const Trial& trial, const DeviceSpec& device) {
   Trial probe = trial;
   // Repeated layers need not all exist: one stands for the rest (their widths are equal).
-  if (probe.model.family == "gpt2" || probe.model.family == "mlp") probe.model.n_layer = 1;
+  if (probe.model.family == ModelFamily::kGpt2 || probe.model.family == ModelFamily::kMlp) {
+    probe.model.n_layer = 1;
+  }
   const int64_t micro = trial.training.batch_size / trial.training.gradient_accumulation_steps;
   const auto costs = ModelLayerCosts(probe, micro);
   if (costs.empty()) {
@@ -138,7 +140,7 @@ double BlockRate(const DeviceSpec& device, Precision precision) {
 Trial BlockPilotTrial(Precision precision) {
   Trial t;
   t.name = "block-pilot";
-  t.model.family = "gpt2";
+  t.model.family = ModelFamily::kGpt2;
   t.model.n_layer = 1;
   t.model.n_embd = 1024;
   t.model.n_head = 16;

@@ -131,15 +131,15 @@ torch::Tensor SampleTokens(const ModelSpec& spec, int64_t batch) {
 StatusOr<LayerSequence> BuildModel(
     const Trial& trial, const std::function<void(const LayerSequence&, size_t)>& on_layer_built) {
   const auto seed = static_cast<uint64_t>(trial.training.seed);
-  if (trial.model.family == "mlp") {
-    return BuildMlp(trial.model, trial.dataset.image_shape, seed, on_layer_built);
-  }
-  if (trial.model.family == "resnet") {
-    return BuildResNet(trial.model, trial.dataset.image_shape, seed, on_layer_built);
-  }
-  if (trial.model.family != "torchscript") {
-    if (trial.model.init) return BuildHfGpt2(trial.model, on_layer_built);
-    return BuildGpt2(trial.model, seed, on_layer_built);
+  switch (trial.model.family) {
+    case ModelFamily::kMlp:
+      return BuildMlp(trial.model, trial.dataset.image_shape, seed, on_layer_built);
+    case ModelFamily::kResNet:
+      return BuildResNet(trial.model, trial.dataset.image_shape, seed, on_layer_built);
+    case ModelFamily::kGpt2:
+      if (trial.model.init) return BuildHfGpt2(trial.model, on_layer_built);
+      return BuildGpt2(trial.model, seed, on_layer_built);
+    case ModelFamily::kTorchScript: break;
   }
   ASSIGN_OR_RETURN(LayerSequence seq, LoadTorchScript(trial.model));
   if (on_layer_built) {
@@ -240,16 +240,17 @@ StatusOr<LayerSequence> LoadTorchScript(const ModelSpec& spec) {
 }
 
 bool HasModelFiles(const Trial& trial) {
-  return trial.model.family == "torchscript" || trial.model.family == "gpt2";
+  return trial.model.family == ModelFamily::kTorchScript ||
+         trial.model.family == ModelFamily::kGpt2;
 }
 
 Status WriteModelFiles(const Trial& trial, const std::vector<NamedBuffer>& state,
                        const std::string& dir) {
-  if (trial.model.family == "torchscript") {
+  if (trial.model.family == ModelFamily::kTorchScript) {
     return WriteStateDictFromState(trial.model, state,
                                    (std::filesystem::path(dir) / "model.pt").string());
   }
-  if (trial.model.family == "gpt2") return WriteHfGpt2(trial.model, state, dir);
+  if (trial.model.family == ModelFamily::kGpt2) return WriteHfGpt2(trial.model, state, dir);
   return OkStatus();
 }
 
@@ -501,7 +502,7 @@ void NoteToStderr(const std::string& line) {
 
 Status ResolveModel(Trial* trial, const ModelNote& note) {
   if (trial->model.init) return OpenHfGpt2(trial->model).status();
-  if (trial->model.family != "torchscript") return OkStatus();
+  if (trial->model.family != ModelFamily::kTorchScript) return OkStatus();
   const auto& known = trial->model.layers;
   if (!known.empty() &&
       (!known.front().memory || known.front().memory->precision == trial->training.precision)) {

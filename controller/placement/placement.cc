@@ -287,7 +287,7 @@ std::vector<Placement> PlaceTrials(std::vector<TrialToPlace> trials,
       }
       // A model file's layers are known only once it is loaded, which the agent does: it
       // plans such a trial itself (an empty plan here).
-      auto plan = on_agent.model.family == "torchscript"
+      auto plan = on_agent.model.family == ModelFamily::kTorchScript
                       ? StatusOr<PartitionPlan>(PartitionPlan{})
                       : PlanShards(on_agent, PlanOptionsOn(on_agent, a));
       if (!plan.ok()) {

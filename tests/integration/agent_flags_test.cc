@@ -161,7 +161,7 @@ TEST_F(AgentFlagsTest, OptimizerHostStepsEveryShardsOptimizerOnTheHost) {
     t.job = "sweep";
     t.job_uid = "3c1d9e2a-7b44-4f0e-9d1a-5e6f7a8b9c0d";
     t.name = "placed-" + choice;
-    t.model = {"gpt2", 4, 128, 2, 16, 256};
+    t.model = {hydra::ModelFamily::kGpt2, 4, 128, 2, 16, 256};
     t.training.steps = 3;
     t.training.batch_size = 4;
     t.resources.device_memory_budget = int64_t{9} << 20;

@@ -119,7 +119,7 @@ class AgentPrometheusTest : public ::testing::Test {
     t.job = "sweep";
     t.job_uid = "3c1d9e2a-7b44-4f0e-9d1a-5e6f7a8b9c0d";
     t.name = name;
-    t.model = {"gpt2", 2, 32, 2, 32, 256};
+    t.model = {ModelFamily::kGpt2, 2, 32, 2, 32, 256};
     t.training.steps = steps;
     t.training.batch_size = 8;
     t.training.eval_every_steps = 10;

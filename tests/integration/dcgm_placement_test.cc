@@ -58,7 +58,7 @@ std::string Dcgm(int free_mib) {
 Trial Asking(int64_t gib) {
   Trial t;
   t.name = "big";
-  t.model = {"gpt2", 2, 64, 4, 64, 256};
+  t.model = {ModelFamily::kGpt2, 2, 64, 4, 64, 256};
   t.training.steps = 10;
   t.training.batch_size = 8;
   t.dataset.path = t.dataset.resolved_path = "/data/corpus.txt";

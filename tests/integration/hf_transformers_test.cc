@@ -79,7 +79,7 @@ class HfTransformersTest : public ::testing::Test {
     return dir_ / name;
   }
   static ModelSpec Spec(const fs::path& model_dir) {
-    ModelSpec s{"gpt2", /*n_layer=*/2, /*n_embd=*/32, /*n_head=*/4, kContext, kVocab};
+    ModelSpec s{ModelFamily::kGpt2, /*n_layer=*/2, /*n_embd=*/32, /*n_head=*/4, kContext, kVocab};
     if (!model_dir.empty()) {
       ModelInit init;
       init.path = init.resolved_path = (model_dir / "model.safetensors").string();

@@ -27,7 +27,7 @@ class ExportTest : public fakes::TempDirTest {
   static Trial Gpt2() {
     Trial t;
     t.name = "ft-lr1e-3";
-    t.model = {"gpt2",           /*n_layer=*/1, /*n_embd=*/8, /*n_head=*/2, /*context_length=*/4,
+    t.model = {ModelFamily::kGpt2, /*n_layer=*/1, /*n_embd=*/8, /*n_head=*/2, /*context_length=*/4,
                /*vocab_size=*/20};
     return t;
   }
@@ -105,7 +105,7 @@ TEST_F(ExportTest, RefusalsNameTheProblem) {
 
   Trial ts = Gpt2();
   ts.name = "ts";
-  ts.model.family = "torchscript";
+  ts.model.family = ModelFamily::kTorchScript;
   Checkpoint(ts, 10, 0.5f);
   EXPECT_THAT(Export("ts").status().message(), HasSubstr("only gpt2 exports"));
 

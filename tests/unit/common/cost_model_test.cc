@@ -20,10 +20,10 @@ TEST(CostModelTest, Gpt2SmallHasItsKnownParameterCount) {
 
 TEST(CostModelTest, FootprintCountsOptimizerState) {
   Trial t;
-  t.training.optimizer = "adamw";
+  t.training.optimizer = OptimizerKind::kAdamW;
   auto adam = EstimateTrialFootprint(t);
   EXPECT_EQ(adam.optimizer_bytes, adam.parameters * 8);
-  t.training.optimizer = "sgd";
+  t.training.optimizer = OptimizerKind::kSgd;
   auto sgd = EstimateTrialFootprint(t);
   EXPECT_EQ(sgd.optimizer_bytes, sgd.parameters * 4);
   EXPECT_GT(adam.total_bytes(), sgd.total_bytes());
@@ -147,7 +147,7 @@ TEST(CostModelTest, Gpt2sCausalMaskIsABufferCountedOnce) {
 
 TEST(CostModelTest, TorchScriptChildrenCountWhatWasMeasuredForTheirMicroBatch) {
   Trial t;
-  t.model.family = "torchscript";
+  t.model.family = ModelFamily::kTorchScript;
   t.model.context_length = 32;
   ModuleLayer block;
   block.name = "block";

@@ -50,7 +50,7 @@ TEST(JobTest, ParsesTheIssueManifest) {
   EXPECT_EQ(job->metadata.labels.at("team"), "research");
   EXPECT_EQ(job->spec.model.n_layer, 4);
   EXPECT_EQ(job->spec.model.n_embd, 128);
-  EXPECT_EQ(job->spec.dataset.format, "text");
+  EXPECT_EQ(job->spec.dataset.format, DatasetFormat::kText);
   EXPECT_EQ(job->spec.dataset.resolved_path, "/base/data/corpus.txt");
   EXPECT_DOUBLE_EQ(job->spec.dataset.validation_fraction, 0.05);
   EXPECT_EQ(job->spec.training.steps, 200);
@@ -82,7 +82,7 @@ TEST(JobTest, TokenFormatsBoundTheVocabulary) {
   };
   auto big = with("tokens-u32", "100000");
   ASSERT_TRUE(big.ok()) << big.status().message();
-  EXPECT_EQ(big->spec.dataset.format, "tokens-u32");
+  EXPECT_EQ(big->spec.dataset.format, DatasetFormat::kTokensU32);
   auto narrow = with("tokens-u16", "100000");
   EXPECT_THAT(narrow.status().message(), HasSubstr("<= 65536 for the tokens-u16 format"));
   auto unknown = with("tokens-u64", "256");
@@ -154,7 +154,7 @@ TEST(JobTest, ModelAndEnumFieldsCanBeSearched) {
   ASSERT_EQ(trials->size(), 6u);
   EXPECT_EQ((*trials)[5].name, "gpt2-sweep-l6-optsgd-wd0p1");
   EXPECT_EQ((*trials)[5].model.n_layer, 6);
-  EXPECT_EQ((*trials)[5].training.optimizer, "sgd");
+  EXPECT_EQ((*trials)[5].training.optimizer, OptimizerKind::kSgd);
 }
 
 TEST(JobTest, PrecisionIsATrainingFieldAndAGridAxis) {
@@ -392,7 +392,7 @@ TEST(JobTest, ModelSpecComesBackFromItsJson) {
   t.model.vocab_size = 1000;
   auto back = ModelSpecFromJson(TrialConfigJson(t)["model"]);
   ASSERT_TRUE(back.ok()) << back.status();
-  EXPECT_EQ(back->family, "gpt2");
+  EXPECT_EQ(back->family, ModelFamily::kGpt2);
   EXPECT_EQ(back->n_layer, 3);
   EXPECT_EQ(back->n_embd, 48);
   EXPECT_EQ(back->n_head, 6);
@@ -521,11 +521,59 @@ TEST(JobTest, LearningRateSchedules) {
   t.warmup_steps = 4;
   EXPECT_DOUBLE_EQ(LearningRateAt(t, 0), 0.25);
   EXPECT_DOUBLE_EQ(LearningRateAt(t, 3), 1.0);
-  t.lr_schedule = "cosine";
+  t.lr_schedule = LrSchedule::kCosine;
   t.warmup_steps = 0;
   EXPECT_DOUBLE_EQ(LearningRateAt(t, 0), 1.0);
   EXPECT_NEAR(LearningRateAt(t, 5), 0.55, 1e-12);
   EXPECT_NEAR(LearningRateAt(t, 10), 0.1, 1e-12);
+}
+
+/// Every value of E named as `names` says, in the enum's order, and read back from its name.
+template <typename E>
+void NamedInOrder(const std::vector<E>& values, const std::vector<std::string>& names) {
+  EXPECT_EQ(NamesOf<E>(), names);
+  ASSERT_EQ(values.size(), names.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    EXPECT_STREQ(NameOf(values[i]), names[i].c_str());
+    EXPECT_EQ(ParseName<E>(names[i]), values[i]) << names[i];
+    EXPECT_EQ(NameProblem<E>(names[i]), "") << names[i];
+  }
+}
+
+TEST(JobTest, ClosedSetsAreEnumsNamedAsInTheManifest) {
+  NamedInOrder<ModelFamily>(
+      {ModelFamily::kGpt2, ModelFamily::kTorchScript, ModelFamily::kMlp, ModelFamily::kResNet},
+      {"gpt2", "torchscript", "mlp", "resnet"});
+  NamedInOrder<DatasetFormat>({DatasetFormat::kText, DatasetFormat::kTokensU16,
+                               DatasetFormat::kTokensU32, DatasetFormat::kImagesU8},
+                              {"text", "tokens-u16", "tokens-u32", "images-u8"});
+  NamedInOrder<OptimizerKind>({OptimizerKind::kAdamW, OptimizerKind::kSgd}, {"adamw", "sgd"});
+  NamedInOrder<LrSchedule>({LrSchedule::kConstant, LrSchedule::kCosine}, {"constant", "cosine"});
+  NamedInOrder<OffloadTier>({OffloadTier::kHost, OffloadTier::kDisk}, {"host", "disk"});
+  NamedInOrder<Precision>({Precision::kFp32, Precision::kBf16}, {"fp32", "bf16"});
+  NamedInOrder<InitFormat>({InitFormat::kSafetensors}, {"safetensors"});
+  EXPECT_FALSE(ParseName<LrSchedule>("Cosine"));  // names are exact
+  EXPECT_FALSE(ParseName<ModelFamily>(""));
+  EXPECT_EQ(NameProblem<OptimizerKind>("adam"), "must be one of: adamw, sgd (got 'adam')");
+}
+
+TEST(JobTest, TheJobJsonNamesClosedSetsAsTheManifestDoes) {
+  // The JSON fingerprints trials (earlier runs' results and checkpoints are found by it): the
+  // enums must not change its text.
+  Trial t;
+  t.model.family = ModelFamily::kResNet;
+  t.dataset.format = DatasetFormat::kImagesU8;
+  t.training.optimizer = OptimizerKind::kSgd;
+  t.training.lr_schedule = LrSchedule::kCosine;
+  const nlohmann::json j = TrialConfigJson(t);
+  EXPECT_EQ(j["model"]["family"], "resnet");
+  EXPECT_EQ(j["dataset"]["format"], "images-u8");
+  EXPECT_EQ(j["dataset"]["imageShape"], nlohmann::json({3, 32, 32}));
+  EXPECT_EQ(j["training"]["optimizer"], "sgd");
+  EXPECT_EQ(j["training"]["lrSchedule"], "cosine");
+  // The fingerprints the string fields gave these trials (814125b).
+  EXPECT_EQ(TrialFingerprint(t), "4f7dcbfa888ccc4a");
+  EXPECT_EQ(TrialFingerprint(Trial{}), "ccab0555d3a8ef52");
 }
 
 }  // namespace

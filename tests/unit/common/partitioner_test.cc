@@ -172,7 +172,7 @@ TEST(PartitionerTest, ExplicitBoundariesOverride) {
 
 TEST(PartitionerTest, TheOptimizerStepsWhereTheCostModelSaysItIsCheaper) {
   Trial t = Gpt2(6, 128);
-  t.training.optimizer = "adamw";  // 8 bytes of state per parameter
+  t.training.optimizer = OptimizerKind::kAdamW;  // 8 bytes of state per parameter
   PartitionOptions o;
   EXPECT_EQ(ChooseOptimizerPlacement(t, o), OptimizerPlacement::kDevice);  // a CPU: free link
   o.host_link_bytes_per_second = 25e9;
@@ -216,7 +216,7 @@ TEST(PartitionerTest, TheOptimizerFlagLeavesAutoToTheCostModelAndNamesItsChoices
 
 TEST(PartitionerTest, AShardWithEnoughComputeToHideItsStatesCopiesStepsOnTheDevice) {
   Trial t = Gpt2(6, 128);
-  t.training.optimizer = "adamw";
+  t.training.optimizer = OptimizerKind::kAdamW;
   PartitionOptions o;
   o.explicit_boundaries = {1, 7};  // the embedding, the six blocks, the head
   o.host_link_bytes_per_second = 25e9;
@@ -256,7 +256,7 @@ TEST(PartitionerTest, AShardWithEnoughComputeToHideItsStatesCopiesStepsOnTheDevi
 
 TEST(PartitionerTest, AnOptimizerOnTheHostLeavesItsStateOffTheDevice) {
   Trial t = Gpt2(12, 256);
-  t.training.optimizer = "adamw";
+  t.training.optimizer = OptimizerKind::kAdamW;
   const int64_t full = EstimateTrialFootprint(t).total_bytes();
   PartitionOptions o;
   o.device_budget = full * 3 / 10;
@@ -290,7 +290,7 @@ TEST(PartitionerTest, AnOptimizerOnTheHostLeavesItsStateOffTheDevice) {
 
 TEST(PartitionerTest, LeftToTheCostModelTheOptimizerStepsOnTheHostWhereOnlyThatFits) {
   Trial t = Gpt2(12, 256);
-  t.training.optimizer = "adamw";
+  t.training.optimizer = OptimizerKind::kAdamW;
   PartitionOptions o;  // a CPU device: the cost model's choice is the device
   ASSERT_EQ(ChooseOptimizerPlacement(t, o), OptimizerPlacement::kDevice);
   // The largest budget at which no plan fits with AdamW's state on the device.
@@ -332,7 +332,7 @@ TEST(PartitionerTest, LeftToTheCostModelTheOptimizerStepsOnTheHostWhereOnlyThatF
 
 TEST(PartitionerTest, WhereOnlyTheHostOptimizerFitsShardsWhoseStateFitsStillStepOnTheDevice) {
   Trial t = Gpt2(12, 256);
-  t.training.optimizer = "adamw";
+  t.training.optimizer = OptimizerKind::kAdamW;
   PartitionOptions o;  // a GPU's rates: the cost model steps on the device
   o.host_link_bytes_per_second = 25e9;
   o.host_optimizer_bytes_per_second = 20e9;

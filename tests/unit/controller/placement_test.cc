@@ -17,7 +17,7 @@ using ::testing::HasSubstr;
 Trial MakeTrial(const std::string& name, int64_t layers, int64_t steps) {
   Trial t;
   t.name = name;
-  t.model = {"gpt2", layers, 64, 4, 64, 256};
+  t.model = {ModelFamily::kGpt2, layers, 64, 4, 64, 256};
   t.training.steps = steps;
   t.training.batch_size = 8;
   t.dataset.path = t.dataset.resolved_path = "/data/corpus.txt";
@@ -125,7 +125,7 @@ TEST(PlacementTest, ATrialThatFitsOnlyWithItsOptimizerOnTheHostGoesToAnAgentThat
     }
   }
   // With the state on disk the agent steps on the device whatever its flag (as it plans).
-  t.resources.offload = "disk";
+  t.resources.offload = OffloadTier::kDisk;
   EXPECT_EQ(PlanOptionsOn(t, host).optimizer_placement, std::nullopt);
 }
 

@@ -173,7 +173,7 @@ TEST_F(CudaExecutorTest, SpilledTrainingOnAGpuEqualsUnshardedTrainingOnIt) {
       } else {
         t.resources.device_memory_budget = full / v.shards;
       }
-      if (v.disk) t.resources.offload = "disk";
+      if (v.disk) t.resources.offload = OffloadTier::kDisk;
       auto exec = Factory(gpu, v.host_optimizer)->Create(t, *data);
       ASSERT_TRUE(exec.ok()) << exec.status();
       EXPECT_GE((*exec)->stats().shards, 2);
@@ -208,7 +208,7 @@ TEST_F(CudaExecutorTest, Bf16SpilledTrainingOnAGpuTracksBf16UnshardedTrainingOnI
     SCOPED_TRACE(v.name);
     Trial t = base;
     t.resources.device_memory_budget = EstimateTrialFootprint(t).total_bytes() / 3;
-    if (v.disk) t.resources.offload = "disk";
+    if (v.disk) t.resources.offload = OffloadTier::kDisk;
     auto exec = Factory(gpu, v.host_optimizer, v.transit)->Create(t, *data);
     ASSERT_TRUE(exec.ok()) << exec.status();
     EXPECT_GE((*exec)->stats().shards, 2);
@@ -323,7 +323,7 @@ TEST_F(CudaExecutorTest, ATrialMovesBetweenGpusWithTheLossesOfOneThatStayed) {
     SCOPED_TRACE(c.name);
     Trial t = Medium("adamw");
     if (c.spilled) t.resources.device_memory_budget = EstimateTrialFootprint(t).total_bytes() / 3;
-    if (c.disk) t.resources.offload = "disk";
+    if (c.disk) t.resources.offload = OffloadTier::kDisk;
     if (c.within_steps) t.training.gradient_accumulation_steps = 2;
     ExecutorOptions o;
     o.spill_dir = spill_.string();

@@ -30,7 +30,7 @@ class DatasetTest : public fakes::TempDirTest {
   DatasetSpec Write(const std::string& name, const std::string& bytes, const std::string& format) {
     std::ofstream(dir_ / name, std::ios::binary) << bytes;
     DatasetSpec spec;
-    spec.format = format;
+    spec.format = *ParseName<DatasetFormat>(format);
     spec.path = name;
     spec.resolved_path = (dir_ / name).string();
     spec.validation_fraction = 0.25;

@@ -166,11 +166,11 @@ TEST(DeviceMemoryTest, Bf16SelectiveRecomputeKeepsNoCastWeightsOfTheProductsItRe
 Trial ImageTrial(const std::string& family, int64_t layers, int64_t width, int64_t batch) {
   Trial t;
   t.name = family;
-  t.model.family = family;
+  t.model.family = *ParseName<ModelFamily>(family);
   t.model.n_layer = layers;
   t.model.n_embd = width;
   t.model.num_classes = 10;
-  t.dataset.format = "images-u8";
+  t.dataset.format = DatasetFormat::kImagesU8;
   t.dataset.image_shape = {3, 16, 16};
   t.training.batch_size = batch;
   return t;

@@ -25,7 +25,7 @@ inline Trial GptTrial(const std::string& name, const std::string& optimizer, int
   t.model.n_head = heads;
   t.model.context_length = context;
   t.model.vocab_size = 256;
-  t.training.optimizer = optimizer;
+  t.training.optimizer = *ParseName<OptimizerKind>(optimizer);
   t.training.learning_rate = optimizer == "sgd" ? 0.05 : adamw_lr;
   t.training.batch_size = 8;
   t.training.steps = 30;

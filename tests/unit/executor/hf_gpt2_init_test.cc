@@ -20,7 +20,7 @@ class HfGpt2InitTest : public fakes::TempDirTest {
  protected:
   HfGpt2InitTest() : TempDirTest("hydra_hf_gpt2_init_") {}
   static ModelSpec Spec() {
-    return {"gpt2",           /*n_layer=*/2, /*n_embd=*/16, /*n_head=*/2, /*context_length=*/8,
+    return {ModelFamily::kGpt2, /*n_layer=*/2, /*n_embd=*/16, /*n_head=*/2, /*context_length=*/8,
             /*vocab_size=*/40};
   }
   static std::vector<NamedBuffer> StateOf(const LayerSequence& seq) {
@@ -106,7 +106,7 @@ TEST_F(HfGpt2InitTest, Bf16AndF16CheckpointsWidenToFp32AndExtraPositionsAreCut) 
 Trial InitTrial(const std::string& path, int64_t n_embd = 16) {
   Trial t;
   t.name = "t";
-  t.model = {"gpt2",           /*n_layer=*/2, n_embd, /*n_head=*/2, /*context_length=*/8,
+  t.model = {ModelFamily::kGpt2, /*n_layer=*/2, n_embd, /*n_head=*/2, /*context_length=*/8,
              /*vocab_size=*/40};
   ModelInit init;
   init.path = init.resolved_path = path;

@@ -13,7 +13,7 @@ namespace {
 using ::testing::HasSubstr;
 
 ModelSpec Tiny() {
-  return {"gpt2",           /*n_layer=*/2, /*n_embd=*/4, /*n_head=*/2, /*context_length=*/6,
+  return {ModelFamily::kGpt2, /*n_layer=*/2, /*n_embd=*/4, /*n_head=*/2, /*context_length=*/6,
           /*vocab_size=*/10};
 }
 

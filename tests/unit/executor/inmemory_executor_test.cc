@@ -23,7 +23,7 @@ Trial SmallTrial() {
   t.training.batch_size = 8;
   t.training.steps = 200;
   t.training.seed = 5;
-  t.dataset.format = "text";
+  t.dataset.format = DatasetFormat::kText;
   t.dataset.resolved_path = std::string(HYDRA_SOURCE_DIR) + "/examples/data/corpus.txt";
   t.dataset.validation_fraction = 0.05;
   t.dataset.eval_sequences = 32;
@@ -100,8 +100,8 @@ TEST_F(InMemoryExecutorTest, CheckpointRoundTripIsBitExact) {
 TEST_F(InMemoryExecutorTest, InterruptedThenResumedEqualsUninterrupted) {
   for (const char* opt : {"adamw", "sgd"}) {
     Trial t = SmallTrial();
-    t.training.optimizer = opt;
-    t.training.lr_schedule = "cosine";
+    t.training.optimizer = *ParseName<OptimizerKind>(opt);
+    t.training.lr_schedule = LrSchedule::kCosine;
     t.training.warmup_steps = 3;
     t.training.steps = 12;
     t.training.grad_clip_norm = 1.0;

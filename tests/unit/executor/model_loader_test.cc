@@ -153,7 +153,7 @@ TEST_F(ModelLoaderTest, AFailedMeasureIsNotLeftClaimed) {
   // would wait forever on a claim no thread holds), and a good file at that path afterwards
   // loads (the failure is not kept either).
   Trial t = testing::GptTrial("ts", "adamw", 2, 32, 4, 64, 5, 3e-4);
-  t.model.family = "torchscript";
+  t.model.family = ModelFamily::kTorchScript;
   t.model.path = t.model.resolved_path = (dir_ / "bad.pt").string();
   { std::ofstream(t.model.resolved_path) << "not a TorchScript archive"; }
   for (int attempt = 0; attempt < 2; ++attempt) {

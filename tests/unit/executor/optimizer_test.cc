@@ -13,7 +13,7 @@ void Compare(const std::string& optimizer) {
   auto w2 = w1.detach().clone().requires_grad_(true);
   auto b2 = b1.detach().clone().requires_grad_(true);
   TrainingSpec t;
-  t.optimizer = optimizer;
+  t.optimizer = *ParseName<OptimizerKind>(optimizer);
   t.weight_decay = 0.1;
   t.momentum = 0.9;
   Optimizer ours({{"w", w1}, {"b", b1}}, t);
@@ -115,7 +115,7 @@ TEST(OptimizerTest, StateIsNamedPerParameter) {
   ASSERT_EQ(adam.NamedState().size(), 2u);
   EXPECT_EQ(adam.NamedState()[0].first, "a.exp_avg");
   EXPECT_EQ(adam.StateBytes(), 2 * 4 * 4);
-  t.optimizer = "sgd";
+  t.optimizer = OptimizerKind::kSgd;
   Optimizer sgd({{"a", a}}, t);
   ASSERT_EQ(sgd.NamedState().size(), 1u);
   EXPECT_EQ(sgd.NamedState()[0].first, "a.momentum_buffer");

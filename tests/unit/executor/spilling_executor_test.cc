@@ -229,7 +229,7 @@ void SpillingExecutorTest::ExpectVariantsTrackUnsharded(const Trial& base,
     } else {
       t.resources.device_memory_budget = BudgetFor(t, v.min_shards, v.discrete, v.disk);
     }
-    if (v.disk) t.resources.offload = "disk";
+    if (v.disk) t.resources.offload = OffloadTier::kDisk;
     auto factory = Factory(v.link, v.host_optimizer, v.discrete);
     auto exec = Make(factory.get(), t);
     ASSERT_TRUE(exec.ok()) << exec.status();
@@ -355,7 +355,7 @@ TEST_F(SpillingExecutorTest, CheckpointsMoveBetweenPlans) {
 
   Trial spilled = t;
   spilled.resources.device_memory_budget = BudgetFor(t, 4);
-  spilled.resources.offload = "disk";
+  spilled.resources.offload = OffloadTier::kDisk;
   auto factory = Factory();
   auto a = Make(factory.get(), spilled);
   ASSERT_TRUE(a.ok());
@@ -603,7 +603,7 @@ TEST_F(SpillingExecutorTest, OnADiscreteDeviceTheFirstShardStaysThereForTheNextS
     SCOPED_TRACE(disk ? "disk tier" : "host tier");
     Trial t = Small("adamw");
     t.resources.shard_boundaries = {1, 2, 3, 4, 5};
-    if (disk) t.resources.offload = "disk";
+    if (disk) t.resources.offload = OffloadTier::kDisk;
     auto reference = Make(Factory().get(), t);  // the same shards on a CPU: no device copies
     ASSERT_TRUE(reference.ok()) << reference.status();
     ExecutorOptions o = TwoDiscreteDevices();
@@ -1062,7 +1062,7 @@ TEST_F(SpillingExecutorTest, NotEnoughFreeDiskIsRefusedBeforeTraining) {
   t.model.n_head = 128;
   t.training.batch_size = 1;
   t.resources.device_memory_budget = 256LL << 30;
-  t.resources.offload = "disk";
+  t.resources.offload = OffloadTier::kDisk;
   auto factory = Factory();
   auto data = TokenDataset::Open(t.dataset, t.model.context_length + 1);
   ASSERT_TRUE(data.ok());
@@ -1075,7 +1075,7 @@ TEST_F(SpillingExecutorTest, NotEnoughFreeDiskIsRefusedBeforeTraining) {
 TEST_F(SpillingExecutorTest, DiskFailureIsAClearError) {
   Trial t = Small("adamw");
   t.resources.device_memory_budget = BudgetFor(t, 2);
-  t.resources.offload = "disk";
+  t.resources.offload = OffloadTier::kDisk;
   auto factory = Factory();
   auto exec = Make(factory.get(), t);
   ASSERT_TRUE(exec.ok()) << exec.status();
@@ -1109,7 +1109,7 @@ TEST_F(SpillingExecutorTest, DiskTierKeepsResidentMemoryNearTheBudget) {
   // ~35M parameters: 425 MiB of AdamW state, against a 96 MiB device budget.
   Trial t = Shaped(20, 384, 6, 64);
   t.resources.device_memory_budget = 96 << 20;
-  t.resources.offload = "disk";
+  t.resources.offload = OffloadTier::kDisk;
   t.resources.host_memory_budget = 8 << 20;  // RAM is scarce: recompute rather than stash
   const int64_t state = EstimateTrialFootprint(t).parameter_bytes * 3;
   ASSERT_GT(state, 4 * *t.resources.device_memory_budget);

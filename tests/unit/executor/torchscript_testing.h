@@ -99,7 +99,7 @@ def forward(self, x):
             {{"ln_w", torch::ones({C})}, {"ln_b", torch::zeros({C})}, {"lm_w", w({V, C})}}));
   model.define("def forward(self, idx):\n    return self.head.forward(" + chain + ")\n");
   model.save(path);
-  spec->family = "torchscript";
+  spec->family = ModelFamily::kTorchScript;
   spec->path = spec->resolved_path = path;
 }
 

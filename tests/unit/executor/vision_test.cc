@@ -51,11 +51,11 @@ class VisionTest : public ::testing::TestWithParam<std::string> {
   Trial Make(const std::string& family) {
     Trial t;
     t.name = family;
-    t.model.family = family;
+    t.model.family = *ParseName<ModelFamily>(family);
     t.model.n_layer = family == "mlp" ? 4 : 3;
     t.model.n_embd = family == "mlp" ? 256 : 8;
     t.model.num_classes = 2;
-    t.dataset.format = "images-u8";
+    t.dataset.format = DatasetFormat::kImagesU8;
     t.dataset.image_shape = {3, 8, 8};
     t.dataset.resolved_path = (dir_ / "images.bin").string();
     t.dataset.eval_sequences = 40;
@@ -114,7 +114,7 @@ TEST_P(VisionTest, SpilledTrainingEqualsInMemoryAndLearns) {
     }
   }
   ASSERT_TRUE(spilled.resources.device_memory_budget.has_value()) << "no 3-shard budget";
-  spilled.resources.offload = "disk";
+  spilled.resources.offload = OffloadTier::kDisk;
   int64_t shards = 0;
   const auto cut = Train(spilled, 12, &shards);
   EXPECT_GE(shards, 3);
@@ -138,7 +138,7 @@ TEST_P(VisionTest, Bf16TracksFp32AndSpillsLikeInMemory) {
   EXPECT_NEAR(bf16.back(), fp32.back(), 0.05 * fp32.back() + 0.01);
   Trial spilled = t;
   spilled.resources.shard_boundaries = {1, 2};
-  spilled.resources.offload = "disk";
+  spilled.resources.offload = OffloadTier::kDisk;
   const auto cut = Train(spilled, 30);
   ASSERT_EQ(cut.size(), bf16.size());
   // Near zero loss, relative differences grow: 0.2% or 1e-3 absolute (1.6e-4 measured).

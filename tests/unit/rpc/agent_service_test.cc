@@ -81,7 +81,7 @@ class AgentServiceTest : public ::testing::Test {
     t.job = "job-1";
     t.job_uid = "uid-1";
     t.name = name;
-    t.model = {"gpt2", 1, 8, 2, 8, 256};
+    t.model = {ModelFamily::kGpt2, 1, 8, 2, 8, 256};
     t.training.steps = steps;
     t.training.batch_size = 2;
     t.training.eval_every_steps = 5;

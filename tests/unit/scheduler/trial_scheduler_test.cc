@@ -121,7 +121,7 @@ class TrialSchedulerTest : public ::testing::Test {
   Trial MakeTrial(const std::string& name, int64_t steps, double lr = 1e-3) {
     Trial t;
     t.name = name;
-    t.model = {"gpt2", 1, 8, 2, 8, 256};
+    t.model = {ModelFamily::kGpt2, 1, 8, 2, 8, 256};
     t.training.steps = steps;
     t.training.learning_rate = lr;
     t.training.batch_size = 2;
@@ -499,9 +499,9 @@ TEST_F(TrialSchedulerTest, DiskSpillingTrialsAreAdmittedWhileAllTheirSpillFilesF
   std::vector<Trial> trials;
   for (const char* n : {"d1", "d2", "d3", "d4"}) {
     Trial t = MakeTrial(n, 6);
-    t.model = {"gpt2", 4, 32, 2, 16, 256};
+    t.model = {ModelFamily::kGpt2, 4, 32, 2, 16, 256};
     t.resources.device_memory_budget = 900 * 1024;
-    t.resources.offload = "disk";
+    t.resources.offload = OffloadTier::kDisk;
     trials.push_back(t);
   }
   auto plan = PlanShards(trials[0], PartitionOptionsFor(trials[0]));

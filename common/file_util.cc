@@ -7,8 +7,6 @@
 #include <cerrno>
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 namespace hydra {
 namespace {
@@ -95,11 +93,19 @@ Status WriteFileAtomically(const std::string& path, const std::string& content) 
 }
 
 StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return ErrnoError("reading " + path, errno);
-  std::stringstream buf;
-  buf << in.rdbuf();
-  return buf.str();
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) return ErrnoError("reading " + path, errno);
+  // To its end, checking every read: an error partway (EIO; EISDIR for a directory) is the
+  // error, never the bytes read before it. (Files of /proc and /sys report no true size.)
+  std::string out;
+  char chunk[1 << 16];
+  while (true) {
+    const ssize_t n = ::read(fd.get(), chunk, sizeof(chunk));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoError("reading " + path, errno);
+    if (n == 0) return out;
+    out.append(chunk, static_cast<size_t>(n));
+  }
 }
 
 StatusOr<std::string> ReadOwnFile(const std::string& path, size_t max_bytes) {

@@ -37,7 +37,12 @@ nlohmann::json CurveJson(const std::vector<CurvePoint>& curve) {
 
 std::vector<CurvePoint> CurveFromJson(const nlohmann::json& j) {
   std::vector<CurvePoint> out;
-  for (const auto& p : j) out.push_back({p.at(0).get<int64_t>(), p.at(1).get<double>()});
+  for (const auto& p : j) {
+    // JSON has no NaN or infinity: nlohmann writes a diverged loss as null.
+    const auto& loss = p.at(1);
+    out.push_back({p.at(0).get<int64_t>(),
+                   loss.is_null() ? std::numeric_limits<double>::quiet_NaN() : loss.get<double>()});
+  }
   return out;
 }
 

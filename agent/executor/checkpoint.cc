@@ -487,11 +487,18 @@ std::string CheckpointStore::PathFor(int64_t step) const {
   return (fs::path(dir_) / name).string();
 }
 
-std::vector<int64_t> CheckpointStore::Steps() const {
+StatusOr<std::vector<int64_t>> CheckpointStore::Steps() const {
   std::vector<int64_t> steps;
   std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(dir_, ec)) {
-    const std::string name = entry.path().filename().string();
+  auto listing_failed = [&] {
+    return UnavailableError("cannot list the checkpoints in " + dir_ + ": " + ec.message());
+  };
+  fs::directory_iterator it(dir_, ec);
+  if (ec == std::errc::no_such_file_or_directory) return steps;
+  if (ec) return listing_failed();
+  for (; it != fs::directory_iterator(); it.increment(ec)) {
+    if (ec) return listing_failed();
+    const std::string name = it->path().filename().string();
     long long step = 0;
     char tail[8] = {0};
     if (std::sscanf(name.c_str(), "ckpt-%lld.%3s", &step, tail) == 2 &&
@@ -499,6 +506,7 @@ std::vector<int64_t> CheckpointStore::Steps() const {
       steps.push_back(step);
     }
   }
+  if (ec) return listing_failed();
   std::sort(steps.begin(), steps.end());
   return steps;
 }
@@ -508,8 +516,10 @@ Status CheckpointStore::Save(int64_t step, const CheckpointData& data) {
   // Checkpoints of later steps are leftovers that resuming skipped (corrupt, or of a run that
   // went further before this one resumed from an older file): they must not take the place of
   // an intact predecessor.
+  auto steps = Steps();
+  if (!steps.ok()) return OkStatus();  // written; the older files wait for the next Save
   std::vector<int64_t> kept;
-  for (int64_t s : Steps()) {
+  for (int64_t s : *steps) {
     std::error_code ec;
     if (s > step) {
       fs::remove(PathFor(s), ec);
@@ -525,10 +535,15 @@ Status CheckpointStore::Save(int64_t step, const CheckpointData& data) {
 }
 
 StatusOr<CheckpointData> CheckpointStore::LoadLatest(std::vector<std::string>* warnings) const {
-  std::vector<int64_t> steps = Steps();
+  ASSIGN_OR_RETURN(std::vector<int64_t> steps, Steps());
   for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
     auto data = ReadCheckpointFile(PathFor(*it));
     if (data.ok()) return data;
+    if (data.status().code() != StatusCode::kDataLoss &&
+        data.status().code() != StatusCode::kNotFound) {  // gone since the listing: as corrupt
+      return Status(data.status().code(),
+                    data.status().message() + "; the older checkpoints are not used instead");
+    }
     if (warnings) {
       warnings->push_back(data.status().message() + "; falling back to an older checkpoint");
     }

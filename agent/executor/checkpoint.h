@@ -55,15 +55,21 @@ class CheckpointStore {
   explicit CheckpointStore(std::string dir, int keep = 2, CheckpointWriteFn write_fn = {})
       : dir_(std::move(dir)), keep_(keep), write_fn_(std::move(write_fn)) {}
 
-  /// Writes the checkpoint of `step`, then removes all but the newest `keep` checkpoints.
+  /// Writes the checkpoint of `step`, then removes all but the newest `keep` checkpoints (and
+  /// later ones, leftovers a resume skipped), where the directory can be listed.
   Status Save(int64_t step, const CheckpointData& data);
 
-  /// The newest checkpoint that reads back intact. Corrupt newer files are skipped and named in
-  /// `warnings`. NOT_FOUND if there is none.
+  /// The newest checkpoint that reads back intact. Corrupt newer files (DATA_LOSS) are skipped
+  /// and named in `warnings`; any other error reading one (a file that cannot be opened, no
+  /// memory) is returned, as the directory's listing's is: the older checkpoint is not taken
+  /// for the newest, and the next Save does not remove a newer file that may well be intact.
+  /// NOT_FOUND if there is none.
   StatusOr<CheckpointData> LoadLatest(std::vector<std::string>* warnings) const;
 
-  /// Steps of the checkpoints on disk, ascending.
-  std::vector<int64_t> Steps() const;
+  /// Steps of the checkpoints on disk, ascending; none if the directory does not exist.
+  /// UNAVAILABLE naming the directory when it cannot be listed (EIO, a stale NFS handle, not
+  /// a directory): nothing is known of its checkpoints then, and none may be taken as missing.
+  StatusOr<std::vector<int64_t>> Steps() const;
   std::string PathFor(int64_t step) const;
   const std::string& dir() const { return dir_; }
 

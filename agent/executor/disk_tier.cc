@@ -19,6 +19,15 @@ namespace fs = std::filesystem;
 
 constexpr uint64_t kSpillMagic = 0x31334858'4c4c5053;  // "SPLLXH31"
 
+/// `what` failed with errno `err`. A full disk or quota is UNAVAILABLE, not the trial's fault:
+/// its step stops, and it resumes from its last checkpoint once there is room (or elsewhere).
+Status SpillWriteError(const std::string& what, int err) {
+  if (err != ENOSPC && err != EDQUOT) return ErrnoError(what, err);
+  return UnavailableError(what + ": " + std::strerror(err) +
+                          " (the spill directory is full; the trial can resume from its last "
+                          "checkpoint)");
+}
+
 Status WriteFully(int fd, const void* p, size_t n, off_t offset, const std::string& path,
                   int* err = nullptr) {
   const char* c = static_cast<const char*>(p);
@@ -27,7 +36,7 @@ Status WriteFully(int fd, const void* p, size_t n, off_t offset, const std::stri
     if (w < 0) {
       if (errno == EINTR) continue;
       if (err) *err = errno;
-      return ErrnoError("writing spill file " + path, errno);
+      return SpillWriteError("writing spill file " + path, errno);
     }
     c += w;
     n -= static_cast<size_t>(w);
@@ -191,7 +200,7 @@ Status DiskTier::WriteFile(const std::string& key, const std::vector<ConstBytes>
   const bool wanted_direct = direct;
   int fd = OpenSpill(tmp, O_WRONLY | O_CREAT | O_TRUNC, &direct);
   if (wanted_direct && !direct) direct_io_ = false;  // the file system has no O_DIRECT
-  if (fd < 0) return ErrnoError("creating spill file " + tmp, errno);
+  if (fd < 0) return SpillWriteError("creating spill file " + tmp, errno);
   // XXH3-64 rather than CRC-32: at tens of GB/s it costs the training cores almost nothing
   // (zlib's CRC-32 runs at ~2 GB/s here, a second of CPU per step of GPT-2 small from disk).
   // The hash covers the padding between parts (zeros) as well.
@@ -227,7 +236,7 @@ Status DiskTier::WriteFile(const std::string& key, const std::vector<ConstBytes>
   // Through the page cache: flush and drop the pages, since spilled state must leave memory
   // and later reads must measure the disk rather than the page cache.
   if (s.ok() && !direct && ::fdatasync(fd) != 0) {
-    s = ErrnoError("flushing spill file " + tmp, errno);
+    s = SpillWriteError("flushing spill file " + tmp, errno);
   }
   if (s.ok() && !direct) ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
   ::close(fd);

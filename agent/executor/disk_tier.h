@@ -83,7 +83,8 @@ class DiskTier {
   Status Init();
 
   /// Writes `parts` as file `key` (at their SpillLayout offsets), replacing it atomically. A
-  /// full disk or I/O error is RESOURCE_EXHAUSTED / DATA_LOSS naming the file. When `slab` is
+  /// full disk or quota is UNAVAILABLE (the trial resumes from its last checkpoint: not its
+  /// fault), an I/O error DATA_LOSS, each naming the file. When `slab` is
   /// given and the parts lie in it at their layout offsets, the slab goes out with O_DIRECT;
   /// the future keeps it alive. `ready`, if given, runs first on the I/O thread and returns
   /// once the parts hold their bytes (a GPU's copy out into them is done): the caller does not

@@ -332,7 +332,9 @@ grpc::Status AgentService::AssignTrial(grpc::ServerContext* context,
                             "); retry attempt " + std::to_string(attempt));
   }
   // Resume-from: what the checkpoint directory holds must match what the controller expects.
-  const auto steps = executor::CheckpointStore(ckpt_dir).Steps();
+  const auto listed = executor::CheckpointStore(ckpt_dir).Steps();
+  if (!listed.ok()) return ToGrpc(listed.status());
+  const std::vector<int64_t>& steps = *listed;
   const int64_t want = request->resume_from_step();
   if (want < 0 && !steps.empty()) {
     return grpc::Status(grpc::FAILED_PRECONDITION, "resume_from_step " + std::to_string(want) +

@@ -995,7 +995,10 @@ Status TrialScheduler::Start(Slot& slot) {
   r->peak_device_bytes = stats.peak_device_bytes;
   slot.device_bytes = stats.peak_device_bytes;
   slot.store = std::make_unique<CheckpointStore>(slot.p.checkpoint_dir);
-  if (!slot.store->Steps().empty()) {
+  // A directory that cannot be listed is not an empty one: UNAVAILABLE (the trial is
+  // interrupted and resumes later), never a fresh start over its checkpoints.
+  ASSIGN_OR_RETURN(const std::vector<int64_t> steps, slot.store->Steps());
+  if (!steps.empty()) {
     std::vector<std::string> warnings;
     auto ckpt = slot.store->LoadLatest(&warnings);
     for (const auto& w : warnings) observer_->OnTrialMessage(trial, w);
@@ -1109,18 +1112,26 @@ Status TrialScheduler::Finish(Slot& slot) {
   RETURN_IF_ERROR(EvaluateAtStep(slot));
   CloseRecord(r);
   if (slot.saved_step != r->step) RETURN_IF_ERROR(SaveCheckpoint(slot));
+  // Past the final checkpoint a full disk (the model files, result.json) is the storage's
+  // problem: the trial is interrupted, and a resume from that checkpoint finishes it.
+  auto full_disk_resumes = [](Status s) {
+    if (s.code() != StatusCode::kResourceExhausted) return s;
+    return UnavailableError(s.message() +
+                            "; the trial finishes from its final checkpoint when it resumes");
+  };
   if (factory_->WritesModelFiles(r->trial)) {
     // The trained weights where Python reads them, next to the checkpoints:
     // torch.load(<dir>/model.pt), GPT2LMHeadModel.from_pretrained(<dir>).
     auto state = slot.exec->ExportState();
     if (!state.ok()) return state.status();
-    RETURN_IF_ERROR(factory_->WriteModelFiles(r->trial, *state, slot.p.checkpoint_dir));
+    RETURN_IF_ERROR(
+        full_disk_resumes(factory_->WriteModelFiles(r->trial, *state, slot.p.checkpoint_dir)));
   }
   r->wall_seconds += Seconds(Clock::now() - start);
   r->peak_device_bytes = slot.exec->stats().peak_device_bytes;
   TrialResult final_result = *r;
   final_result.state = kTrialSucceeded;
-  RETURN_IF_ERROR(observer_->OnTrialSucceeding(final_result));
+  RETURN_IF_ERROR(full_disk_resumes(observer_->OnTrialSucceeding(final_result)));
   r->state = kTrialSucceeded;
   slot.exec.reset();  // free the trial's memory for the trials still waiting
   return OkStatus();

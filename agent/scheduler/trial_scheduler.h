@@ -37,7 +37,8 @@ class TrialObserverInterface {
   /// A checkpoint of `trial` was written in `seconds`.
   virtual void OnCheckpoint(const std::string& trial, double seconds) {}
   /// Runs before a trial is marked Succeeded (the final checkpoint is written); an error fails
-  /// the trial. The local runner writes result.json here.
+  /// the trial, but RESOURCE_EXHAUSTED (a full disk) interrupts it: it finishes when resumed.
+  /// The local runner writes result.json here.
   virtual Status OnTrialSucceeding(const TrialResult& result) { return OkStatus(); }
 };
 

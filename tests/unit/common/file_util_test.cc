@@ -35,6 +35,20 @@ TEST_F(FileUtilTest, WritesAndReplacesAtomically) {
   EXPECT_EQ(ReadFile((dir_ / "none").string()).status().code(), StatusCode::kNotFound);
 }
 
+TEST_F(FileUtilTest, ReadFileFailsOnAReadErrorInsteadOfReturningWhatCameBefore) {
+  // A directory opens, and its read fails (EISDIR), as an I/O error partway would: once an
+  // empty text and OK (a result.json read so was then deleted as unreadable).
+  auto dir = ReadFile(dir_.string());
+  EXPECT_FALSE(dir.ok());
+  EXPECT_NE(dir.status().message().find(dir_.string()), std::string::npos);
+  // Files larger than one read, and empty ones, come back whole.
+  const std::string big(200000, 'x');
+  ASSERT_TRUE(WriteFileAtomically((dir_ / "big").string(), big).ok());
+  EXPECT_EQ(*ReadFile((dir_ / "big").string()), big);
+  ASSERT_TRUE(WriteFileAtomically((dir_ / "empty").string(), "").ok());
+  EXPECT_EQ(*ReadFile((dir_ / "empty").string()), "");
+}
+
 TEST_F(FileUtilTest, ReadOwnFileReadsOnlyARegularFileOfBoundedSize) {
   const fs::path own = dir_ / "ATTEMPT";
   std::ofstream(own) << "3\n";

@@ -3,7 +3,9 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/mount.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -258,7 +260,7 @@ TEST_F(CheckpointTest, StoreKeepsNewestAndFallsBackPastCorruption) {
   CheckpointStore store((dir_ / "trial").string(), 2);
   EXPECT_EQ(store.LoadLatest(nullptr).status().code(), StatusCode::kNotFound);
   for (int64_t step : {10, 20, 30}) ASSERT_TRUE(store.Save(step, Sample(step)).ok());
-  EXPECT_EQ(store.Steps(), (std::vector<int64_t>{20, 30}));
+  EXPECT_EQ(*store.Steps(), (std::vector<int64_t>{20, 30}));
   std::vector<std::string> warnings;
   auto latest = store.LoadLatest(&warnings);
   ASSERT_TRUE(latest.ok());
@@ -278,9 +280,45 @@ TEST_F(CheckpointTest, SavingAnOlderStepRemovesLaterLeftovers) {
   CheckpointStore store((dir_ / "trial").string(), 2);
   for (int64_t step : {10, 20, 30}) ASSERT_TRUE(store.Save(step, Sample(step)).ok());
   ASSERT_TRUE(store.Save(15, Sample(15)).ok());
-  EXPECT_EQ(store.Steps(), (std::vector<int64_t>{15}));
+  EXPECT_EQ(*store.Steps(), (std::vector<int64_t>{15}));
   ASSERT_TRUE(store.Save(16, Sample(16)).ok());
-  EXPECT_EQ(store.Steps(), (std::vector<int64_t>{15, 16}));
+  EXPECT_EQ(*store.Steps(), (std::vector<int64_t>{15, 16}));
+}
+
+TEST_F(CheckpointTest, ADirectoryThatCannotBeListedIsNotAnEmptyOne) {
+  // Once read as "no checkpoints": the trial started over from step 0, and a later save,
+  // with the listing working again, removed the run's newer checkpoints as leftovers.
+  std::ofstream(dir_ / "not-a-directory") << "x";
+  CheckpointStore store((dir_ / "not-a-directory").string());
+  auto steps = store.Steps();
+  EXPECT_EQ(steps.status().code(), StatusCode::kUnavailable) << steps.status();
+  EXPECT_NE(steps.status().message().find("not-a-directory"), std::string::npos);
+  EXPECT_EQ(store.LoadLatest(nullptr).status().code(), StatusCode::kUnavailable);
+  EXPECT_TRUE(CheckpointStore((dir_ / "missing").string()).Steps()->empty()) << "none yet";
+}
+
+TEST_F(CheckpointTest, ANewestCheckpointThatCannotBeReadForNowIsNotSkipped) {
+  // Only a corrupt newest checkpoint (DATA_LOSS) gives way to an older one. Another error (here
+  // ENXIO: a socket where the newest is; in life EMFILE, ENOMEM) once did too, and the next
+  // save at the older step then removed the newer file as a leftover.
+  CheckpointStore store((dir_ / "trial").string(), 3);
+  for (int64_t step : {10, 20}) ASSERT_TRUE(store.Save(step, Sample(step)).ok());
+  const std::string newest = store.PathFor(30);
+  const int sock = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  ASSERT_GE(sock, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  ASSERT_LT(newest.size(), sizeof(addr.sun_path));
+  std::strncpy(addr.sun_path, newest.c_str(), sizeof(addr.sun_path) - 1);
+  ASSERT_EQ(::bind(sock, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)), 0);
+  std::vector<std::string> warnings;
+  auto latest = store.LoadLatest(&warnings);
+  ::close(sock);
+  ASSERT_FALSE(latest.ok());
+  EXPECT_NE(latest.status().code(), StatusCode::kDataLoss) << latest.status();
+  EXPECT_NE(latest.status().message().find("ckpt-0000000030.hck"), std::string::npos);
+  EXPECT_NE(latest.status().message().find("older checkpoints are not used"), std::string::npos);
+  EXPECT_TRUE(warnings.empty());
 }
 
 TEST_F(CheckpointTest, UnwritableDirectoryIsAClearError) {
@@ -317,7 +355,7 @@ TEST_F(CheckpointTest, APlantedSymlinkAtTheTemporaryPathIsNotWrittenThrough) {
     ASSERT_TRUE(store.Save(1, Sample(1)).ok());
     fs::create_symlink("/dev/full", store.PathFor(2) + ".tmp");
     ASSERT_TRUE(store.Save(2, Sample(2)).ok());
-    EXPECT_EQ(store.Steps(), (std::vector<int64_t>{1, 2}));
+    EXPECT_EQ(*store.Steps(), (std::vector<int64_t>{1, 2}));
   }
 }
 
@@ -375,7 +413,7 @@ void ExpectOutOfSpace(const Status& s, const CheckpointStore& store) {
   EXPECT_NE(s.message().find("directory " + store.dir()), std::string::npos) << s;
   EXPECT_NE(s.message().find("previous one is intact"), std::string::npos) << s;
   EXPECT_FALSE(fs::exists(store.PathFor(2) + ".tmp"));
-  EXPECT_EQ(store.Steps(), (std::vector<int64_t>{1}));
+  EXPECT_EQ(*store.Steps(), (std::vector<int64_t>{1}));
   auto back = store.LoadLatest(nullptr);
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->meta["step"], 1);
@@ -437,7 +475,7 @@ TEST_F(CheckpointTest, OtherWriteErrorsKeepTheirCode) {
   Status s = store.Save(1, Sample(1));
   EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s;
   EXPECT_FALSE(fs::exists(store.PathFor(1) + ".tmp"));
-  EXPECT_TRUE(store.Steps().empty());
+  EXPECT_TRUE(store.Steps()->empty());
 }
 
 }  // namespace

@@ -499,7 +499,7 @@ TEST_F(AgentServiceTest, TheSameTrialNameInTwoNamespacesAreTwoTrials) {
     EXPECT_EQ(t.state(), t.namespace_() == "team-a" ? v1::RUNNING : v1::CANCELLED)
         << t.namespace_();
   }
-  EXPECT_FALSE(executor::CheckpointStore(TrialDir("t1", "team-a").string()).Steps().empty())
+  EXPECT_FALSE(executor::CheckpointStore(TrialDir("t1", "team-a").string()).Steps()->empty())
       << "team a's checkpoints are intact";
   EXPECT_TRUE(fs::exists(TrialDir("t1", "team-a") / "ATTEMPT") ||
               fs::exists(TrialDir("t1", "team-a")));
@@ -739,7 +739,7 @@ TEST_F(AgentServiceTest, StepLimitsHoldATrialAtItsRungAndLimitTrialRaisesOrStops
     EXPECT_THAT(t.message(), HasSubstr("asha"));
     EXPECT_EQ(t.last_checkpoint_step(), 8);
   }
-  EXPECT_FALSE(executor::CheckpointStore(TrialDir("a2").string()).Steps().empty());
+  EXPECT_FALSE(executor::CheckpointStore(TrialDir("a2").string()).Steps()->empty());
   EXPECT_EQ(limit(Ref("a2"), 30, false).error_code(), grpc::FAILED_PRECONDITION);
   // 0 lifts the limit: a1 trains to the end.
   ASSERT_TRUE(limit(Ref("a1"), 0, false).ok());
@@ -774,7 +774,7 @@ TEST_F(AgentServiceTest, CancelWithCheckpointSuspendsATrialWhereItIs) {
   const auto& t = status.trials(0);
   EXPECT_TRUE(IsSuspendedMessage(t.message())) << t.message();
   EXPECT_EQ(t.last_checkpoint_step(), t.step());
-  EXPECT_EQ(executor::CheckpointStore(TrialDir("s1").string()).Steps().back(), t.step());
+  EXPECT_EQ(executor::CheckpointStore(TrialDir("s1").string()).Steps()->back(), t.step());
   // Assigned again, it resumes there.
   ASSERT_TRUE(Assign(*stub, Request("s1", 100000)).ok());
   ASSERT_TRUE(WaitFor(*stub, [&](const v1::GetStatusResponse& s) {

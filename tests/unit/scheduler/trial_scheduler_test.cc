@@ -318,8 +318,8 @@ TEST_F(TrialSchedulerTest, StopEarlyEndsAWaitingTrialWithItsCheckpoint) {
   EXPECT_TRUE(std::isfinite(r->final_train_loss));
   EXPECT_EQ(r->last_checkpoint_step, 7);
   executor::CheckpointStore store(Ckpt("a"));
-  ASSERT_FALSE(store.Steps().empty());
-  EXPECT_EQ(store.Steps().back(), 7);  // kept: the trial can be resumed or inspected
+  ASSERT_FALSE(store.Steps()->empty());
+  EXPECT_EQ(store.Steps()->back(), 7);  // kept: the trial can be resumed or inspected
   EXPECT_TRUE(IsFinalTrialState(r->state));
 }
 
@@ -338,7 +338,7 @@ TEST_F(TrialSchedulerTest, SuspendCheckpointsARunningTrialAndASecondSubmitResume
   EXPECT_EQ(r->last_checkpoint_step, r->step);
   EXPECT_TRUE(std::isnan(r->final_val_loss)) << "not final: it resumes";
   const int64_t at = r->step;
-  EXPECT_EQ(executor::CheckpointStore(Ckpt("a")).Steps().back(), at);
+  EXPECT_EQ(executor::CheckpointStore(Ckpt("a")).Steps()->back(), at);
   EXPECT_EQ(s.Suspend("a", "again").code(), StatusCode::kFailedPrecondition);
   // Submitted again (as the controller does on resume): it goes on from that checkpoint.
   auto again = s.Prepare(MakeTrial("a", 400), Ckpt("a"));
@@ -418,8 +418,8 @@ TEST_F(TrialSchedulerTest, DrainCheckpointsEveryUnfinishedTrialAndRefusesMore) {
   EXPECT_THAT(t1->message, HasSubstr("drained at step " + std::to_string(t1->step)));
   EXPECT_EQ(t1->last_checkpoint_step, t1->step);
   executor::CheckpointStore store(Ckpt("t1"));
-  ASSERT_FALSE(store.Steps().empty());
-  EXPECT_EQ(store.Steps().back(), t1->step);
+  ASSERT_FALSE(store.Steps()->empty());
+  EXPECT_EQ(store.Steps()->back(), t1->step);
   EXPECT_EQ(s.Get("t3")->state, kTrialInterrupted);
   EXPECT_EQ(s.Get("t3")->step, 0);
   EXPECT_EQ(Submit(s, MakeTrial("t4", 5)).code(), StatusCode::kUnavailable);
@@ -446,6 +446,26 @@ TEST_F(TrialSchedulerTest, InterruptedTrialResumesOnAnotherSchedulerToTheSameLos
   for (size_t i = 0; i < straight.size(); ++i) {
     EXPECT_EQ(r->train_curve[i].loss, straight[i].loss) << i;
   }
+}
+
+TEST_F(TrialSchedulerTest, ADivergedTrialResumesFromItsCheckpoint) {
+  // A learning rate too large for the fake model: its loss is infinite from about step 103, and
+  // the checkpoints' curves hold it (as null: JSON has no infinity). A resume once failed on
+  // them ("checkpoint metadata ...": DATA_LOSS), every time, and the trial ended Failed.
+  const Trial t = MakeTrial("x", 120, /*lr=*/10);
+  const TrialResult drained = DrainedAt(t, 110, "node lost");
+  ASSERT_EQ(drained.step, 110);
+  ASSERT_TRUE(std::isinf(drained.train_curve.back().loss));
+  TrialScheduler second(&factory_, &observer_, {1});
+  ASSERT_TRUE(Submit(second, t).ok());
+  ASSERT_TRUE(second.WaitIdle(std::chrono::seconds(20)));
+  auto r = second.Get("x");
+  EXPECT_EQ(r->state, kTrialSucceeded) << r->message;
+  EXPECT_EQ(r->resumed_from_step, 110);
+  ASSERT_EQ(r->train_curve.size(), 120u);
+  EXPECT_TRUE(std::isfinite(r->train_curve.front().loss));
+  EXPECT_TRUE(std::isnan(r->train_curve[108].loss)) << "what the checkpoint recorded";
+  EXPECT_TRUE(std::isinf(r->train_curve.back().loss)) << "trained after the resume";
 }
 
 TEST_F(TrialSchedulerTest, AResumeUnderAnotherThreadCountSaysItIsNotBitExact) {

@@ -146,7 +146,8 @@ std::shared_ptr<AlignedSlab> AlignedSlab::Allocate(size_t bytes) {
 
 AlignedSlab::~AlignedSlab() { ::munmap(data_, size_); }
 
-DiskTier::DiskTier(std::string dir, int io_threads) : dir_(std::move(dir)), io_(io_threads) {}
+DiskTier::DiskTier(std::string dir, int io_threads, Folder folder)
+    : dir_(std::move(dir)), folder_(folder), io_(io_threads) {}
 
 DiskTier::~DiskTier() {
   io_.Shutdown();  // the transfers under way finish before their files go
@@ -158,8 +159,16 @@ DiskTier::~DiskTier() {
 
 Status DiskTier::Init() {
   std::error_code ec;
-  fs::create_directories(dir_, ec);
-  if (ec) return InternalError("cannot create spill directory " + dir_ + ": " + ec.message());
+  const fs::path made = folder_ == Folder::kUnique ? fs::path(dir_).parent_path() : fs::path(dir_);
+  fs::create_directories(made, ec);
+  if (ec)
+    return InternalError("cannot create spill directory " + made.string() + ": " + ec.message());
+  if (folder_ == Folder::kUnique) {
+    std::string name = dir_ + ".XXXXXX";
+    if (::mkdtemp(name.data()) == nullptr) return ErrnoError("spill directory " + name, errno);
+    dir_ = name;
+    folder_ = Folder::kExact;  // made: a second Init checks it again
+  }
   if (::access(dir_.c_str(), W_OK) != 0) return ErrnoError("spill directory " + dir_, errno);
   return OkStatus();
 }

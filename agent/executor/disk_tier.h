@@ -73,13 +73,19 @@ class DiskTier {
  public:
   /// I/O threads per tier: a prefetch and a write-back at once.
   static constexpr int kDiskIoThreads = 2;
-  /// Creates `dir` if needed. Files are named <dir>/<key>.spill.
-  explicit DiskTier(std::string dir, int io_threads = kDiskIoThreads);
+  /// Where the files go: `dir` itself, or a directory of the tier's own that Init creates
+  /// beside it, `dir`.XXXXXX (mkdtemp), which no other tier, in this process or another,
+  /// writes to: two trials of one name (in two namespaces, or a job created again while its
+  /// old copy stops) never share spill files.
+  enum class Folder { kExact, kUnique };
+  /// Files are named <dir>/<key>.spill (dir(): with Folder::kUnique, the one Init made).
+  explicit DiskTier(std::string dir, int io_threads = kDiskIoThreads,
+                    Folder folder = Folder::kExact);
   ~DiskTier();
   DiskTier(const DiskTier&) = delete;
   DiskTier& operator=(const DiskTier&) = delete;
 
-  /// Checks that the directory is usable (created, writable).
+  /// Creates the directory (with Folder::kUnique, a new one) and checks that it is usable.
   Status Init();
 
   /// Writes `parts` as file `key` (at their SpillLayout offsets), replacing it atomically. A
@@ -120,7 +126,8 @@ class DiskTier {
                    const AlignedSlab* slab, int* direct_errno);
   Status ReadFile(const std::string& key, const std::vector<MutableBytes>& parts,
                   const AlignedSlab* slab, int* direct_errno);
-  std::string dir_;
+  std::string dir_;  // set before the tier is shared (Init)
+  Folder folder_;
   std::atomic<int64_t> bytes_written_{0};
   std::atomic<int64_t> bytes_read_{0};
   std::atomic<int64_t> direct_bytes_{0};

@@ -423,6 +423,13 @@ Status SpillingExecutor::Import(int64_t step, const std::vector<NamedBuffer>& st
 
 }  // namespace spilling
 
+std::string SpillFolderStem(const std::string& spill_dir, const Trial& trial) {
+  // Namespaces and trial names are DNS labels: '_' joins them without ambiguity.
+  const std::string name =
+      trial.namespace_.empty() ? trial.name : trial.namespace_ + "_" + trial.name;
+  return (std::filesystem::path(spill_dir) / name).string();
+}
+
 PartitionOptions ExecutorPartitionOptions(const Trial& trial, const ExecutorOptions& options) {
   PartitionOptions po = PartitionOptionsFor(trial);
   po.flops_per_second =

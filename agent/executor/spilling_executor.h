@@ -10,7 +10,7 @@ namespace hydra::executor {
 
 struct ExecutorOptions {
   int threads = 0;        ///< CPU threads for training; 0 keeps LibTorch's setting
-  std::string spill_dir;  ///< where the disk tier keeps shard files (a subfolder per trial)
+  std::string spill_dir;  ///< where the disk tier keeps shard files (SpillFolderStem)
   /// Device compute rate used to choose between stashing and recomputing activations, where
   /// shards' optimizers step, and the shards' estimated seconds.
   double flops_per_second = kDefaultFlopsPerSecond;
@@ -69,6 +69,12 @@ struct ExecutorOptions {
 /// GPU's plan choices (graphs stashed on the device, offloads, selective recompute, resident
 /// shards). `hydra plan` plans with these, so its plans are the ones `hydra run` trains.
 PartitionOptions ExecutorPartitionOptions(const Trial& trial, const ExecutorOptions& options);
+
+/// The start of the folder below `spill_dir` where an executor of `trial` keeps its spill files:
+/// <spill_dir>/<namespace>_<trial name> (the trial's name alone where it has no namespace:
+/// `hydra run`). Each executor's disk tier adds a suffix of its own (DiskTier::Folder::kUnique),
+/// so two executors never share files, whatever their trials' names.
+std::string SpillFolderStem(const std::string& spill_dir, const Trial& trial);
 
 /// The executor factory `hydra run` and the agent use. Plans each trial's shards against
 /// spec.resources.deviceMemoryBudget (partitioner in common/partitioner.h): a trial that fits

@@ -115,8 +115,8 @@ class SpillingExecutor : public TrialExecutorInterface, private ReturnsHostMemor
         streams_(on.device),
         ledger_(trial.resources.device_memory_budget.value_or(0)),
         disk_(plan_.state_tier == StateTier::kDisk
-                  ? std::make_unique<DiskTier>(
-                        (std::filesystem::path(options.spill_dir) / trial.name).string())
+                  ? std::make_unique<DiskTier>(SpillFolderStem(options.spill_dir, trial),
+                                               DiskTier::kDiskIoThreads, DiskTier::Folder::kUnique)
                   : nullptr) {}
 
   ~SpillingExecutor() override {

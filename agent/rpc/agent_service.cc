@@ -278,6 +278,33 @@ grpc::Status AgentService::CheckAgainstKnown(const Trial& trial, int64_t attempt
   return grpc::Status::OK;
 }
 
+StatusOr<std::string> AgentService::OwnedCheckpointDir(const std::string& key) const {
+  TrialInfo info;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = trials_.find(key);
+    if (it == trials_.end()) return std::string();
+    info = it->second;
+    for (const auto& [other, other_info] : trials_) {
+      if (other_info.assigned > info.assigned &&
+          PathsNest(other_info.checkpoint_dir, info.checkpoint_dir)) {
+        return FailedPreconditionError("checkpoint_dir " + info.checkpoint_dir +
+                                       " is also that of trial " + other +
+                                       ", assigned later: its files are kept");
+      }
+    }
+  }
+  if (info.attempt > 0) {
+    const int64_t now = RecordedAttempt((fs::path(info.checkpoint_dir) / "ATTEMPT").string());
+    if (now > info.attempt) {
+      return FailedPreconditionError("attempt " + std::to_string(now) + " now owns " +
+                                     info.checkpoint_dir + " (this was attempt " +
+                                     std::to_string(info.attempt) + "): its files are kept");
+    }
+  }
+  return info.checkpoint_dir;
+}
+
 StatusOr<std::function<Status()>> AgentService::Fence(const Trial& trial, int64_t attempt,
                                                       const std::string& dir) const {
   const std::string attempt_file = (fs::path(dir) / "ATTEMPT").string();
@@ -367,6 +394,7 @@ grpc::Status AgentService::AssignTrial(grpc::ServerContext* context,
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (auto it = trials_.find(key); it != trials_.end()) previous = it->second;
+    info.assigned = ++assignments_;
     trials_[key] = info;
   }
   Status submitted = scheduler_->Submit(std::move(prepared).value());
@@ -424,15 +452,12 @@ grpc::Status AgentService::CancelTrial(grpc::ServerContext* context,
           std::chrono::duration_cast<std::chrono::steady_clock::duration>(until_deadline)));
   auto r = scheduler_->WaitEnded(key, Clock::now() + wait);
   if (request->delete_checkpoints() && r.ok() && IsFinal(r->state)) {
-    std::string dir;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (auto it = trials_.find(key); it != trials_.end()) dir = it->second.checkpoint_dir;
-    }
     // Only the trial's own files, in the directory checked against its identity when it
-    // was assigned.
-    if (!dir.empty()) {
-      if (Status removed = RemoveTrialFiles(dir); !removed.ok()) return ToGrpc(removed);
+    // was assigned, and only while nobody else's are there.
+    auto dir = OwnedCheckpointDir(key);
+    if (!dir.ok()) return ToGrpc(dir.status());
+    if (!dir->empty()) {
+      if (Status removed = RemoveTrialFiles(*dir); !removed.ok()) return ToGrpc(removed);
     }
   }
   if (r.ok()) *response->mutable_trial() = ToStatus(*r);
@@ -568,9 +593,9 @@ grpc::Status AgentService::WatchProgress(grpc::ServerContext* context,
       w.cv.wait_for(lock, std::chrono::milliseconds(250),
                     [&] { return !w.order.empty() || shut_down_; });
       if (context->IsCancelled() || (shut_down_ && w.order.empty())) break;
-      for (const auto& name : w.order) {
-        batch.push_back(std::move(w.pending[name]));
-        w.pending.erase(name);
+      for (const auto& key : w.order) {
+        batch.push_back(std::move(w.pending[key]));
+        w.pending.erase(key);
       }
       w.order.clear();
       if (!batch.empty() && w.dropped) {
@@ -663,11 +688,12 @@ void AgentService::Broadcast(v1::TrialEvent event) {
   // Needs mu_ held.
   for (Watcher* w : watchers_) {
     if (!Wanted(*w, event.trial().namespace_(), event.trial().job())) continue;
-    const std::string& name = event.trial().name();
-    auto it = w->pending.find(name);
+    // By the whole identity: trials of one name in two namespaces or jobs are two trials.
+    const std::string key = wire::TrialKeyOf(event.trial());
+    auto it = w->pending.find(key);
     if (it == w->pending.end()) {
-      w->order.push_back(name);
-      w->pending.emplace(name, event);
+      w->order.push_back(key);
+      w->pending.emplace(key, event);
     } else {
       // Coalesce: the client gets the latest status; a state change stays a state change.
       const bool state = it->second.kind() == v1::TrialEvent::STATE;

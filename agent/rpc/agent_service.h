@@ -101,10 +101,11 @@ class AgentService final : public v1::AgentService::Service, private TrialObserv
     std::string last_state;  // to tell state changes from steps in the event stream
     int64_t attempt = 0;
     std::vector<std::string> warnings;  // the trial's notices, newest last (at most 10)
+    uint64_t assigned = 0;              // the order of assignments on this agent, from 1
   };
   struct Watcher {
     std::string job, ns;                            // filters; empty: all
-    std::map<std::string, v1::TrialEvent> pending;  // latest event per trial, coalesced
+    std::map<std::string, v1::TrialEvent> pending;  // latest event per trial (TrialKey), coalesced
     std::deque<std::string> order;                  // trials with a pending event, oldest first
     bool dropped = false;
     std::condition_variable cv;
@@ -123,6 +124,12 @@ class AgentService final : public v1::AgentService::Service, private TrialObserv
   /// holds; an older attempt of it still active here goes into `superseded`.
   grpc::Status CheckAgainstKnown(const Trial& trial, int64_t attempt, const std::string& dir,
                                  int64_t* superseded) const;
+  /// The checkpoint directory of the ended trial `key` if its files are still the trial's own
+  /// to delete: no trial assigned to this agent after it uses the directory (a job created
+  /// again under the same name, say), and no newer attempt recorded itself there (ATTEMPT),
+  /// here or on another node. Empty if the agent has no record of the trial; FAILED_PRECONDITION,
+  /// the files kept, otherwise.
+  StatusOr<std::string> OwnedCheckpointDir(const std::string& key) const;
   /// Records the fencing token and returns the fence the scheduler calls before each step.
   StatusOr<std::function<Status()>> Fence(const Trial& trial, int64_t attempt,
                                           const std::string& dir) const;
@@ -152,6 +159,7 @@ class AgentService final : public v1::AgentService::Service, private TrialObserv
   mutable std::mutex mu_;  // guards trials_, watchers_, spill_seen_, busy_history_, shut_down_,
                            // drain_
   std::map<std::string, TrialInfo> trials_;  // by TrialKey
+  uint64_t assignments_ = 0;                 // TrialInfo::assigned of the latest
   std::vector<Watcher*> watchers_;
   std::map<std::string, std::pair<int64_t, int64_t>> spill_seen_;    // disk read/written so far
   std::vector<std::deque<std::pair<double, double>>> busy_history_;  // (time, busy seconds)

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <future>
 #include <iterator>
+#include <memory>
 #include <numeric>
 #include <stdexcept>
 
@@ -115,8 +116,8 @@ TEST_F(DiskTierTest, AFullDiskIsUnavailableAndKeepsTheOldFile) {
   Status s = disk.WriteSync("k", {{v2.data(), v2.size()}});
   EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
   EXPECT_NE(s.message().find("k.spill.tmp"), std::string::npos);
-  std::vector<char> back(100);
   EXPECT_NE(s.message().find("spill directory is full"), std::string::npos);
+  std::vector<char> back(100);
   ASSERT_TRUE(disk.ReadSync("k", {{back.data(), back.size()}}).ok());
   EXPECT_EQ(back, v1);
 }
@@ -196,10 +197,34 @@ TEST_F(DiskTierTest, SlabsGoThroughDirectIoAndMixWithPlainBuffers) {
   EXPECT_EQ(std::memcmp(slab2->data() + 8, plain[0].data(), sizes[0]), 0);
 }
 
+TEST_F(DiskTierTest, AUniqueFolderIsTheTiersOwn) {
+  // Two tiers of one stem (two trials of one name, in two namespaces or two processes): each
+  // reads back what it wrote, and removing one leaves the other's files.
+  std::vector<char> mine(100, 'a'), theirs(100, 'b'), back(100);
+  auto a = std::make_unique<DiskTier>((dir_ / "t").string(), 1, DiskTier::Folder::kUnique);
+  DiskTier b((dir_ / "t").string(), 1, DiskTier::Folder::kUnique);
+  ASSERT_TRUE(a->Init().ok());
+  ASSERT_TRUE(b.Init().ok());
+  EXPECT_NE(a->dir(), b.dir());
+  EXPECT_EQ(fs::path(a->dir()).parent_path(), dir_);
+  EXPECT_EQ(fs::path(a->dir()).filename().string().rfind("t.", 0), 0u) << a->dir();
+  ASSERT_TRUE(a->WriteSync("shard0", {{mine.data(), mine.size()}}).ok());
+  ASSERT_TRUE(b.WriteSync("shard0", {{theirs.data(), theirs.size()}}).ok());
+  ASSERT_TRUE(a->ReadSync("shard0", {{back.data(), back.size()}}).ok());
+  EXPECT_EQ(back, mine);
+  const std::string gone = a->dir();
+  a.reset();
+  EXPECT_FALSE(fs::exists(gone));
+  ASSERT_TRUE(b.ReadSync("shard0", {{back.data(), back.size()}}).ok());
+  EXPECT_EQ(back, theirs);
+}
+
 TEST_F(DiskTierTest, UnusableDirectoryIsAClearError) {
   std::ofstream(dir_.string() + ".file") << "x";
   DiskTier disk(dir_.string() + ".file/sub");
   EXPECT_FALSE(disk.Init().ok());
+  DiskTier unique(dir_.string() + ".file/sub", 1, DiskTier::Folder::kUnique);
+  EXPECT_FALSE(unique.Init().ok());
   fs::remove(dir_.string() + ".file");
 }
 

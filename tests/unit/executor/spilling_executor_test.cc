@@ -261,11 +261,14 @@ void SpillingExecutorTest::ExpectVariantsTrackUnsharded(const Trial& base,
     if (t.resources.device_memory_budget) {
       EXPECT_LE((*exec)->stats().peak_device_bytes, *t.resources.device_memory_budget);
     }
-    if (v.disk) {
-      EXPECT_TRUE(fs::exists(spill_ / "spill"));
-    }
+    // The executor's own spill folder (spill.XXXXXX), removed with it.
+    auto folders = [&] {
+      std::error_code ec;
+      return fs::exists(spill_) ? std::distance(fs::directory_iterator(spill_, ec), {}) : 0;
+    };
+    EXPECT_EQ(folders(), v.disk ? 1 : 0);
     exec->reset();
-    EXPECT_FALSE(fs::exists(spill_ / "spill")) << "spill files outlive the trial";
+    EXPECT_EQ(folders(), 0) << "spill files outlive the trial";
   }
 }
 
@@ -1081,7 +1084,11 @@ TEST_F(SpillingExecutorTest, DiskFailureIsAClearError) {
   ASSERT_TRUE(exec.ok()) << exec.status();
   ASSERT_TRUE((*exec)->TrainStep().ok());
   // Corrupt shard 0's weights on disk: the next step must fail with DATA_LOSS naming the file.
-  const fs::path file = spill_ / "spill" / "shard0.w.spill";
+  std::vector<fs::path> folders;  // the executor's own: spill.XXXXXX
+  for (const auto& e : fs::directory_iterator(spill_)) folders.push_back(e.path());
+  ASSERT_EQ(folders.size(), 1u);
+  EXPECT_EQ(folders[0].filename().string().rfind("spill.", 0), 0u) << folders[0];
+  const fs::path file = folders[0] / "shard0.w.spill";
   ASSERT_TRUE(fs::exists(file));
   {
     std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
@@ -1103,6 +1110,41 @@ TEST_F(SpillingExecutorTest, DiskFailureIsAClearError) {
   expect_refused((*exec)->Evaluate().status());
   expect_refused((*exec)->ExportState().status());
   EXPECT_EQ((*exec)->step(), 1);
+}
+
+TEST_F(SpillingExecutorTest, TrialsOfOneNameInTwoNamespacesKeepTheirOwnSpillFiles) {
+  // Two tenants' trials of one name (the same job name and grid) on one agent's disk tier,
+  // stepped in turn: each trains as it does alone. They once shared <spill_dir>/<name>, so each
+  // read the other's weights, and the first to end deleted the other's files.
+  Trial a = Small("adamw");
+  a.namespace_ = "team-a";
+  a.resources.device_memory_budget = BudgetFor(a, 2);
+  a.resources.offload = OffloadTier::kDisk;
+  Trial b = a;
+  b.namespace_ = "team-b";
+  b.training.seed = a.training.seed + 1;  // other weights
+  auto factory = Factory();
+  auto alone = [&](const Trial& t) {
+    auto exec = Make(factory.get(), t);
+    EXPECT_TRUE(exec.ok()) << exec.status();
+    std::vector<double> losses;
+    for (int i = 0; exec.ok() && i < 3; ++i) losses.push_back((*exec)->TrainStep()->loss);
+    return losses;
+  };
+  const std::vector<double> want_a = alone(a), want_b = alone(b);
+  ASSERT_NE(want_a, want_b);
+  auto ea = Make(factory.get(), a), eb = Make(factory.get(), b);
+  ASSERT_TRUE(ea.ok() && eb.ok());
+  for (int i = 0; i < 3; ++i) {
+    auto ma = (*ea)->TrainStep();
+    auto mb = (*eb)->TrainStep();
+    ASSERT_TRUE(ma.ok() && mb.ok()) << ma.status() << mb.status();
+    EXPECT_EQ(ma->loss, want_a[static_cast<size_t>(i)]) << "step " << i;
+    EXPECT_EQ(mb->loss, want_b[static_cast<size_t>(i)]) << "step " << i;
+  }
+  ea->reset();  // a ends: b's files stay
+  EXPECT_TRUE((*eb)->TrainStep().ok());
+  EXPECT_EQ(SpillFolderStem("/s", a), "/s/team-a_spill");
 }
 
 TEST_F(SpillingExecutorTest, DiskTierKeepsResidentMemoryNearTheBudget) {

@@ -505,6 +505,104 @@ TEST_F(AgentServiceTest, TheSameTrialNameInTwoNamespacesAreTwoTrials) {
               fs::exists(TrialDir("t1", "team-a")));
 }
 
+TEST_F(AgentServiceTest, DeletingAnEndedTrialsFilesSparesThoseALaterOwnerHolds) {
+  factory_.step_delay = std::chrono::milliseconds(5);
+  StartServer();
+  auto stub = Client();
+  // Job uid-1's trial is cancelled; the job is created again (uid-2) under the same name and
+  // its trial takes the same directory (<root>/<namespace>/<job>/<trial>).
+  auto first = Request("t", 100000);
+  first.set_attempt(1);
+  ASSERT_TRUE(Assign(*stub, first).ok());
+  ASSERT_TRUE(Cancel(*stub, Ref("t"), false).ok());
+  auto second = Request("t", 100000);
+  second.mutable_trial()->set_job_uid("uid-2");
+  second.set_attempt(1);
+  ASSERT_TRUE(Assign(*stub, second).ok());
+  auto second_checkpointed = [](const v1::GetStatusResponse& s) {
+    for (const auto& t : s.trials()) {
+      if (t.job_uid() == "uid-2" && t.last_checkpoint_step() >= 8) return true;
+    }
+    return false;
+  };
+  ASSERT_TRUE(WaitFor(*stub, second_checkpointed));
+  // A late delete of uid-1's files (an old leader's pass, say) is refused: they are uid-2's
+  // now. It once removed them, and uid-2's fence then stopped it ("... is gone").
+  grpc::Status late = Cancel(*stub, Ref("t"), true);
+  EXPECT_EQ(late.error_code(), grpc::FAILED_PRECONDITION) << late.error_message();
+  EXPECT_THAT(late.error_message(), HasSubstr("assigned later"));
+  EXPECT_TRUE(fs::exists(TrialDir("t") / "ATTEMPT"));
+  EXPECT_FALSE(executor::CheckpointStore(TrialDir("t").string()).Steps()->empty());
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const auto status = StatusOf(*stub);
+  for (const auto& t : status.trials()) {
+    if (t.job_uid() == "uid-2") {
+      EXPECT_EQ(t.state(), v1::RUNNING) << t.message();
+    }
+  }
+  // uid-2 ends; a newer attempt of it (on another node: the storage is shared) records itself
+  // there. uid-2's delete here is refused too: the files are that attempt's.
+  ASSERT_TRUE(Cancel(*stub, Ref("t", "ns", "uid-2"), false).ok());
+  std::ofstream(TrialDir("t") / "ATTEMPT", std::ios::trunc) << "7\n";
+  grpc::Status stale = Cancel(*stub, Ref("t", "ns", "uid-2"), true);
+  EXPECT_EQ(stale.error_code(), grpc::FAILED_PRECONDITION) << stale.error_message();
+  EXPECT_THAT(stale.error_message(), HasSubstr("attempt 7 now owns"));
+  EXPECT_FALSE(executor::CheckpointStore(TrialDir("t").string()).Steps()->empty());
+  // With the directory its own again, its delete removes the files.
+  std::ofstream(TrialDir("t") / "ATTEMPT", std::ios::trunc) << "1\n";
+  EXPECT_TRUE(Cancel(*stub, Ref("t", "ns", "uid-2"), true).ok());
+  EXPECT_TRUE(executor::CheckpointStore(TrialDir("t").string()).Steps()->empty());
+}
+
+TEST_F(AgentServiceTest, ASlowWatcherGetsTheEndOfEachTrialOfOneNameInTwoNamespaces) {
+  // A watcher that reads slowly gets the latest event of each trial, coalesced. Two trials of
+  // one name in two namespaces are two trials: each one's end reaches it. Events were once
+  // coalesced by the trial's name alone, and one's SUCCEEDED was replaced by the other's
+  // later step.
+  StartServer();
+  auto stub = Client();
+  // On a channel of its own with a small receive window, so that unread events soon wait in
+  // the agent's queue (gRPC's window would otherwise grow to take many of them).
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 1024);
+  auto watch_channel = grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(port_),
+                                                 grpc::InsecureChannelCredentials(), args);
+  auto watcher = v1::AgentService::NewStub(watch_channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  auto reader = watcher->WatchProgress(&ctx, {});
+  auto fast = [&](const std::string& ns, int64_t steps) {
+    auto req = Request("t", steps, ns);
+    req.mutable_trial()->mutable_training()->set_checkpoint_every_steps(0);
+    req.mutable_trial()->mutable_training()->set_eval_every_steps(0);
+    return req;
+  };
+  // Team b's trial steps fast while nobody reads: the stream's window fills and events wait.
+  ASSERT_TRUE(Assign(*stub, fast("team-b", 20000)).ok());
+  ASSERT_TRUE(WaitFor(*stub, [](const v1::GetStatusResponse& s) {
+    return s.trials_size() == 1 && s.trials(0).step() >= 2000;
+  }));
+  ASSERT_TRUE(Assign(*stub, fast("team-a", 5)).ok());
+  ASSERT_TRUE(WaitFor(
+      *stub,
+      [](const v1::GetStatusResponse& s) {
+        int ended = 0;
+        for (const auto& t : s.trials()) ended += t.state() == v1::SUCCEEDED;
+        return ended == 2;
+      },
+      60));
+  std::map<std::string, v1::TrialState> last;  // by namespace
+  v1::TrialEvent e;
+  while (reader->Read(&e)) {
+    last[e.trial().namespace_()] = e.trial().state();
+    if (last["team-a"] == v1::SUCCEEDED && last["team-b"] == v1::SUCCEEDED) break;
+  }
+  ctx.TryCancel();
+  EXPECT_EQ(last["team-a"], v1::SUCCEEDED);
+  EXPECT_EQ(last["team-b"], v1::SUCCEEDED);
+}
+
 TEST_F(AgentServiceTest, AnAgentDedicatedToAJobRefusesEveryOtherJobsTrials) {
   factory_.step_delay = std::chrono::milliseconds(5);
   StartServer(nullptr, "", DedicatedJob{"team-a", "job-1", "uid-1"});

@@ -541,8 +541,10 @@ StatusOr<CheckpointData> CheckpointStore::LoadLatest(std::vector<std::string>* w
     if (data.ok()) return data;
     if (data.status().code() != StatusCode::kDataLoss &&
         data.status().code() != StatusCode::kNotFound) {  // gone since the listing: as corrupt
-      return Status(data.status().code(),
-                    data.status().message() + "; the older checkpoints are not used instead");
+      // Not corrupt (too many open files, no memory, a stale handle): UNAVAILABLE, so that the
+      // trial is interrupted and its resume tried again, not failed for good.
+      return UnavailableError(data.status().message() +
+                              "; the older checkpoints are not used instead");
     }
     if (warnings) {
       warnings->push_back(data.status().message() + "; falling back to an older checkpoint");

@@ -61,7 +61,7 @@ class CheckpointStore {
 
   /// The newest checkpoint that reads back intact. Corrupt newer files (DATA_LOSS) are skipped
   /// and named in `warnings`; any other error reading one (a file that cannot be opened, no
-  /// memory) is returned, as the directory's listing's is: the older checkpoint is not taken
+  /// memory) is UNAVAILABLE, as the directory's listing's is: the older checkpoint is not taken
   /// for the newest, and the next Save does not remove a newer file that may well be intact.
   /// NOT_FOUND if there is none.
   StatusOr<CheckpointData> LoadLatest(std::vector<std::string>* warnings) const;

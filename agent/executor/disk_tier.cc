@@ -250,7 +250,7 @@ Status DiskTier::WriteFile(const std::string& key, const std::vector<ConstBytes>
   if (s.ok() && !direct) ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
   ::close(fd);
   if (s.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
-    s = ErrnoError("renaming spill file " + tmp, errno);
+    s = SpillWriteError("renaming spill file " + tmp, errno);
   }
   if (!s.ok()) {
     ::unlink(tmp.c_str());

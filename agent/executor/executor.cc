@@ -15,10 +15,15 @@ Status FailedStep::Record(Status error, int64_t step) {
 
 Status FailedStep::Check(const std::string& what) const {
   if (!first_) return OkStatus();
-  return FailedPreconditionError(what + " refused: step " + std::to_string(step_) +
-                                 " failed midway (" + first_->ToString() +
-                                 ") and left the trial's state inconsistent; resume it from its "
-                                 "last checkpoint in a new executor");
+  // A first failure that was UNAVAILABLE (a full spill directory) keeps its code: the trial is
+  // interrupted and resumes, as it would have been had that failure reached the scheduler.
+  const StatusCode code = first_->code() == StatusCode::kUnavailable
+                              ? StatusCode::kUnavailable
+                              : StatusCode::kFailedPrecondition;
+  return Status(code, what + " refused: step " + std::to_string(step_) + " failed midway (" +
+                          first_->ToString() +
+                          ") and left the trial's state inconsistent; resume it from its "
+                          "last checkpoint in a new executor");
 }
 
 Status FailedStep::Undone(const Status& moved, Status back, int64_t step) {

@@ -116,7 +116,8 @@ class TrialExecutorInterface {
 /// An executor's memory of a step that failed midway. Its state is then no step's: some shards
 /// may have stepped their optimizer and others not, gradients may be half accumulated, a part
 /// whose read failed holds bytes no checksum vouched for. From then on the executor refuses to
-/// train, evaluate, export, import or move (FAILED_PRECONDITION naming the first failure), so
+/// train, evaluate, export, import or move (FAILED_PRECONDITION naming the first failure;
+/// UNAVAILABLE where that was UNAVAILABLE, a full spill directory: the trial resumes), so
 /// that nothing trains on or checkpoints such state; the way on is a new executor with the last
 /// checkpoint imported (what the agent's scheduler does with a failed trial).
 class FailedStep {

@@ -279,29 +279,20 @@ grpc::Status AgentService::CheckAgainstKnown(const Trial& trial, int64_t attempt
 }
 
 StatusOr<std::string> AgentService::OwnedCheckpointDir(const std::string& key) const {
-  TrialInfo info;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = trials_.find(key);
-    if (it == trials_.end()) return std::string();
-    info = it->second;
-    for (const auto& [other, other_info] : trials_) {
-      if (other_info.assigned > info.assigned &&
-          PathsNest(other_info.checkpoint_dir, info.checkpoint_dir)) {
-        return FailedPreconditionError("checkpoint_dir " + info.checkpoint_dir +
-                                       " is also that of trial " + other +
-                                       ", assigned later: its files are kept");
-      }
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = trials_.find(key);
+  if (it == trials_.end()) return std::string();
+  const TrialInfo& info = it->second;
+  for (const auto& [other, other_info] : trials_) {
+    if (other_info.assigned > info.assigned &&
+        PathsNest(other_info.checkpoint_dir, info.checkpoint_dir)) {
+      return FailedPreconditionError("checkpoint_dir " + info.checkpoint_dir +
+                                     " is also that of trial " + other +
+                                     ", assigned later: its files are kept");
     }
   }
-  if (info.attempt > 0) {
-    const int64_t now = RecordedAttempt((fs::path(info.checkpoint_dir) / "ATTEMPT").string());
-    if (now > info.attempt) {
-      return FailedPreconditionError("attempt " + std::to_string(now) + " now owns " +
-                                     info.checkpoint_dir + " (this was attempt " +
-                                     std::to_string(info.attempt) + "): its files are kept");
-    }
-  }
+  // A newer attempt of this very trial (ATTEMPT, on another node) is not spared: the caller
+  // deletes the trial, and removing ATTEMPT stops that copy at its fence.
   return info.checkpoint_dir;
 }
 

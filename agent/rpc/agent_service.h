@@ -126,9 +126,8 @@ class AgentService final : public v1::AgentService::Service, private TrialObserv
                                  int64_t* superseded) const;
   /// The checkpoint directory of the ended trial `key` if its files are still the trial's own
   /// to delete: no trial assigned to this agent after it uses the directory (a job created
-  /// again under the same name, say), and no newer attempt recorded itself there (ATTEMPT),
-  /// here or on another node. Empty if the agent has no record of the trial; FAILED_PRECONDITION,
-  /// the files kept, otherwise.
+  /// again under the same name, say). Empty if the agent has no record of the trial;
+  /// FAILED_PRECONDITION, the files kept, otherwise.
   StatusOr<std::string> OwnedCheckpointDir(const std::string& key) const;
   /// Records the fencing token and returns the fence the scheduler calls before each step.
   StatusOr<std::function<Status()>> Fence(const Trial& trial, int64_t attempt,

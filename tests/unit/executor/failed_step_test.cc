@@ -33,6 +33,20 @@ TEST(FailedStepTest, RunsUntilAStepFailsThenRefusesNamingTheFirstFailure) {
   EXPECT_THAT(failed.Check("x").message(), ::testing::Not(HasSubstr("later")));
 }
 
+TEST(FailedStepTest, AFirstFailureThatWasUnavailableKeepsItsCode) {
+  // A full spill directory (UNAVAILABLE) while a move finished its writes: the move's caller
+  // takes UNAVAILABLE for "no room there" and goes on; the next task is refused UNAVAILABLE, so
+  // the trial is interrupted and resumes, not failed (FAILED_PRECONDITION).
+  FailedStep failed;
+  const Status full = UnavailableError("writing spill file shard0.w.spill: No space left");
+  EXPECT_EQ(failed.GuardMove(
+                "moving t", 2, [&] { return full; }, [] { return OkStatus(); }),
+            full);
+  const Status next = failed.Check("step 3 of t");
+  EXPECT_EQ(next.code(), StatusCode::kUnavailable) << next;
+  EXPECT_THAT(next.message(), HasSubstr("No space left"));
+}
+
 TEST(FailedStepTest, AnOkStatusIsNoFailure) {
   FailedStep failed;
   failed.Record(OkStatus(), 1);

@@ -442,6 +442,16 @@ void ParseModelPath(Checker& c, const YAML::Node& node, const std::string& base_
   ParsePath(c, node["path"], p, base_dir, &m->path, &m->resolved_path);
 }
 
+/// A field of one of the manifest's closed sets (manifest_enums.h): the value scalar `n` names;
+/// nullopt after an error naming the choices.
+template <typename E>
+std::optional<E> EnumField(Checker& c, const YAML::Node& n, const std::string& path) {
+  const std::string text = n.IsScalar() ? n.Scalar() : "";
+  std::optional<E> value = ParseName<E>(text);
+  if (!value) c.Error(path, n, NameProblem<E>(text));
+  return value;
+}
+
 /// spec.model.init: {format: safetensors, path}, only for family gpt2.
 void ParseModelInit(Checker& c, const YAML::Node& node, const std::string& base_dir, ModelSpec* m) {
   if (!node.IsMap() || !node["init"]) return;
@@ -454,11 +464,7 @@ void ParseModelInit(Checker& c, const YAML::Node& node, const std::string& base_
                 NameOf(m->family) + ")");
     return;
   }
-  const std::string format = n["format"] && n["format"].IsScalar() ? n["format"].Scalar() : "";
-  if (n["format"] && !ParseName<InitFormat>(format)) {
-    c.Error(p + ".format", n["format"], NameProblem<InitFormat>(format));
-    return;
-  }
+  if (n["format"] && !EnumField<InitFormat>(c, n["format"], p + ".format")) return;
   if (!n["path"]) {
     c.Error(p + ".path", n, "required field is missing");
     return;
@@ -476,12 +482,8 @@ void ParseDataset(Checker& c, const YAML::Node& node, const std::string& base_di
     return;
   }
   if (node["format"]) {
-    const auto& n = node["format"];
-    const std::string text = n.IsScalar() ? n.Scalar() : "";
-    if (auto format = ParseName<DatasetFormat>(text)) {
+    if (auto format = EnumField<DatasetFormat>(c, node["format"], p + ".format")) {
       ds->format = *format;
-    } else {
-      c.Error(p + ".format", n, NameProblem<DatasetFormat>(text));
     }
   }
   if (node["imageShape"]) {
@@ -679,12 +681,8 @@ void ParseResources(Checker& c, const YAML::Node& node, ResourcesSpec* res) {
                                           rules::DeviceMemoryBudgetProblem);
   }
   if (node["offload"]) {
-    const auto& n = node["offload"];
-    const std::string text = n.IsScalar() ? n.Scalar() : "";
-    if (auto offload = ParseName<OffloadTier>(text)) {
+    if (auto offload = EnumField<OffloadTier>(c, node["offload"], p + ".offload")) {
       res->offload = *offload;
-    } else {
-      c.Error(p + ".offload", n, NameProblem<OffloadTier>(text));
     }
   }
   if (node["shardBoundaries"]) {
